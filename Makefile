@@ -1,0 +1,34 @@
+# Two commands a new user needs: `make demo` (the main job) and `make test`.
+# Each creates the virtual environment on first use. A torch that the chosen python already has
+# (a CUDA build, say) is used as is; otherwise TORCH_SPEC is installed (a CPU build on this kind
+# of machine; on other CPU machines pass e.g. TORCH_SPEC="torch --index-url <cpu wheel index>").
+PY ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint clean
+
+$(STAMP): pyproject.toml
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	  echo "using the torch that $(PY) already has"; \
+	  $(PY) -m venv --system-site-packages $(VENV); \
+	else \
+	  $(PY) -m venv $(VENV) && $(BIN)/pip install -q --disable-pip-version-check "$(TORCH_SPEC)"; \
+	fi
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]"
+	@touch $@
+
+demo: $(STAMP)
+	$(BIN)/flexbench run --method flexdemo --nodes 2 --gpus-per-node 2 --workload lm-tiny --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check .
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) runs
