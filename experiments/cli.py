@@ -1,0 +1,57 @@
+"""The `flexbench` command: one subcommand per module, each with `configure()` and `main()`.
+
+    flexbench run --method flexdemo --nodes 2 --gpus-per-node 2 --workload lm-tiny --out runs/x
+    flexbench simulate runs/x --inter-bw 1Gbit --inter-lat 20ms --out sim.csv
+    flexbench validate-sim
+    flexbench sweep experiments/configs/quick.toml
+    flexbench report results/quick
+    flexbench check-comm
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help); a module is imported only when its command runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("experiments.launch", "train one method on nodes x ranks, write its results"),
+    "simulate": ("experiments.simulate", "replay a run's communication trace on another network"),
+    "validate-sim": ("experiments.validate", "compare the cost model with wall-shaped real runs"),
+    "sweep": ("experiments.sweep", "methods x networks x seeds: time-to-target-loss"),
+    "report": ("experiments.report", "figures and tables from a sweep's results"),
+    "check-comm": ("experiments.check_comm", "fail when a method sends more bytes"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The top-level parser; only the chosen subcommand's module is imported."""
+    parser = argparse.ArgumentParser(prog="flexbench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module).configure(p)
+            p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `flexbench` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    try:
+        return int(importlib.import_module(args._module).main(args) or 0)
+    except ValueError as err:  # ConfigError and netsim's unit errors: one sentence, exit 2
+        print(f"flexbench {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

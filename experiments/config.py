@@ -1,0 +1,191 @@
+"""Run configuration: one typed dataclass, validated before anything is written.
+
+TOML files and `--set key=value` overrides mirror the field names; human units ("100Mbit",
+"10ms") stay strings here and are parsed by `netsim.units` at the edge of a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none")
+WORKLOADS = ("lm-tiny", "vision-tiny")
+SHAPING_MODES = ("off", "wall", "virtual")
+VALUE_DTYPES = ("bf16", "fp32")
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the value and what is allowed."""
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines one training run (method, workload, cluster shape, network)."""
+
+    method: str = "flexdemo"
+    """Training scheme: one of METHODS."""
+    workload: str = "lm-tiny"
+    """Model and data: one of WORKLOADS."""
+    nodes: int = 2
+    """Nodes (replicas); the inter-node group has one rank per node."""
+    gpus_per_node: int = 2
+    """Accelerators (ranks) per node; FSDP2 shards across them."""
+    steps: int | None = None
+    """Optimizer steps; None takes the workload's default budget."""
+    lr: float | None = None
+    """Learning rate; None takes the method's tuned default for the workload."""
+    seed: int = 0
+    """Seed for model init, data order and random replication."""
+    batch_size: int | None = None
+    """Per-rank micro-batch; None takes the workload's default."""
+    eval_every: int | None = None
+    """Steps between validation evaluations; None takes the workload's default."""
+    topk: int = 32
+    """FlexDeMo: DCT coefficients kept per chunk."""
+    chunk: int = 64
+    """FlexDeMo: DCT chunk size (largest divisor of each dimension not above this)."""
+    decay: float = 0.999
+    """FlexDeMo: decay of the decoupled momentum."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    sign: bool = True
+    """FlexDeMo: take sign() of the decoded update."""
+    value_dtype: str = "bf16"
+    """FlexDeMo: dtype of the values on the wire, bf16 or fp32."""
+    diloco_h: int = 50
+    """DiLoCo: inner steps between synchronizations."""
+    outer_lr: float = 0.7
+    """DiLoCo: outer Nesterov learning rate."""
+    outer_momentum: float = 0.9
+    """DiLoCo: outer Nesterov momentum."""
+    replicate_every: int = 1
+    """Replicate only every k-th step."""
+    inter_bw: str | None = None
+    """Inter-node bandwidth ("100Mbit", "1Gbit", "25GB/s"); None: the real, unshaped link."""
+    inter_lat: str = "0ms"
+    """Inter-node latency ("10ms", "200us")."""
+    intra_bw: str = "100GB/s"
+    """Intra-node bandwidth, used by the cost model (intra links are not shaped)."""
+    intra_lat: str = "5us"
+    """Intra-node latency, used by the cost model."""
+    shaping: str = "off"
+    """off: count only; wall: wait on the modeled link; virtual: add modeled time to a clock."""
+    backend: str = "auto"
+    """Process-group backend: auto (nccl with CUDA, else gloo), gloo or nccl."""
+    threads_per_rank: int = 1
+    """torch threads per rank when the launcher spawns ranks on this machine."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form labels carried into run.json (e.g. sweep unit ids)."""
+
+    def validate(self) -> RunConfig:
+        """Raise ConfigError on the first bad field; return self so calls chain."""
+        _choice("method", self.method, METHODS)
+        _choice("workload", self.workload, WORKLOADS)
+        _choice("shaping", self.shaping, SHAPING_MODES)
+        _choice("value_dtype", self.value_dtype, VALUE_DTYPES)
+        _choice("backend", self.backend, ("auto", "gloo", "nccl"))
+        _at_least("nodes", self.nodes, 1)
+        _at_least("gpus_per_node", self.gpus_per_node, 1)
+        _at_least("topk", self.topk, 1)
+        _at_least("chunk", self.chunk, 1)
+        _at_least("diloco_h", self.diloco_h, 1)
+        _at_least("replicate_every", self.replicate_every, 1)
+        _at_least("threads_per_rank", self.threads_per_rank, 1)
+        for name in ("steps", "batch_size", "eval_every"):
+            if getattr(self, name) is not None:
+                _at_least(name, getattr(self, name), 1)
+        if not 0.0 <= self.decay < 1.0:
+            raise ConfigError(f"decay must be in [0, 1), got {self.decay}.")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"lr must be a positive number, got {self.lr}.")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}.")
+        if self.shaping != "off" and self.inter_bw is None:
+            raise ConfigError(f"shaping={self.shaping!r} needs an inter-node bandwidth (inter_bw).")
+        self.network()  # parses the unit strings
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Total number of ranks."""
+        return self.nodes * self.gpus_per_node
+
+    def network(self) -> dict[str, float | None]:
+        """The link settings in bytes/s and seconds (raises ConfigError on a bad unit)."""
+        from netsim.units import parse_bandwidth, parse_latency
+
+        try:
+            return {
+                "inter_bw_bps": None if self.inter_bw is None else parse_bandwidth(self.inter_bw),
+                "inter_lat_s": parse_latency(self.inter_lat),
+                "intra_bw_bps": parse_bandwidth(self.intra_bw),
+                "intra_lat_s": parse_latency(self.intra_lat),
+            }
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (for run.json)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """Build from a dict, rejecting unknown keys and coercing strings from the CLI."""
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"unknown run setting {unknown[0]!r}; known settings: {', '.join(sorted(names))}."
+            )
+        return cls(**{k: _coerce(names[k], v) for k, v in data.items()})
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with some fields changed (string values coerced as from the CLI)."""
+        return RunConfig.from_dict({**self.to_dict(), **changes})
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    """Turn ["key=value", ...] into a dict, rejecting items without '='."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set takes key=value, got {pair!r}.")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _coerce(f: dataclasses.Field, value: Any) -> Any:
+    """Turn a CLI string into the field's type; leave typed values (from TOML) alone."""
+    if not isinstance(value, str):
+        return value
+    kind = str(f.type)
+    text = value.strip()
+    if text.lower() in ("none", "null") and "None" in kind:
+        return None
+    try:
+        if kind.startswith("bool"):
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind.startswith("int"):
+            return int(text)
+        if kind.startswith("float"):
+            return float(text)
+    except ValueError:
+        raise ConfigError(f"{f.name} must be of type {kind}, got {value!r}.") from None
+    return text
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}.")
+
+
+def _at_least(name: str, value: Any, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}.")
