@@ -1,0 +1,48 @@
+"""FlexDeMo: decoupled momentum (DeMo) and DeToNATION replicators on hybrid sharded parallelism."""
+
+from .chunking import BlockLayout, largest_divisor_at_most, matrix_shape
+from .codec import index_dtype, mean_decode, topk_encode
+from .dct import dct_blocks, dct_matrix, idct_blocks
+from .hsdp import build_mesh, parallelize, replicate_group, shard_group
+from .methods import (
+    DEFAULT_LR,
+    METHODS,
+    build_optimizer,
+    method_uses_inter_all_reduce,
+    method_uses_sharding,
+)
+from .optimizer import BASES, FlexDeMo, local_tensor
+from .replicators import REPLICATORS, Replicator
+from .wire import CommStats, all_gather_bytes, all_reduce_bytes, pack, plan_bucket, unpack
+
+__all__ = [
+    "BASES",
+    "DEFAULT_LR",
+    "METHODS",
+    "REPLICATORS",
+    "BlockLayout",
+    "CommStats",
+    "FlexDeMo",
+    "Replicator",
+    "all_gather_bytes",
+    "all_reduce_bytes",
+    "build_mesh",
+    "build_optimizer",
+    "dct_blocks",
+    "dct_matrix",
+    "idct_blocks",
+    "index_dtype",
+    "largest_divisor_at_most",
+    "local_tensor",
+    "matrix_shape",
+    "mean_decode",
+    "method_uses_inter_all_reduce",
+    "method_uses_sharding",
+    "pack",
+    "parallelize",
+    "plan_bucket",
+    "replicate_group",
+    "shard_group",
+    "topk_encode",
+    "unpack",
+]

@@ -1,0 +1,87 @@
+"""How a parameter shard is cut into DCT blocks: chunk sizes and the block layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def largest_divisor_at_most(n: int, target: int) -> int:
+    """Return the largest divisor of ``n`` that is not above ``target`` (1 for n <= 1)."""
+    if n <= 1:
+        return 1
+    best = 1
+    i = 1
+    # Walk divisor pairs up to sqrt(n): O(sqrt(n)) and exact.
+    while i * i <= n:
+        if n % i == 0:
+            if i <= target:
+                best = max(best, i)
+            j = n // i
+            if j <= target:
+                best = max(best, j)
+        i += 1
+    return best
+
+
+def matrix_shape(shape: torch.Size | tuple[int, ...]) -> tuple[int, int]:
+    """Return the 2-D (rows, cols) view used for a tensor of ``shape``.
+
+    0-D and 1-D tensors become one row; tensors with more than two dims keep their first dim as
+    rows and flatten the trailing dims into columns.
+    """
+    if len(shape) == 0:
+        return 1, 1
+    if len(shape) == 1:
+        return 1, int(shape[0])
+    cols = 1
+    for s in shape[1:]:
+        cols *= int(s)
+    return int(shape[0]), cols
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Cutting of one (rows × cols) matrix into (c1 × c2) blocks, ordered row-major by block."""
+
+    rows: int
+    cols: int
+    c1: int
+    c2: int
+
+    @classmethod
+    def for_shape(cls, shape: torch.Size | tuple[int, ...], chunk: int) -> BlockLayout:
+        """Layout of ``shape``: block sides are the largest divisors not above ``chunk``."""
+        rows, cols = matrix_shape(shape)
+        return cls(rows, cols, largest_divisor_at_most(rows, chunk),
+                   largest_divisor_at_most(cols, chunk))
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of blocks."""
+        return (self.rows // self.c1) * (self.cols // self.c2)
+
+    @property
+    def block_numel(self) -> int:
+        """Number of coefficients in one block."""
+        return self.c1 * self.c2
+
+    def blocks_view(self, t: torch.Tensor) -> torch.Tensor:
+        """Strided (blocks_r, blocks_c, c1, c2) view of ``t`` as blocks (no copy)."""
+        m = t.reshape(self.rows // self.c1, self.c1, self.cols // self.c2, self.c2)
+        return m.permute(0, 2, 1, 3)
+
+    def to_blocks(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy ``t`` into contiguous (num_blocks, c1, c2) blocks, into ``out`` when given."""
+        if out is None:
+            out = torch.empty(self.num_blocks, self.c1, self.c2, dtype=t.dtype, device=t.device)
+        out.view(self.rows // self.c1, self.cols // self.c2, self.c1, self.c2).copy_(
+            self.blocks_view(t))
+        return out
+
+    def from_blocks(self, blocks: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Copy (num_blocks, c1, c2) ``blocks`` back into the natural layout of ``out``."""
+        self.blocks_view(out).copy_(
+            blocks.reshape(self.rows // self.c1, self.cols // self.c2, self.c1, self.c2))
+        return out

@@ -1,0 +1,77 @@
+"""Top-k sparsification of coefficient blocks and mean-over-contributors decoding."""
+
+from __future__ import annotations
+
+import torch
+
+# Block sizes up to this many coefficients travel with 16-bit indices.
+INT16_INDEX_LIMIT = 65536
+_INT16_OFFSET = 32768
+# Elements per group in the two-stage top-k; see topk_indices.
+_GROUP = 8
+
+
+def index_dtype(block_numel: int) -> torch.dtype:
+    """Wire dtype of the coefficient indices for blocks of ``block_numel`` coefficients."""
+    return torch.int16 if block_numel <= INT16_INDEX_LIMIT else torch.int32
+
+
+def encode_indices(idx: torch.Tensor, block_numel: int) -> torch.Tensor:
+    """Turn int64 in-block indices into their compact wire dtype."""
+    if index_dtype(block_numel) == torch.int16:
+        # Shift 0..65535 into the signed int16 range; gloo and torch have no uint16 arithmetic.
+        return (idx - _INT16_OFFSET).to(torch.int16)
+    return idx.to(torch.int32)
+
+
+def decode_indices(wire: torch.Tensor) -> torch.Tensor:
+    """Turn wire indices back into int64 in-block indices."""
+    if wire.dtype == torch.int16:
+        return wire.to(torch.int64) + _INT16_OFFSET
+    return wire.to(torch.int64)
+
+
+def clamp_topk(topk: int, block_numel: int) -> int:
+    """Number of coefficients kept per block: ``topk`` clamped to [1, block_numel]."""
+    return max(1, min(topk, block_numel))
+
+
+def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` largest-magnitude entries in each row of a 2-D tensor (unsorted)."""
+    rows, n = x.shape
+    mag = x.abs()
+    groups = n // _GROUP
+    if n % _GROUP != 0 or k * 4 > groups:
+        return torch.topk(mag, k, dim=1, sorted=False).indices
+    # Two stages, exact up to ties: every one of the k largest entries lies in one of the k
+    # groups with the largest maxima, so the final top-k runs over k*_GROUP candidates only.
+    grouped = mag.view(rows, groups, _GROUP)
+    best_groups = torch.topk(grouped.amax(dim=2), k, dim=1, sorted=False).indices
+    cand = grouped.gather(1, best_groups.unsqueeze(2).expand(rows, k, _GROUP))
+    pick = torch.topk(cand.view(rows, k * _GROUP), k, dim=1, sorted=False).indices
+    return best_groups.gather(1, pick // _GROUP) * _GROUP + pick % _GROUP
+
+
+def topk_encode(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the ``k`` largest-magnitude coefficients per row: (int64 indices, signed values)."""
+    idx = topk_indices(x, k)
+    return idx, torch.gather(x, 1, idx)
+
+
+def mean_decode(idx: torch.Tensor, vals: torch.Tensor, block_numel: int,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Dense (rows, block_numel) blocks from sparse (rows, m) contributions.
+
+    Where several contributors sent the same coefficient the result is the mean of what arrived
+    (DeMo's ``scatter_reduce(mean, include_self=False)``); coefficients nobody sent are zero.
+    """
+    dtype = dtype or vals.dtype
+    vals = vals.to(dtype)
+    rows = idx.shape[0]
+    counts = torch.zeros(rows, block_numel, dtype=dtype, device=vals.device)
+    counts.scatter_add_(1, idx, torch.ones_like(vals))
+    # Dividing each contribution by its coefficient's count before summing touches only the
+    # sent entries instead of the whole dense block.
+    out = torch.zeros(rows, block_numel, dtype=dtype, device=vals.device)
+    out.scatter_add_(1, idx, vals / counts.gather(1, idx))
+    return out
