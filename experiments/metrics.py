@@ -1,0 +1,226 @@
+"""Time-to-target-loss, speed-ups against full-sync HSDP-AdamW, and method x network tables.
+
+The scoring follows AlgoPerf: a run's time-to-target is the first *evaluation* whose validation
+loss is at or below the target (timing excludes evaluation itself); a run that never gets there
+scores infinity and stays in every table as "not reached". Speed-ups compare a method with the
+baseline's median over seeds at the same network point, and are summarised by median, min and
+max over the method's seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+BASELINE = "hsdp-adamw"
+TARGET_MARGIN = 0.02
+
+__all__ = [
+    "BASELINE",
+    "TARGET_MARGIN",
+    "default_target",
+    "format_seconds",
+    "format_speedup",
+    "markdown_table",
+    "pivot",
+    "speedups",
+    "summary_markdown",
+    "validation_table",
+    "time_to_target",
+]
+
+
+def time_to_target(times: Iterable[float], val_losses: Iterable[float], target: float) -> float:
+    """First time at which an evaluated val_loss is <= target; inf if it never is."""
+    if not isinstance(target, (int, float)) or math.isnan(target):
+        raise ValueError(f"target must be a number, got {target!r}.")
+    t = np.asarray(list(times), dtype=float)
+    v = np.asarray(list(val_losses), dtype=float)
+    if t.shape != v.shape:
+        raise ValueError(f"times and val_losses differ in length ({t.size} vs {v.size}).")
+    # NaN marks steps without an evaluation; those can never count as reaching the target.
+    hit = np.flatnonzero(~np.isnan(v) & (v <= target))
+    return float(t[hit[0]]) if hit.size else math.inf
+
+
+def default_target(
+    final_losses: pd.DataFrame, *, baseline: str = BASELINE, margin: float = TARGET_MARGIN
+) -> float:
+    """The baseline's median final val_loss over seeds, plus `margin` (2% by default).
+
+    `final_losses` has columns `method` and `final_val_loss` (one row per baseline seed).
+    """
+    base = final_losses.loc[final_losses["method"] == baseline, "final_val_loss"].dropna()
+    if base.empty:
+        raise ValueError(
+            f"no finished {baseline!r} run to derive the target from; "
+            "set [target] val_loss in the sweep config or include it in grid.methods."
+        )
+    return float(base.median()) * (1.0 + margin)
+
+
+def speedups(
+    runs: pd.DataFrame,
+    *,
+    baseline: str = BASELINE,
+    by: Sequence[str] = ("source", "network"),
+    variant: str = "variant",
+) -> pd.DataFrame:
+    """Per variant and network point: median/min/max over seeds of baseline_median_ttt / ttt.
+
+    `runs` needs `method`, `variant`, `seed`, `time_to_target_s` and the `by` columns. A run that
+    never reaches the target has speed-up 0; when the baseline never does, a run that does gets
+    inf; when neither does, NaN (nothing to compare).
+    """
+    keys = list(by)
+    base = (
+        runs[runs["method"] == baseline]
+        .groupby(keys, dropna=False)["time_to_target_s"]
+        .median()
+        .rename("baseline_ttt_s")
+    )
+    merged = runs.join(base, on=keys)
+    pairs = zip(merged["baseline_ttt_s"], merged["time_to_target_s"], strict=True)
+    merged["speedup"] = [_ratio(b, t) for b, t in pairs]
+    grouped = merged.groupby([*keys, variant, "method"], dropna=False, sort=False)
+    out = grouped.agg(
+        ttt_median_s=("time_to_target_s", "median"),
+        ttt_min_s=("time_to_target_s", "min"),
+        ttt_max_s=("time_to_target_s", "max"),
+        reached=("reached", "sum"),
+        seeds=("seed", "count"),
+        baseline_ttt_s=("baseline_ttt_s", "first"),
+        speedup_median=("speedup", "median"),
+        speedup_min=("speedup", "min"),
+        speedup_max=("speedup", "max"),
+    )
+    return out.reset_index()
+
+
+def _ratio(baseline_ttt: float, ttt: float) -> float:
+    """Speed-up of one run, with the not-reached cases spelled out."""
+    if baseline_ttt is None or (isinstance(baseline_ttt, float) and math.isnan(baseline_ttt)):
+        return math.nan
+    if math.isinf(ttt):
+        return math.nan if math.isinf(baseline_ttt) else 0.0
+    if math.isinf(baseline_ttt):
+        return math.inf
+    return baseline_ttt / ttt if ttt > 0 else math.inf
+
+
+def pivot(
+    table: pd.DataFrame, value: str, *, rows: str = "variant", cols: str = "network"
+) -> pd.DataFrame:
+    """A rows x cols table of `value`, keeping the order in which rows and columns first appear."""
+    row_order = list(dict.fromkeys(table[rows]))
+    col_order = list(dict.fromkeys(table[cols]))
+    wide = table.pivot_table(index=rows, columns=cols, values=value, aggfunc="first", dropna=False)
+    return wide.reindex(index=row_order, columns=col_order)
+
+
+def format_seconds(value: float) -> str:
+    """Seconds for a table cell: 'not reached' for inf, '-' for missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if math.isinf(value):
+        return "not reached"
+    if value >= 100:
+        return f"{value:.0f} s"
+    if value >= 1:
+        return f"{value:.1f} s"
+    return f"{value * 1000:.0f} ms"
+
+
+def format_speedup(median: float, low: float, high: float) -> str:
+    """A speed-up cell: 'median× [min–max]' over seeds."""
+    if median is None or math.isnan(median):
+        return "-"
+
+    def one(x: float) -> str:
+        return "inf" if math.isinf(x) else f"{x:.2f}"
+
+    if low == high:
+        return f"{one(median)}×"
+    return f"{one(median)}× [{one(low)}–{one(high)}]"
+
+
+def markdown_table(frame: pd.DataFrame, *, index_name: str | None = None) -> str:
+    """Render a small DataFrame (index = first column) as a GitHub Markdown table."""
+    head = [index_name or (frame.index.name or ""), *[str(c) for c in frame.columns]]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for idx, row in frame.iterrows():
+        cells = [str(idx), *["" if _missing(v) else str(v) for v in row.tolist()]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def summary_markdown(runs: pd.DataFrame) -> str:
+    """The sweep's headline tables in Markdown: time-to-target and speed-up, validation, bytes."""
+    if runs.empty:
+        return "No runs yet.\n"
+    parts: list[str] = []
+    target = runs["target_val_loss"].dropna()
+    target_text = f"{target.iloc[0]:.4f}" if len(target) else "undetermined"
+    sim = runs[runs["source"] == "sim"]
+    if not sim.empty:
+        table = speedups(sim, by=("network",))
+        table["cell"] = [
+            f"{format_seconds(t)} · {format_speedup(m, lo, hi)}"
+            for t, m, lo, hi in zip(table["ttt_median_s"], table["speedup_median"],
+                                    table["speedup_min"], table["speedup_max"], strict=True)
+        ]
+        parts.append(
+            f"### Time to target val_loss {target_text} (simulated; median over seeds · "
+            f"speed-up vs {BASELINE}, median [min–max])\n"
+        )
+        parts.append(markdown_table(pivot(table, "cell"), index_name="method") + "\n")
+    measured = runs[runs["source"] == "measured"]
+    if not measured.empty:
+        parts.append("### Cost model vs wall-shaped real runs\n")
+        parts.append(markdown_table(validation_table(runs), index_name="run") + "\n")
+    per_variant = runs.drop_duplicates(subset=["variant", "seed"]).groupby(
+        "variant", sort=False
+    )[["inter_bytes_per_step", "inter_calls_per_step", "intra_bytes_per_step"]].median()
+    per_variant = per_variant.map(lambda v: "-" if pd.isna(v) else f"{v:,.0f}")
+    per_variant.columns = ["inter-node bytes/step (per node)", "inter-node calls/step",
+                           "intra-node bytes/step (per node)"]
+    parts.append("### Communication per step\n")
+    parts.append(markdown_table(per_variant, index_name="method") + "\n")
+    bad = runs[runs["status"] != "done"].drop_duplicates(subset=["unit", "status"])
+    if not bad.empty:
+        parts.append("### Units without results\n")
+        parts.extend(f"- `{u}`: {s}{f' ({e})' if isinstance(e, str) else ''}"
+                     for u, s, e in zip(bad["unit"], bad["status"], bad["error"], strict=True))
+        parts.append("")
+    return "\n".join(parts)
+
+
+def validation_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Measured (wall-shaped) runs next to the simulation of the same run at the same point."""
+    keys = ["variant", "seed", "network"]
+    measured = runs[runs["source"] == "measured"].set_index(keys)
+    sim = runs[runs["source"] == "sim"].set_index(keys)
+    rows = []
+    for key, m in measured.iterrows():
+        s = sim.loc[key] if key in sim.index else None
+        if isinstance(s, pd.DataFrame):
+            s = s.iloc[0]
+        sim_final = math.nan if s is None else s["final_time_s"]
+        sim_ttt = math.nan if s is None else s["time_to_target_s"]
+        ratio = sim_final / m["final_time_s"] if m["final_time_s"] else math.nan
+        rows.append({
+            "run": f"{key[0]} seed {key[1]} @ {key[2]}",
+            "measured time to target": format_seconds(m["time_to_target_s"]),
+            "simulated time to target": format_seconds(sim_ttt),
+            "measured total": format_seconds(m["final_time_s"]),
+            "simulated total": format_seconds(sim_final),
+            "simulated / measured": "-" if math.isnan(ratio) else f"{ratio:.2f}",
+        })
+    return pd.DataFrame(rows).set_index("run") if rows else pd.DataFrame()

@@ -1,0 +1,105 @@
+"""Stand-ins for launch() and simulate_run() that write and read synthetic runs (no training)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments.config import RunConfig
+
+# Bytes per step each fake method sends across nodes; hsdp-adamw sends the most.
+FAKE_BYTES = {"hsdp-adamw": 8e6, "flexdemo": 2e5, "demo": 4e5, "diloco": 8e6 / 5, "random": 1e5,
+              "striding": 1e5, "none": 0.0}
+COMPUTE_S = 0.1
+STEPS = 20
+EVAL_EVERY = 5
+
+
+class FakeRunFailed(RuntimeError):
+    """What the fake launcher raises for units the test wants to fail."""
+
+
+def fake_loss(method: str, seed: int, step: int) -> float:
+    """A decreasing loss curve; hsdp-adamw learns fastest per step, the others a little slower."""
+    rate = {"hsdp-adamw": 0.15, "flexdemo": 0.14, "demo": 0.11}.get(method, 0.08)
+    return 2.0 + 3.0 * math.exp(-rate * step) + 0.01 * seed
+
+
+def fake_launch(cfg: RunConfig, out: Path, *, timeout_s: float | None = None, **_: object) -> Path:
+    """Write steps.parquet, trace.parquet and run.json like the real launcher, all at the end."""
+    out = Path(out)
+    fail = os.environ.get("FAKE_FAIL_UNIT")
+    if fail and cfg.extra.get("unit") == fail:
+        raise FakeRunFailed(f"run timed out after {timeout_s} s")
+    calls_path = os.environ.get("FAKE_CALLS")
+    if calls_path:
+        with open(calls_path, "a") as fh:
+            fh.write(cfg.extra.get("unit", "?") + "\n")
+    steps = np.arange(1, STEPS + 1)
+    per_step = FAKE_BYTES[cfg.method]
+    bw = None if cfg.inter_bw is None else cfg.network()["inter_bw_bps"]
+    comm = 0.0 if bw is None else per_step / bw
+    frame = pd.DataFrame({
+        "step": steps,
+        "wall_time_s": steps * (COMPUTE_S + comm),
+        "loss": [fake_loss(cfg.method, cfg.seed, int(s)) for s in steps],
+        "val_loss": [fake_loss(cfg.method, cfg.seed, int(s)) if s % EVAL_EVERY == 0 else np.nan
+                     for s in steps],
+        "inter_bytes_sent": per_step,
+        "inter_bytes_received": per_step,
+        "inter_calls": 3 if per_step else 0,
+        "intra_bytes": 1e6,
+        "compute_s": COMPUTE_S,
+        "comm_s": comm,
+    })
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True)
+    frame.to_parquet(tmp / "steps.parquet", index=False)
+    pd.DataFrame({"step": steps, "bytes": per_step}).to_parquet(tmp / "trace.parquet")
+    final = float(frame["val_loss"].dropna().iloc[-1])
+    (tmp / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "final_val_loss": final}))
+    os.replace(tmp, out)
+    return out
+
+
+def fake_simulate(run_dir: Path, *, inter_bw_bps: float, inter_lat_s: float,
+                  **_: object) -> pd.DataFrame:
+    """Step time = compute + bytes / bandwidth + latency per call."""
+    steps = pd.read_parquet(Path(run_dir) / "steps.parquet")
+    step_time = (steps["compute_s"] + steps["inter_bytes_sent"] / inter_bw_bps
+                 + steps["inter_calls"] * inter_lat_s)
+    return pd.DataFrame({"step": steps["step"], "step_time_s": step_time,
+                         "time_s": step_time.cumsum()})
+
+
+def ensure_units_module() -> None:
+    """Give tests netsim.units parsing even before the netsim package ships it."""
+    try:
+        import netsim.units  # noqa: F401
+        return
+    except ImportError:
+        pass
+    mod = types.ModuleType("netsim.units")
+    scale = {"kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "mb/s": 1e6, "gb/s": 1e9}
+    lat = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+    def parse(text: str, table: dict[str, float], what: str) -> float:
+        low = str(text).strip().lower()
+        for unit in sorted(table, key=len, reverse=True):
+            if low.endswith(unit):
+                try:
+                    return float(low[: -len(unit)]) * table[unit]
+                except ValueError:
+                    break
+        raise ValueError(f"cannot parse {what} {text!r}")
+
+    mod.parse_bandwidth = lambda t: parse(t, scale, "bandwidth")
+    mod.parse_latency = lambda t: parse(t, lat, "latency")
+    sys.modules["netsim.units"] = mod
