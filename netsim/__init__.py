@@ -1,0 +1,34 @@
+"""netsim: links and topologies, collective costs, process-group shaping, traces, SimPy cluster model."""
+
+from netsim.costs import (
+    collective_time,
+    collective_volume,
+    hierarchical_all_reduce_time,
+    point_to_point_time,
+    ring_all_gather_time,
+    ring_all_reduce_time,
+    ring_reduce_scatter_time,
+)
+from netsim.topology import Link, Topology
+from netsim.trace import TRACE_COLUMNS, TraceRecorder, load_trace, validate_trace
+from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_size
+
+__all__ = [
+    "Link",
+    "Topology",
+    "parse_bandwidth",
+    "parse_latency",
+    "parse_size",
+    "format_bandwidth",
+    "collective_time",
+    "collective_volume",
+    "ring_all_gather_time",
+    "ring_reduce_scatter_time",
+    "ring_all_reduce_time",
+    "hierarchical_all_reduce_time",
+    "point_to_point_time",
+    "TraceRecorder",
+    "TRACE_COLUMNS",
+    "load_trace",
+    "validate_trace",
+]

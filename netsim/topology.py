@@ -1,0 +1,169 @@
+"""Links and cluster topologies: nodes x accelerators, intra/inter links, NIC sharing, stragglers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from netsim.units import parse_bandwidth, parse_latency
+
+__all__ = ["Link", "Topology", "NIC_MODES"]
+
+NIC_MODES = ("per-node", "per-accelerator")
+
+
+@dataclass(frozen=True)
+class Link:
+    """A network link: bandwidth (bytes/s or "100Mbit"), latency, jitter (s or "1ms"), loss in [0, 1)."""
+
+    bandwidth: float
+    latency: float = 0.0
+    jitter: float = 0.0
+    loss: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Frozen dataclass: normalise human strings once, here, so every user sees bytes/s and seconds.
+        object.__setattr__(self, "bandwidth", parse_bandwidth(self.bandwidth))
+        object.__setattr__(self, "latency", parse_latency(self.latency))
+        try:
+            jitter = parse_latency(self.jitter)
+        except ValueError:
+            raise ValueError(
+                f'jitter {self.jitter!r} must be zero or a positive time, such as "1ms".'
+            ) from None
+        object.__setattr__(self, "jitter", jitter)
+        loss = self.loss
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0.0 <= loss < 1.0:
+            raise ValueError(f"loss {loss!r} must be a fraction in [0, 1), such as 0.01.")
+        object.__setattr__(self, "loss", float(loss))
+
+    @property
+    def effective_bandwidth(self) -> float:
+        """Goodput in bytes/s: lost packets are resent, so only (1 - loss) of the rate carries data."""
+        return self.bandwidth * (1.0 - self.loss)
+
+    def transfer_time(self, nbytes: float) -> float:
+        """Seconds to move nbytes point to point over this link (latency + nbytes / goodput)."""
+        return self.latency + nbytes / self.effective_bandwidth
+
+
+def _as_link(value: Link | dict, name: str) -> Link:
+    """Accept a Link or a dict of Link fields, so configs can pass plain mappings."""
+    if isinstance(value, Link):
+        return value
+    if isinstance(value, dict):
+        return Link(**value)
+    raise ValueError(f"{name} link {value!r} is not valid; give a Link or a dict of its fields.")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A cluster of nodes x accelerators joined by an intra-node and an inter-node link.
+
+    `nic` says whether a node's accelerators share one NIC of `inter.bandwidth` ("per-node") or each
+    has its own ("per-accelerator"). `node_speed[i]` is node i's relative compute speed (1.0 nominal,
+    0.5 = a straggler whose compute takes twice as long).
+    """
+
+    nodes: int
+    accelerators_per_node: int
+    intra: Link
+    inter: Link
+    nic: str = "per-node"
+    node_speed: tuple[float, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "accelerators_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} must be a positive integer.")
+        object.__setattr__(self, "intra", _as_link(self.intra, "intra"))
+        object.__setattr__(self, "inter", _as_link(self.inter, "inter"))
+        if self.nic not in NIC_MODES:
+            raise ValueError(f"nic {self.nic!r} is not known; use one of {', '.join(NIC_MODES)}.")
+        speeds = tuple(self.node_speed) if self.node_speed else (1.0,) * self.nodes
+        if len(speeds) != self.nodes:
+            raise ValueError(
+                f"node_speed has {len(speeds)} entries but the topology has {self.nodes} nodes; "
+                f"give one speed per node."
+            )
+        for speed in speeds:
+            if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
+                raise ValueError(
+                    f"node_speed entry {speed!r} must be a positive number (1.0 = nominal)."
+                )
+        object.__setattr__(self, "node_speed", tuple(float(s) for s in speeds))
+
+    @classmethod
+    def from_strings(
+        cls,
+        nodes: int,
+        per_node: int,
+        inter_bw: object = "1Gbit",
+        inter_lat: object = "0ms",
+        intra_bw: object = "25GB/s",
+        intra_lat: object = "5us",
+        nic: str = "per-node",
+        node_speed: Sequence[float] | None = None,
+        jitter: object = 0.0,
+        loss: float = 0.0,
+    ) -> Topology:
+        """Build a topology from CLI-style strings; jitter and loss apply to the inter-node link."""
+        return cls(
+            nodes=nodes,
+            accelerators_per_node=per_node,
+            intra=Link(intra_bw, intra_lat),
+            inter=Link(inter_bw, inter_lat, jitter=jitter, loss=loss),
+            nic=nic,
+            node_speed=tuple(node_speed) if node_speed else (),
+        )
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks: nodes x accelerators_per_node."""
+        return self.nodes * self.accelerators_per_node
+
+    def _check_rank(self, rank: int) -> int:
+        if isinstance(rank, bool) or not 0 <= int(rank) < self.world_size:
+            raise ValueError(
+                f"rank {rank!r} is outside this topology's ranks 0..{self.world_size - 1}."
+            )
+        return int(rank)
+
+    def node_of(self, rank: int) -> int:
+        """Node index of a global rank (rank // accelerators_per_node)."""
+        return self._check_rank(rank) // self.accelerators_per_node
+
+    def local_of(self, rank: int) -> int:
+        """Accelerator index of a global rank inside its node."""
+        return self._check_rank(rank) % self.accelerators_per_node
+
+    def ranks_of_node(self, node: int) -> list[int]:
+        """Global ranks living on one node."""
+        if not 0 <= node < self.nodes:
+            raise ValueError(f"node {node!r} is outside this topology's nodes 0..{self.nodes - 1}.")
+        g = self.accelerators_per_node
+        return list(range(node * g, (node + 1) * g))
+
+    def nodes_of(self, ranks: Iterable[int]) -> set[int]:
+        """Set of nodes a group of global ranks spans."""
+        return {self.node_of(r) for r in ranks}
+
+    def crosses_nodes(self, ranks: Iterable[int]) -> bool:
+        """Whether a group of global ranks spans more than one node (so it uses the inter link)."""
+        return len(self.nodes_of(ranks)) > 1
+
+    def link_for(self, ranks: Iterable[int]) -> Link:
+        """The link a group's collectives run over: inter if it crosses nodes, else intra."""
+        return self.inter if self.crosses_nodes(ranks) else self.intra
+
+    def speed_of(self, rank: int) -> float:
+        """Relative compute speed of the node holding a rank."""
+        return self.node_speed[self.node_of(rank)]
+
+    def resized(self, nodes: int | None = None, per_node: int | None = None) -> Topology:
+        """Same links and NIC mode at another size; node speeds are kept for existing nodes, new ones 1.0."""
+        nodes = self.nodes if nodes is None else nodes
+        per_node = self.accelerators_per_node if per_node is None else per_node
+        speeds = (self.node_speed + (1.0,) * max(0, nodes - self.nodes))[:nodes] if nodes else ()
+        return replace(self, nodes=nodes, accelerators_per_node=per_node, node_speed=speeds)

@@ -1,0 +1,297 @@
+"""Trace records: the schema of trace.parquet and the per-rank TraceRecorder that fills it.
+
+One row per event of one rank. kind "collective": an op on a group (issued at start_s, waited on
+from wait_s, returned at end_s); kind "compute": an explicit compute interval; kind "step": the span
+between begin_step and end_step. Times are seconds on the recorder's clock (the shaping clock when
+shaping is installed, so wall or virtual time). A combined trace is the concatenation of all ranks'
+frames.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from netsim.topology import Topology
+
+__all__ = [
+    "TRACE_COLUMNS",
+    "KINDS",
+    "TraceRecorder",
+    "empty_trace",
+    "validate_trace",
+    "load_trace",
+    "group_key",
+]
+
+# Column -> dtype. `bytes` is the payload the rank handed in; bytes_sent/received are wire bytes.
+TRACE_COLUMNS: dict[str, str] = {
+    "rank": "int64",
+    "node": "int64",
+    "local": "int64",
+    "step": "int64",
+    "seq": "int64",
+    "kind": "object",
+    "op": "object",
+    "group": "object",
+    "group_size": "int64",
+    "inter": "bool",
+    "algorithm": "object",
+    "bytes": "int64",
+    "bytes_sent": "float64",
+    "bytes_received": "float64",
+    "start_s": "float64",
+    "wait_s": "float64",
+    "end_s": "float64",
+    "modeled_s": "float64",
+}
+KINDS = ("compute", "collective", "step")
+_REQUIRED = (
+    "rank",
+    "step",
+    "kind",
+    "op",
+    "group",
+    "inter",
+    "algorithm",
+    "bytes",
+    "bytes_sent",
+    "bytes_received",
+    "start_s",
+    "end_s",
+)
+
+
+def group_key(ranks: Iterable[int]) -> str:
+    """Canonical string for a group of global ranks, e.g. "0,2" (sorted, comma separated)."""
+    return ",".join(str(int(r)) for r in sorted(ranks))
+
+
+def empty_trace() -> pd.DataFrame:
+    """A trace with the schema's columns and no rows."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in TRACE_COLUMNS.items()})
+
+
+class TraceRecorder:
+    """Collects one rank's collectives, compute intervals and step spans; thread-safe."""
+
+    def __init__(
+        self,
+        rank: int,
+        topology: Topology | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"rank {rank!r} must be a non-negative integer.")
+        self.rank = rank
+        self.topology = topology
+        self._t0 = time.perf_counter()
+        self.clock: Callable[[], float] = clock or (lambda: time.perf_counter() - self._t0)
+        self.step = 0
+        self._step_start: float | None = None
+        self._rows: list[dict] = []
+        self._lock = threading.Lock()
+        self._seq = 0
+
+    # Layout of this rank; without a topology every rank counts as its own node.
+    def _where(self) -> tuple[int, int]:
+        if self.topology is None:
+            return self.rank, 0
+        return self.topology.node_of(self.rank), self.topology.local_of(self.rank)
+
+    def _append(self, row: dict) -> dict:
+        node, local = self._where()
+        with self._lock:
+            full = {
+                "rank": self.rank,
+                "node": node,
+                "local": local,
+                "step": self.step,
+                "seq": self._seq,
+                "kind": "compute",
+                "op": "",
+                "group": "",
+                "group_size": 0,
+                "inter": False,
+                "algorithm": "",
+                "bytes": 0,
+                "bytes_sent": 0.0,
+                "bytes_received": 0.0,
+                "start_s": math.nan,
+                "wait_s": math.nan,
+                "end_s": math.nan,
+                "modeled_s": math.nan,
+            }
+            full.update(row)
+            self._seq += 1
+            self._rows.append(full)
+        return full
+
+    def begin_step(self, step: int) -> None:
+        """Start step `step`: later records carry this step number."""
+        self.step = int(step)
+        self._step_start = self.clock()
+
+    def end_step(self, step: int) -> None:
+        """Close step `step`, recording its span as a kind="step" row."""
+        if int(step) != self.step or self._step_start is None:
+            raise ValueError(f"end_step({step!r}) does not match the open step {self.step!r}.")
+        self._append({"kind": "step", "start_s": self._step_start, "end_s": self.clock()})
+        self._step_start = None
+
+    def record_compute(self, start: float, end: float) -> None:
+        """Record an explicit compute interval (clock seconds) in the current step."""
+        if not end >= start:
+            raise ValueError(f"compute interval end {end!r} is before its start {start!r}.")
+        self._append({"kind": "compute", "start_s": float(start), "end_s": float(end)})
+
+    def record_collective(
+        self,
+        op: str,
+        group: Iterable[int],
+        inter: bool,
+        algorithm: str,
+        nbytes: int,
+        bytes_sent: float,
+        bytes_received: float,
+        start: float,
+        end: float = math.nan,
+        wait: float = math.nan,
+        modeled: float = math.nan,
+    ) -> dict:
+        """Record one collective of this rank; returns the row so completion times can be filled."""
+        ranks = list(group)
+        return self._append(
+            {
+                "kind": "collective",
+                "op": op,
+                "group": group_key(ranks),
+                "group_size": len(ranks),
+                "inter": bool(inter),
+                "algorithm": algorithm,
+                "bytes": int(nbytes),
+                "bytes_sent": float(bytes_sent),
+                "bytes_received": float(bytes_received),
+                "start_s": float(start),
+                "wait_s": float(wait),
+                "end_s": float(end),
+                "modeled_s": float(modeled),
+            }
+        )
+
+    def complete(self, row: dict, wait: float, end: float, modeled: float = math.nan) -> None:
+        """Fill in when a recorded collective was waited on and when it returned."""
+        with self._lock:
+            row["wait_s"], row["end_s"], row["modeled_s"] = float(wait), float(end), float(modeled)
+
+    def step_summary(self, step: int) -> dict[str, float]:
+        """Inter-node bytes sent/received and calls, and intra-node bytes, for one step."""
+        out = {
+            "inter_bytes_sent": 0.0,
+            "inter_bytes_received": 0.0,
+            "inter_calls": 0,
+            "intra_bytes": 0.0,
+        }
+        with self._lock:
+            for row in self._rows:
+                if row["step"] != step or row["kind"] != "collective":
+                    continue
+                if row["inter"]:
+                    out["inter_bytes_sent"] += row["bytes_sent"]
+                    out["inter_bytes_received"] += row["bytes_received"]
+                    out["inter_calls"] += 1
+                else:
+                    out["intra_bytes"] += row["bytes_sent"]
+        return out
+
+    def frame(self) -> pd.DataFrame:
+        """All rows so far as a DataFrame with the trace schema."""
+        with self._lock:
+            rows = [dict(r) for r in self._rows]
+        if not rows:
+            return empty_trace()
+        df = pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
+        return df.astype(TRACE_COLUMNS)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the frame to parquet atomically (temp file in the same folder, then rename)."""
+        return save_trace(self.frame(), path)
+
+
+def save_trace(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write a trace DataFrame to parquet atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
+    """Check a trace against the schema and return it with schema dtypes; ValueError if it is corrupt."""
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"trace must be a pandas DataFrame, not {type(df).__name__}.")
+    missing = [c for c in _REQUIRED if c not in df.columns]
+    if missing:
+        raise ValueError(f"trace is missing the columns {missing}; see netsim.trace.TRACE_COLUMNS.")
+    if df.empty:
+        raise ValueError("trace has no rows; record at least one step before simulating.")
+    df = df.copy()
+    # Older or hand-made traces may lack the derived columns; fill them the same way the recorder does.
+    if "node" not in df.columns:
+        df["node"] = df["rank"]
+    if "local" not in df.columns:
+        df["local"] = 0
+    if "seq" not in df.columns:
+        df["seq"] = range(len(df))
+    if "group_size" not in df.columns:
+        df["group_size"] = [len(str(g).split(",")) if str(g) else 0 for g in df["group"]]
+    for col in ("wait_s", "modeled_s"):
+        if col not in df.columns:
+            df[col] = math.nan
+    bad_kinds = set(df["kind"].unique()) - set(KINDS)
+    if bad_kinds:
+        raise ValueError(
+            f"trace has unknown kinds {sorted(map(str, bad_kinds))}; allowed: {KINDS}."
+        )
+    try:
+        df = df[list(TRACE_COLUMNS)].astype(TRACE_COLUMNS)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"trace columns do not have the schema's types ({err}).") from None
+    timed = df["kind"] != "collective"
+    if df.loc[timed, ["start_s", "end_s"]].isna().any().any():
+        raise ValueError("trace has compute or step rows without start_s/end_s times.")
+    coll = df[~timed]
+    if coll["start_s"].isna().any():
+        raise ValueError("trace has collective rows without a start_s time.")
+    done = coll.dropna(subset=["end_s"])
+    if (done["end_s"] < done["start_s"] - 1e-9).any():
+        raise ValueError("trace has rows whose end_s is before start_s.")
+    if (df["rank"] < 0).any() or (df["bytes"] < 0).any():
+        raise ValueError("trace has negative ranks or byte counts.")
+    return df
+
+
+def load_trace(path: str | os.PathLike) -> pd.DataFrame:
+    """Read and validate a trace.parquet; ValueError if it is missing or unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"trace file {str(path)!r} does not exist.")
+    try:
+        df = pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises several types for a damaged file
+        raise ValueError(f"trace file {str(path)!r} is not readable parquet ({err}).") from None
+    return validate_trace(df)
