@@ -65,6 +65,12 @@ def _copy_state(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
         d.copy_(s)
 
 
+def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Group) -> None:
+    # torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, inp, group=group)
+
+
 class _BlockGroup:
     """Same-shaped DCT blocks of several shards, transformed and coded as one batch."""
 
@@ -185,9 +191,10 @@ class DeMoReplicator(Replicator):
         if not self.groups:
             return out
         buf = pack(self.encode(), self.segments, self.bucket_bytes)
-        gathered = torch.empty(self.ranks, self.bucket_bytes, dtype=torch.uint8,
+        gathered = torch.empty(self.ranks * self.bucket_bytes, dtype=torch.uint8,
                                device=buf.device)
-        dist.all_gather_into_tensor(gathered, buf, group=self.group)
+        _all_gather_flat(gathered, buf, self.group)
+        gathered = gathered.view(self.ranks, self.bucket_bytes)
         sent = all_gather_bytes(self.bucket_bytes, self.ranks)
         stats.add(sent, sent)
         self.decode(unpack(gathered, self.segments), out)

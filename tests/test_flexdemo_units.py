@@ -1,0 +1,177 @@
+"""Single-process tests of the flexdemo building blocks: transform, codec, wire, validation."""
+
+import math
+
+import pytest
+import torch
+
+from flexdemo import (
+    METHODS,
+    BlockLayout,
+    FlexDeMo,
+    build_optimizer,
+    dct_blocks,
+    dct_matrix,
+    idct_blocks,
+    index_dtype,
+    largest_divisor_at_most,
+    mean_decode,
+    pack,
+    plan_bucket,
+    topk_encode,
+    unpack,
+)
+from flexdemo.codec import decode_indices, encode_indices, topk_indices
+
+
+def _dct_by_sum(x: torch.Tensor) -> torch.Tensor:
+    """Orthonormal DCT-II of the last dim written out as the textbook sum (float64)."""
+    n = x.shape[-1]
+    out = torch.zeros_like(x, dtype=torch.float64)
+    for k in range(n):
+        scale = math.sqrt(1.0 / n) if k == 0 else math.sqrt(2.0 / n)
+        basis = torch.tensor([math.cos(math.pi * (2 * i + 1) * k / (2 * n)) for i in range(n)],
+                             dtype=torch.float64)
+        out[..., k] = scale * (x.double() * basis).sum(-1)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 5, 6, 7, 12])
+def test_dct_matrix_is_orthonormal_dct2(n):
+    c = dct_matrix(n, torch.float64)
+    assert torch.allclose(c @ c.T, torch.eye(n, dtype=torch.float64), atol=1e-12)
+    x = torch.randn(3, n, dtype=torch.float64)
+    assert torch.allclose(x @ c.T, _dct_by_sum(x), atol=1e-12)
+
+
+def test_largest_divisor():
+    assert [largest_divisor_at_most(n, 64) for n in (1, 64, 100, 1024, 97, 384)] == \
+        [1, 64, 50, 64, 1, 64]
+    assert largest_divisor_at_most(30, 7) == 6
+
+
+@pytest.mark.parametrize("shape,chunk", [((10, 12), 6), ((7,), 3), ((9, 15), 5), ((30,), 64),
+                                         ((4, 3, 5), 6), ((12, 20), 64)])
+def test_block_dct_round_trip_and_per_block_transform(shape, chunk):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64)
+    lay = BlockLayout.for_shape(shape, chunk)
+    blocks = lay.to_blocks(x)
+    coeffs = dct_blocks(blocks)
+    # Block (0, 0) transformed by hand: C1 @ B @ C2^T.
+    b0 = x.reshape(lay.rows, lay.cols)[:lay.c1, :lay.c2]
+    want = dct_matrix(lay.c1, torch.float64) @ b0 @ dct_matrix(lay.c2, torch.float64).T
+    assert torch.allclose(coeffs[0], want, atol=1e-12)
+    back = lay.from_blocks(idct_blocks(coeffs), torch.empty_like(x))
+    assert torch.allclose(back, x, atol=1e-12)
+    # Orthonormal: energy is preserved.
+    assert torch.allclose(coeffs.pow(2).sum(), x.pow(2).sum())
+
+
+def test_chunk_sizes_are_largest_divisors():
+    lay = BlockLayout.for_shape((10, 12), 6)
+    assert (lay.c1, lay.c2, lay.num_blocks, lay.block_numel) == (5, 6, 4, 30)
+    lay = BlockLayout.for_shape((30,), 7)
+    assert (lay.c1, lay.c2, lay.num_blocks) == (1, 6, 5)
+
+
+@pytest.mark.parametrize("n,k", [(4096, 32), (64, 32), (30, 5), (1024, 200)])
+def test_topk_matches_dense_sort(n, k):
+    torch.manual_seed(1)
+    x = torch.randn(17, n)
+    idx, vals = topk_encode(x, k)
+    want = x.abs().topk(k, dim=1).indices.sort(1).values
+    assert torch.equal(idx.sort(1).values, want)
+    assert torch.equal(vals, x.gather(1, idx))
+    assert torch.equal(topk_indices(x, k).sort(1).values, want)
+
+
+def test_mean_decode_matches_dense_mean_over_contributors():
+    torch.manual_seed(2)
+    rows, numel, ranks, k = 6, 20, 3, 7
+    idx = torch.stack([torch.randperm(numel)[:k] for _ in range(rows * ranks)]).view(ranks, rows, k)
+    vals = torch.randn(ranks, rows, k)
+    got = mean_decode(idx.permute(1, 0, 2).reshape(rows, -1),
+                      vals.permute(1, 0, 2).reshape(rows, -1), numel)
+    total = torch.zeros(rows, numel)
+    count = torch.zeros(rows, numel)
+    for r in range(ranks):
+        dense = torch.zeros(rows, numel).scatter_(1, idx[r], vals[r])
+        total += dense
+        count += torch.zeros(rows, numel).scatter_(1, idx[r], 1.0)
+    want = torch.where(count > 0, total / count.clamp_min(1), torch.zeros(()))
+    assert torch.allclose(got, want, atol=1e-6)
+    # Same as DeMo's scatter_reduce(mean, include_self=False).
+    ref = torch.zeros(rows, numel).scatter_reduce(
+        1, idx.permute(1, 0, 2).reshape(rows, -1), vals.permute(1, 0, 2).reshape(rows, -1),
+        "mean", include_self=False)
+    assert torch.allclose(got, ref, atol=1e-6)
+
+
+def test_index_codec_round_trips_full_range():
+    assert index_dtype(65536) == torch.int16 and index_dtype(65537) == torch.int32
+    idx = torch.tensor([[0, 1, 32767, 32768, 65535]])
+    wire = encode_indices(idx, 65536)
+    assert wire.dtype == torch.int16 and torch.equal(decode_indices(wire), idx)
+    wire = encode_indices(idx * 2, 200000)
+    assert wire.dtype == torch.int32 and torch.equal(decode_indices(wire), idx * 2)
+
+
+def test_pack_unpack_round_trip():
+    torch.manual_seed(3)
+    tensors = [torch.randint(-5, 5, (3, 5), dtype=torch.int16), torch.randn(3, 5).bfloat16(),
+               torch.randn(7), torch.randint(0, 9, (2, 3), dtype=torch.int32),
+               torch.randn(1, 1).bfloat16()]
+    segments, total = plan_bucket([(tuple(t.shape), t.dtype) for t in tensors])
+    raw = sum(t.numel() * t.element_size() for t in tensors)
+    assert total % 4 == 0 and raw <= total < raw + 4
+    buf = pack(tensors, segments, total)
+    assert buf.dtype == torch.uint8 and buf.numel() == total
+    for got, want in zip(unpack(buf, segments), tensors, strict=True):
+        assert torch.equal(got[0], want)
+    # Two ranks' buckets stacked, as all_gather_into_tensor returns them.
+    other = [t * 2 for t in tensors]
+    both = torch.stack([buf, pack(other, segments, total)])
+    for got, a, b in zip(unpack(both, segments), tensors, other, strict=True):
+        assert torch.equal(got[0], a) and torch.equal(got[1], b)
+
+
+def _tiny():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(12, 10), torch.nn.Linear(10, 6))
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"compression_topk": 0}, "compression_topk=0"),
+    ({"compression_topk": -3}, "compression_topk=-3"),
+    ({"compression_chunk": 0}, "compression_chunk=0"),
+    ({"compression_decay": 1.0}, "compression_decay=1.0"),
+    ({"compression_decay": -0.1}, "compression_decay=-0.1"),
+    ({"replicator": "gossip"}, "replicator='gossip'"),
+    ({"base": "lion"}, "base='lion'"),
+    ({"replicate_every": 0}, "replicate_every=0"),
+    ({"compression_rate": 0.0}, "compression_rate=0.0"),
+])
+def test_bad_input_is_one_clear_value_error(kwargs, needle):
+    with pytest.raises(ValueError, match="^" + needle.replace("(", r"\(") ) as err:
+        FlexDeMo(_tiny().parameters(), **kwargs)
+    assert str(err.value).count(".") >= 1 and "\n" not in str(err.value)
+
+
+def test_unknown_method_is_rejected():
+    with pytest.raises(ValueError, match=r"^method='sgd' is unknown; use one of flexdemo"):
+        build_optimizer("sgd", _tiny(), None, lr=0.1)
+    assert "flexdemo" in METHODS and "hsdp-adamw" in METHODS
+
+
+def test_single_replica_sends_nothing_and_applies_whole_momentum():
+    model = _tiny()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = FlexDeMo(model.parameters(), lr=0.01, compression_topk=2, compression_chunk=4)
+    model(torch.randn(4, 12)).pow(2).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    opt.step()
+    assert opt.last_step_comm == {"bytes_sent": 0, "bytes_received": 0, "calls": 0}
+    for p, b, g in zip(model.parameters(), before, grads, strict=True):
+        # One replica: delta = lr*grad is sent whole, so the update is -lr*sign(grad).
+        assert torch.allclose(p.detach(), b - 0.01 * g.sign(), atol=1e-6)
