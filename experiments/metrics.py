@@ -168,11 +168,11 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     parts: list[str] = []
     target = runs["target_val_loss"].dropna()
     target_text = f"{target.iloc[0]:.4f}" if len(target) else "undetermined"
-    sim = runs[runs["source"] == "sim"]
+    sim = runs[(runs["source"] == "sim") & runs.get("on_grid", True)]
     if not sim.empty:
         table = speedups(sim, by=("network",))
         table["cell"] = [
-            f"{format_seconds(t)} · {format_speedup(m, lo, hi)}"
+            _cell(t, m, lo, hi)
             for t, m, lo, hi in zip(table["ttt_median_s"], table["speedup_median"],
                                     table["speedup_min"], table["speedup_max"], strict=True)
         ]
@@ -200,6 +200,13 @@ def summary_markdown(runs: pd.DataFrame) -> str:
                      for u, s, e in zip(bad["unit"], bad["status"], bad["error"], strict=True))
         parts.append("")
     return "\n".join(parts)
+
+
+def _cell(ttt: float, median: float, low: float, high: float) -> str:
+    """'12.3 s · 2.10× [1.9–2.3]', or just 'not reached' when the median run never gets there."""
+    if math.isinf(ttt):
+        return format_seconds(ttt)
+    return f"{format_seconds(ttt)} · {format_speedup(median, low, high)}"
 
 
 def validation_table(runs: pd.DataFrame) -> pd.DataFrame:

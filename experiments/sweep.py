@@ -510,7 +510,7 @@ def _state(out: Path, unit: Unit) -> str:
 # --------------------------------------------------------------------------- collecting
 
 KEY_COLUMNS = ["unit", "kind", "method", "variant", "knobs", "seed", "network", "inter_bw",
-               "inter_lat", "inter_bw_bps", "inter_lat_s", "source"]
+               "inter_lat", "inter_bw_bps", "inter_lat_s", "source", "on_grid"]
 
 
 def collect(
@@ -543,7 +543,8 @@ def collect(
     work = [(u, net, "sim") for u in train for net in _sim_points(cfg, units, u)]
     work += [(u, u.network, "measured") for u in units if u.kind == "validate"]
     for unit, net, source in tqdm(work, desc="timing", unit="point", disable=not progress):
-        row, steps = _time_unit(out, unit, net, source, target, simulate)
+        on_grid = net in cfg.networks  # validation-only points stay out of the headline table
+        row, steps = _time_unit(out, unit, net, source, target, simulate, on_grid)
         rows.append(row)
         if steps is not None:
             step_frames.append(steps)
@@ -572,6 +573,7 @@ def _time_unit(
     source: str,
     target: float,
     simulate: Simulator,
+    on_grid: bool,
 ) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """One runs.parquet row (and its per-step rows) for a unit at a network point."""
     row: dict[str, Any] = {
@@ -579,6 +581,7 @@ def _time_unit(
         "knobs": json.dumps(unit.knobs, sort_keys=True), "seed": unit.seed,
         "network": net.label, "inter_bw": net.inter_bw, "inter_lat": net.inter_lat,
         "inter_bw_bps": net.inter_bw_bps, "inter_lat_s": net.inter_lat_s, "source": source,
+        "on_grid": on_grid,
         "status": _state(out, unit), "error": None, "target_val_loss": target,
         "time_to_target_s": math.inf, "reached": False, "final_val_loss": math.nan,
         "final_time_s": math.nan, "steps": 0, "inter_bytes_per_step": math.nan,
