@@ -1,5 +1,6 @@
 """netsim: links and topologies, collective costs, process-group shaping, traces, SimPy cluster model."""
 
+from netsim import shaping
 from netsim.costs import (
     collective_time,
     collective_volume,
@@ -14,6 +15,7 @@ from netsim.trace import TRACE_COLUMNS, TraceRecorder, load_trace, validate_trac
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_size
 
 __all__ = [
+    "shaping",
     "Link",
     "Topology",
     "parse_bandwidth",
