@@ -1,0 +1,197 @@
+"""CI regression check: fail when any method sends more bytes (or calls) per step than before.
+
+    flexbench check-comm                       # compare with results/baselines/comm_volume.json
+    flexbench check-comm --update              # re-record the baseline on purpose
+
+Every method runs a couple of steps of a fixed tiny setting (lm-tiny, 2 nodes x 2 ranks, seed 0,
+shaping off) through the real launcher; the per-step inter-node bytes sent and received, the
+inter-node calls and the intra-node bytes are compared with the committed baseline. A figure
+that grows by more than the tolerance (1%), or a method that disappears, fails the check.
+Byte counts depend only on tensor shapes and the method's settings, so they are deterministic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from experiments.config import METHODS, RunConfig
+from experiments.executors import write_atomic
+
+__all__ = ["FIGURES", "SETTINGS", "compare", "configure", "main", "measure", "render"]
+
+DEFAULT_BASELINE = Path("results/baselines/comm_volume.json")
+TOLERANCE = 0.01
+FIGURES = ("inter_bytes_sent", "inter_bytes_received", "inter_calls", "intra_bytes")
+# The fixed setting every method is measured on. diloco_h and replicate_every are small so that
+# methods which synchronise only every few steps still communicate within the measured steps.
+SETTINGS: dict[str, Any] = {
+    "workload": "lm-tiny", "nodes": 2, "gpus_per_node": 2, "steps": 2, "seed": 0,
+    "shaping": "off", "diloco_h": 2, "replicate_every": 1, "eval_every": 1000,
+}
+
+Measurer = Callable[[Iterable[str], dict[str, Any]], dict[str, dict[str, float]]]
+
+
+def measure(methods: Iterable[str], settings: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Run each method for a few steps and return its mean per-step communication figures."""
+    import pandas as pd
+    from tqdm import tqdm
+
+    from experiments.launch import launch
+
+    methods = list(methods)
+    found: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="check-comm-") as tmp:
+        for method in tqdm(methods, desc="check-comm", unit="method"):
+            cfg = RunConfig.from_dict({**settings, "method": method}).validate()
+            try:
+                out = launch(cfg, Path(tmp) / method, timeout_s=600)
+            except Exception as err:  # reported as a missing method by compare()
+                tqdm.write(f"{method}: run failed: {err}", file=sys.stderr)
+                continue
+            steps = pd.read_parquet(Path(out) / "steps.parquet")
+            found[method] = {name: float(steps[name].mean()) for name in FIGURES}
+    return found
+
+
+def compare(
+    baseline: dict[str, dict[str, float]],
+    current: dict[str, dict[str, float]],
+    *,
+    tolerance: float = TOLERANCE,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Row-by-row differences and the list of failures (growth over tolerance, lost methods)."""
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for method in sorted(set(baseline) | set(current), key=_method_order):
+        old, new = baseline.get(method), current.get(method)
+        if new is None:
+            failures.append(f"{method}: missing from this run (it is in the baseline)")
+            rows.append({"method": method, "figure": "-", "baseline": math.nan, "now": math.nan,
+                         "change": "missing", "verdict": "FAIL"})
+            continue
+        for figure in FIGURES:
+            before = math.nan if old is None else float(old.get(figure, math.nan))
+            after = float(new.get(figure, math.nan))
+            change, verdict = _judge(before, after, tolerance)
+            if verdict == "FAIL":
+                failures.append(f"{method}: {figure} grew from {_num(before)} to {_num(after)} "
+                                f"({change})")
+            rows.append({"method": method, "figure": figure, "baseline": before, "now": after,
+                         "change": change, "verdict": verdict})
+    return rows, failures
+
+
+def _judge(before: float, after: float, tolerance: float) -> tuple[str, str]:
+    """The change as text and its verdict: ok, FAIL, 'lower' (a win) or 'new'."""
+    if math.isnan(before):
+        return "new", "new"
+    if math.isnan(after):
+        return "missing", "FAIL"
+    if before == 0:
+        return ("+inf%", "FAIL") if after > 0 else ("+0.0%", "ok")
+    rel = (after - before) / before
+    if rel > tolerance:
+        return f"{rel:+.1%}", "FAIL"
+    if rel < -tolerance:
+        return f"{rel:+.1%}", "lower"  # fewer bytes: fine, --update locks it in
+    return f"{rel:+.1%}", "ok"
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    """The per-method diff as an aligned plain-text table."""
+    head = ("method", "figure", "baseline", "now", "change", "verdict")
+    body = [(r["method"], r["figure"], _num(r["baseline"]), _num(r["now"]), r["change"],
+             r["verdict"]) for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
+    lines = []
+    for line in (head, *body):
+        cells = [str(c).ljust(w) if i < 2 else str(c).rjust(w)
+                 for i, (c, w) in enumerate(zip(line, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _num(value: float) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+
+
+def _method_order(method: str) -> tuple[int, str]:
+    return (METHODS.index(method) if method in METHODS else len(METHODS), method)
+
+
+def _read_baseline(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"no baseline at {str(path)!r}; record one with --update.")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise ValueError(f"baseline {str(path)!r} is not valid JSON; re-record it with --update.")\
+            from None
+    if not isinstance(data.get("methods"), dict):
+        raise ValueError(f"baseline {str(path)!r} has no 'methods' table; re-record it with "
+                         "--update.")
+    return data
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `flexbench check-comm`."""
+    parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE,
+                        help=f"baseline JSON (default {DEFAULT_BASELINE})")
+    parser.add_argument("--update", action="store_true",
+                        help="measure and rewrite the baseline instead of comparing")
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE,
+                        help="allowed relative growth per figure (default 0.01 = 1%%)")
+    parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                        help="check only these methods (default: all, and every one the "
+                        "baseline knows must still run)")
+
+
+def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
+    """Run `flexbench check-comm`; 0 when nothing grew, 1 when something did."""
+    methods = list(METHODS) if args.methods is None else list(args.methods)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}.")
+    if not 0 <= args.tolerance < 1:
+        raise ValueError(f"--tolerance must be in [0, 1), got {args.tolerance}.")
+    baseline = None if args.update else _read_baseline(args.baseline)
+    if baseline is not None and baseline.get("settings") != SETTINGS:
+        raise ValueError(f"baseline {str(args.baseline)!r} was recorded with other settings "
+                         f"({baseline.get('settings')}); re-record it with --update.")
+    current = (measurer or measure)(methods, dict(SETTINGS))
+    if args.update:
+        from experiments.sweep import _git_commit, _versions
+
+        body = {"settings": SETTINGS, "figures": list(FIGURES), "methods": current,
+                "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "versions": _versions(), "git_commit": _git_commit()}
+        write_atomic(args.baseline, json.dumps(body, indent=2, sort_keys=False) + "\n")
+        rows, _ = compare({}, current)
+        print(render(rows))
+        print(f"baseline written to {args.baseline}")
+        return 0
+    expected = baseline["methods"]
+    if args.methods is not None:  # an explicit subset is compared on that subset only
+        expected = {m: v for m, v in expected.items() if m in methods}
+    rows, failures = compare(expected, current, tolerance=args.tolerance)
+    print(render(rows))
+    if failures:
+        print(f"\ncommunication grew beyond {args.tolerance:.0%}:", file=sys.stderr)
+        for line in failures:
+            print(f"  {line}", file=sys.stderr)
+        print("if this is intended, re-record with `flexbench check-comm --update`.",
+              file=sys.stderr)
+        return 1
+    print(f"\nno method sends more than its baseline (+{args.tolerance:.0%}).")
+    return 0
