@@ -79,6 +79,13 @@ def run_unit(job: Job, timeout_s: float | None, launcher: Launcher | None = None
 
     start = time.monotonic()
     out_dir = Path(job.out_dir)
+    if _slurm_task_rank() > 0:
+        # Every task of a multi-node job runs its rank; rank 0 alone writes and records.
+        try:
+            launch(RunConfig.from_dict(job.config), out_dir, timeout_s=timeout_s)
+        except Exception as err:
+            return UnitResult(job.unit_id, False, f"{type(err).__name__}: {err}")
+        return UnitResult(job.unit_id, True, None, time.monotonic() - start)
     if out_dir.exists() and not (out_dir / "run.json").exists():
         # Leftover of a killed attempt: without run.json it is not a result, only debris.
         shutil.rmtree(out_dir)
@@ -102,6 +109,21 @@ def run_unit(job: Job, timeout_s: float | None, launcher: Launcher | None = None
         return UnitResult(job.unit_id, False, message, time.monotonic() - start)
     Path(job.failure_path).unlink(missing_ok=True)  # a retry that worked supersedes the failure
     return UnitResult(job.unit_id, True, None, time.monotonic() - start)
+
+
+def _slurm_task_rank() -> int:
+    """In a multi-task Slurm job from submitit, export torchrun-style variables; return the rank.
+
+    launch() then sees RANK / WORLD_SIZE / MASTER_ADDR and runs just this task's rank, which is
+    how one unit spans several real nodes. Outside such a job this returns 0 and changes nothing.
+    """
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or int(os.environ.get("SLURM_NTASKS", 1)) < 2:
+        return 0
+    from submitit.helpers import TorchDistributedEnvironment
+
+    # Keep every GPU visible: the launcher picks the device from LOCAL_RANK itself.
+    env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return int(env.rank)
 
 
 def execute(
