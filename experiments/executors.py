@@ -89,6 +89,8 @@ def run_unit(job: Job, timeout_s: float | None, launcher: Launcher | None = None
     if out_dir.exists() and not (out_dir / "run.json").exists():
         # Leftover of a killed attempt: without run.json it is not a result, only debris.
         shutil.rmtree(out_dir)
+    for partial in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
+        shutil.rmtree(partial, ignore_errors=True)  # the launcher's build folder of a killed run
     try:
         kwargs: dict[str, Any] = {"timeout_s": timeout_s}
         if "quiet" in inspect.signature(launch).parameters:

@@ -218,9 +218,12 @@ def test_debris_of_a_killed_unit_is_rerun(config_file: Path, tmp_path: Path, cal
     _run(config_file, out)
     unit_dir = out / "units" / "hsdp-adamw-s0"
     (unit_dir / "run.json").unlink()  # as if killed before the launcher's final rename
+    partial = unit_dir.parent / ".hsdp-adamw-s0.partial-123"
+    partial.mkdir()  # the launcher's build folder of a killed run
     calls.unlink()
     runs = _run(config_file, out)
     assert _launched(calls) == ["hsdp-adamw-s0"]
+    assert not partial.exists()
     assert set(runs["status"]) == {"done"}
 
 
