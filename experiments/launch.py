@@ -40,7 +40,7 @@ class RunFailed(RuntimeError):
 
 def launch(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
            quiet: bool = False) -> Path:
-    """Validate, run every rank of `cfg` and write OUT; raise RunFailed (OUT untouched) on failure."""
+    """Validate, run every rank of `cfg`, write OUT; on failure raise RunFailed, OUT untouched."""
     cfg.validate()
     out = Path(out)
     _check_out(out)
@@ -65,7 +65,8 @@ def _backend(cfg: RunConfig, local_ranks: int) -> str:
 
     if cfg.backend != "auto":
         return cfg.backend
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks else "gloo"
+    enough_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks
+    return "nccl" if enough_gpus else "gloo"
 
 
 def _free_port() -> int:

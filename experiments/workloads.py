@@ -102,7 +102,7 @@ def _digits_table() -> torch.Tensor:
     """
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("vision-tiny needs scikit-learn's bundled digits: pip install scikit-learn")
+        raise RuntimeError("vision-tiny reads scikit-learn's bundled digits: install scikit-learn.")
     path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
     with gzip.open(path, "rt") as f:
         rows = [[float(v) for v in line.split(",")] for line in f if line.strip()]
@@ -168,8 +168,9 @@ class TinyGPT(nn.Module):
         self.head = nn.Linear(dim, vocab, bias=False)
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("proj.weight", "out.weight")) else 0.02
-                nn.init.normal_(p, mean=0.0, std=std)
+                # GPT-2's scaled init of the projections that write into the residual stream
+                residual = name.endswith(("proj.weight", "out.weight"))
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * n_layer) if residual else 0.02)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
