@@ -1,0 +1,156 @@
+"""`flexbench simulate`: replay a run's communication trace on another network with netsim's model.
+
+    flexbench simulate runs/flex --inter-bw 1Gbit --inter-lat 20ms --out sim.csv
+    flexbench simulate runs/flex --inter-bw 10Gbit --nodes 64 --gpus-per-node 8 --steps 100 \\
+        --compute-scale 0.05 --out h100.csv
+
+For synchronous schemes the loss at step t does not depend on the network, so the run's loss
+curve placed on the simulated time axis predicts the time to reach a target loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.config import ConfigError
+from experiments.metrics import time_to_target
+from netsim import Link, Topology, parse_bandwidth, parse_latency
+from netsim.model import simulate
+
+__all__ = ["simulate_run", "read_run", "loss_on_time_axis", "configure", "main"]
+
+
+def read_run(run_dir: Path | str) -> tuple[dict, pd.DataFrame]:
+    """run.json and steps.parquet of a finished run (ConfigError if missing or unreadable)."""
+    run_dir = Path(run_dir)
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+        steps = pd.read_parquet(run_dir / "steps.parquet")
+    except FileNotFoundError as err:
+        raise ConfigError(f"{str(run_dir)!r} is not a finished run: {Path(err.filename).name} "
+                          "is missing.") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read the run in {str(run_dir)!r}: {err}") from None
+    return meta, steps
+
+
+def simulate_run(
+    run_dir: Path | str,
+    *,
+    inter_bw_bps: float,
+    inter_lat_s: float,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    steps: int | None = None,
+    compute_scale: float = 1.0,
+) -> pd.DataFrame:
+    """Per-step times of a recorded run replayed on another network: [step, step_time_s, time_s].
+
+    `step` is 1-based like the run's steps.parquet; nodes, gpus_per_node and steps default to the
+    run's own. The frame's attrs["note"] states the model's assumptions.
+    """
+    meta, _ = read_run(run_dir)
+    cfg = meta["config"]
+    net = {
+        "intra_bw": parse_bandwidth(cfg["intra_bw"]),
+        "intra_lat": parse_latency(cfg["intra_lat"]),
+    }
+    topology = Topology(
+        nodes=nodes or cfg["nodes"],
+        accelerators_per_node=gpus_per_node or cfg["gpus_per_node"],
+        intra=Link(net["intra_bw"], net["intra_lat"]),
+        inter=Link(inter_bw_bps, inter_lat_s),
+    )
+    trace_path = Path(run_dir) / "trace.parquet"
+    if not trace_path.exists():
+        raise ConfigError(f"{str(run_dir)!r} has no trace.parquet to replay.")
+    sim = simulate(trace_path, topology, steps=steps, compute_scale=compute_scale)
+    sim = sim.assign(step=range(1, len(sim) + 1))
+    return sim
+
+
+def loss_on_time_axis(steps: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
+    """The run's evaluations with the simulated time at which each step ends."""
+    evals = steps.loc[steps["val_loss"].notna(), ["step", "val_loss"]]
+    return evals.merge(sim[["step", "time_s"]], on="step", how="inner")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `flexbench simulate`."""
+    parser.add_argument("run_dir", help="a folder written by `flexbench run`")
+    parser.add_argument("--inter-bw", required=True, help="inter-node bandwidth, e.g. 1Gbit")
+    parser.add_argument("--inter-lat", default="0ms", help="inter-node latency, e.g. 20ms")
+    parser.add_argument("--nodes", type=int, help="nodes to simulate (default: the run's)")
+    parser.add_argument("--gpus-per-node", type=int, help="ranks per node (default: the run's)")
+    parser.add_argument("--steps", type=int, help="steps to simulate (default: the run's)")
+    speed = parser.add_mutually_exclusive_group()
+    speed.add_argument("--compute-scale", type=float, default=None,
+                       help="multiply recorded compute time (0.05: accelerators 20x faster)")
+    speed.add_argument("--step-compute", type=float, default=None, metavar="SECONDS",
+                       help="compute time per step on the target accelerators")
+    parser.add_argument("--target", type=float,
+                        help="target validation loss (default: the run's final one)")
+    parser.add_argument("--out", required=True, help="CSV file for the per-step times")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `flexbench simulate`."""
+    out = Path(args.out)
+    for name in ("nodes", "gpus_per_node", "steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+    for name in ("compute_scale", "step_compute"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}.")
+    meta, steps = read_run(args.run_dir)
+    scale = args.compute_scale or 1.0
+    if args.step_compute is not None:
+        recorded = float(steps["compute_s"].median())
+        scale = args.step_compute / recorded if recorded > 0 else 1.0
+    sim = simulate_run(
+        args.run_dir, inter_bw_bps=parse_bandwidth(args.inter_bw),
+        inter_lat_s=parse_latency(args.inter_lat), nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node, steps=args.steps, compute_scale=scale,
+    )
+    _write_csv_atomic(sim, out)
+    cfg = meta["config"]
+    print(f"simulated {len(sim)} steps of {cfg['method']} on "
+          f"{args.nodes or cfg['nodes']} nodes x {args.gpus_per_node or cfg['gpus_per_node']} "
+          f"at {args.inter_bw}, {args.inter_lat}: total {sim['time_s'].iloc[-1]:.2f} s, "
+          f"median step {sim['step_time_s'].median() * 1e3:.1f} ms -> {out}")
+    if sim.attrs.get("note"):
+        print(f"model: {sim.attrs['note']}")
+    if scale != 1.0:
+        print(f"compute scaled by {scale:.4g} relative to the recording machine")
+    target = args.target if args.target is not None else meta.get("final_val_loss")
+    if target is not None and not (isinstance(target, float) and math.isnan(target)):
+        curve = loss_on_time_axis(steps, sim)
+        ttt = time_to_target(curve["time_s"], curve["val_loss"], float(target))
+        when = "not reached" if math.isinf(ttt) else f"{ttt:.2f} s"
+        print(f"predicted time to val_loss <= {target:.4f}: {when}")
+        if (args.nodes or cfg["nodes"], args.gpus_per_node or cfg["gpus_per_node"]) != (
+            cfg["nodes"], cfg["gpus_per_node"]
+        ):
+            print("  (assumes the recorded run's loss per step also holds on the larger cluster)")
+    return 0
+
+
+def _write_csv_atomic(frame: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        frame.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,116 @@
+"""`flexbench validate-sim`: does the SimPy model predict what wall-shaped real runs measure?
+
+For each method, one unshaped run records a trace; then, at every grid point, a real run with
+`wall` shaping is measured and the trace is replayed through the model on the same network. The
+table compares median step times; the command exits 1 when a point is outside the bound.
+
+    flexbench validate-sim            # flexdemo and hsdp-adamw, 3 bandwidths x 2 latencies
+    flexbench validate-sim --methods flexdemo --inter-bw 100Mbit --inter-lat 1ms --steps 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from experiments.config import ConfigError, RunConfig
+from experiments.launch import RunFailed, launch
+from experiments.metrics import markdown_table
+from experiments.simulate import simulate_run
+from netsim import parse_bandwidth, parse_latency
+
+__all__ = ["validate", "median_step_time", "configure", "main"]
+
+DEFAULT_BANDWIDTHS = ("10Mbit", "100Mbit", "1Gbit")
+DEFAULT_LATENCIES = ("1ms", "20ms")
+
+
+def median_step_time(step_ends: pd.Series, warmup: int) -> float:
+    """Median duration of the steps after the first `warmup` ones, from cumulative end times."""
+    durations = step_ends.diff().fillna(step_ends.iloc[0])
+    return float(durations.iloc[warmup:].median())
+
+
+def validate(
+    methods: list[str], bandwidths: list[str], latencies: list[str], *, workload: str,
+    steps: int, warmup: int, bound: float, work_dir: Path, seed: int = 0,
+) -> pd.DataFrame:
+    """Run the grid and return one row per (method, bandwidth, latency) with both step times."""
+    base = RunConfig(workload=workload, steps=steps, seed=seed, eval_every=steps + 1)
+    units = [(m, None, None) for m in methods]
+    units += [(m, bw, lat) for m in methods for bw in bandwidths for lat in latencies]
+    recorded: dict[str, Path] = {}
+    rows = []
+    for method, bw, lat in tqdm(units, desc="validate-sim", unit="run"):
+        shaped = bw is not None
+        name = f"{method}-{bw}-{lat}" if shaped else f"{method}-unshaped"
+        cfg = base.replace(method=method, inter_bw=bw, inter_lat=lat or "0ms",
+                           shaping="wall" if shaped else "off")
+        out = launch(cfg, work_dir / name, quiet=True)
+        if not shaped:
+            recorded[method] = out
+            continue
+        measured = median_step_time(pd.read_parquet(out / "steps.parquet")["wall_time_s"], warmup)
+        sim = simulate_run(recorded[method], inter_bw_bps=parse_bandwidth(bw),
+                           inter_lat_s=parse_latency(lat))
+        predicted = median_step_time(sim["time_s"], warmup)
+        error = predicted / measured - 1.0
+        rows.append({
+            "method": method, "inter_bw": bw, "inter_lat": lat,
+            "measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3,
+            "error_pct": 100.0 * error, "within_bound": abs(error) <= bound,
+        })
+    return pd.DataFrame(rows)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `flexbench validate-sim`."""
+    parser.add_argument("--methods", nargs="+", default=["flexdemo", "hsdp-adamw"])
+    parser.add_argument("--inter-bw", nargs="+", default=list(DEFAULT_BANDWIDTHS))
+    parser.add_argument("--inter-lat", nargs="+", default=list(DEFAULT_LATENCIES))
+    parser.add_argument("--workload", default="lm-tiny")
+    parser.add_argument("--steps", type=int, default=8, help="steps per run")
+    parser.add_argument("--warmup", type=int, default=2, help="first steps left out of medians")
+    parser.add_argument("--bound", type=float, default=0.10, help="allowed relative error")
+    parser.add_argument("--out", help="also write the table to this CSV file")
+    parser.add_argument("--keep", help="keep the runs in this folder (default: a temp folder)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `flexbench validate-sim`."""
+    if args.steps <= args.warmup:
+        raise ConfigError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}).")
+    if not 0 < args.bound < 1:
+        raise ConfigError(f"--bound must be in (0, 1), got {args.bound}.")
+    for bw in args.inter_bw:
+        parse_bandwidth(bw)
+    for lat in args.inter_lat:
+        parse_latency(lat)
+    for method in args.methods:
+        RunConfig(method=method, workload=args.workload).validate()
+    with tempfile.TemporaryDirectory(prefix="validate-sim-") as tmp:
+        work = Path(args.keep) if args.keep else Path(tmp)
+        try:
+            table = validate(args.methods, args.inter_bw, args.inter_lat, workload=args.workload,
+                             steps=args.steps, warmup=args.warmup, bound=args.bound, work_dir=work)
+        except RunFailed as err:
+            print(f"flexbench validate-sim: a run failed: {err}")
+            return 1
+    shown = table.assign(
+        measured_ms=table["measured_ms"].map("{:.1f}".format),
+        predicted_ms=table["predicted_ms"].map("{:.1f}".format),
+        error_pct=table["error_pct"].map("{:+.1f}%".format),
+    ).set_index("method")
+    print(markdown_table(shown, index_name="method"))
+    if args.out:
+        table.to_csv(args.out, index=False)
+    bad = table[~table["within_bound"]]
+    if len(bad):
+        print(f"{len(bad)} of {len(table)} points are outside ±{args.bound:.0%}.")
+        return 1
+    print(f"all {len(table)} points within ±{args.bound:.0%}.")
+    return 0
