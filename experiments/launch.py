@@ -311,6 +311,8 @@ def main(args: argparse.Namespace) -> int:
     except RunFailed as err:
         print(f"flexbench run: failed: {err}", file=sys.stderr)
         return 1
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun only rank 0 writes and reports
     summary = json.loads((out / "run.json").read_text())
     print(
         f"wrote {out}: final val_loss {summary['final_val_loss']:.4f}, "
