@@ -529,7 +529,7 @@ def collect(
     if target is None:
         finals = pd.DataFrame(
             [{"method": u.method, "final_val_loss": _final_val_loss(_unit_dir(out, u))}
-             for u in train if u.variant == "hsdp-adamw" and _state(out, u) == "done"],
+             for u in train if u.method == metrics.BASELINE and _state(out, u) == "done"],
             columns=["method", "final_val_loss"],
         )
         try:
