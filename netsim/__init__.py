@@ -10,6 +10,7 @@ from netsim.costs import (
     ring_all_reduce_time,
     ring_reduce_scatter_time,
 )
+from netsim.model import MODEL_NOTE, SharedLink, simulate
 from netsim.topology import Link, Topology
 from netsim.trace import TRACE_COLUMNS, TraceRecorder, load_trace, validate_trace
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_size
@@ -29,6 +30,9 @@ __all__ = [
     "ring_all_reduce_time",
     "hierarchical_all_reduce_time",
     "point_to_point_time",
+    "simulate",
+    "SharedLink",
+    "MODEL_NOTE",
     "TraceRecorder",
     "TRACE_COLUMNS",
     "load_trace",
