@@ -2,7 +2,7 @@
 
 from .chunking import BlockLayout, largest_divisor_at_most, matrix_shape
 from .codec import index_dtype, mean_decode, topk_encode
-from .dct import dct_blocks, dct_matrix, idct_blocks
+from .dct import dct_blocks, dct_chunked, dct_matrix, idct_blocks, idct_chunked
 from .hsdp import build_mesh, parallelize, replicate_group, shard_group
 from .methods import (
     DEFAULT_LR,
@@ -29,8 +29,10 @@ __all__ = [
     "build_mesh",
     "build_optimizer",
     "dct_blocks",
+    "dct_chunked",
     "dct_matrix",
     "idct_blocks",
+    "idct_chunked",
     "index_dtype",
     "largest_divisor_at_most",
     "local_tensor",

@@ -39,17 +39,19 @@ def clamp_topk(topk: int, block_numel: int) -> int:
 def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` largest-magnitude entries in each row of a 2-D tensor (unsorted)."""
     rows, n = x.shape
-    mag = x.abs()
     groups = n // _GROUP
     if n % _GROUP != 0 or k * 4 > groups:
-        return torch.topk(mag, k, dim=1, sorted=False).indices
+        return torch.topk(x.abs(), k, dim=1, sorted=False).indices
     # Two stages, exact up to ties: every one of the k largest entries lies in one of the k
     # groups with the largest maxima, so the final top-k runs over k*_GROUP candidates only.
-    grouped = mag.view(rows, groups, _GROUP)
-    best_groups = torch.topk(grouped.amax(dim=2), k, dim=1, sorted=False).indices
-    cand = grouped.gather(1, best_groups.unsqueeze(2).expand(rows, k, _GROUP))
-    pick = torch.topk(cand.view(rows, k * _GROUP), k, dim=1, sorted=False).indices
-    return best_groups.gather(1, pick // _GROUP) * _GROUP + pick % _GROUP
+    # Group g holds entries g, g + groups, g + 2*groups, ...: reducing over a strided axis
+    # keeps the inner loop long and vectorised.
+    strided = x.view(rows, _GROUP, groups)
+    peak = torch.maximum(strided.amax(dim=1), strided.amin(dim=1).neg_())
+    best = torch.topk(peak, k, dim=1, sorted=False).indices
+    cand = strided.gather(2, best.unsqueeze(1).expand(rows, _GROUP, k)).reshape(rows, -1)
+    pick = torch.topk(cand.abs(), k, dim=1, sorted=False).indices
+    return (pick // k) * groups + best.gather(1, pick % k)
 
 
 def topk_encode(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,11 +69,11 @@ def mean_decode(idx: torch.Tensor, vals: torch.Tensor, block_numel: int,
     """
     dtype = dtype or vals.dtype
     vals = vals.to(dtype)
-    rows = idx.shape[0]
-    counts = torch.zeros(rows, block_numel, dtype=dtype, device=vals.device)
-    counts.scatter_add_(1, idx, torch.ones_like(vals))
-    # Dividing each contribution by its coefficient's count before summing touches only the
-    # sent entries instead of the whole dense block.
-    out = torch.zeros(rows, block_numel, dtype=dtype, device=vals.device)
-    out.scatter_add_(1, idx, vals / counts.gather(1, idx))
+    out = torch.zeros(idx.shape[0], block_numel, dtype=dtype, device=vals.device)
+    # One dense buffer does both jobs: first count contributors per coefficient, then reset
+    # only the touched entries and add each value divided by its coefficient's count.
+    out.scatter_add_(1, idx, torch.ones_like(vals))
+    counts = out.gather(1, idx)
+    out.scatter_(1, idx, 0.0)
+    out.scatter_add_(1, idx, vals / counts)
     return out

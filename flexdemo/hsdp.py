@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 
 MESH_DIMS = ("replicate", "shard")
 
@@ -48,18 +48,20 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, inter_all_reduce: bool = True) -> nn.Module:
-    """Apply FSDP2 to each block with parameters, then to the root (HSDP on a 2-D mesh).
+    """Apply FSDP2 to each block with parameters, then to the root.
 
-    ``inter_all_reduce=False`` turns off FSDP2's gradient all-reduce across the replicate dim:
-    the FlexDeMo family replicates itself.
+    ``inter_all_reduce=True`` is HSDP on the 2-D mesh: reduce-scatter inside the node, then
+    all-reduce across nodes. ``inter_all_reduce=False`` (the FlexDeMo family, which replicates
+    itself) shards over the mesh's "shard" dim only: each node is an independent FSDP2 group, so
+    gradients arrive reduce-scattered and averaged inside the node and nothing crosses nodes.
+    FSDP2's own switch, ``set_requires_all_reduce(False)``, is meant for gradient accumulation:
+    it holds the reduce-scattered gradient back from ``.grad`` until a step with the all-reduce
+    on, so the optimizer would never see it.
     """
+    target = mesh if inter_all_reduce else mesh[MESH_DIMS[1]]
     for block in _blocks(model):
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    if not inter_all_reduce:
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_requires_all_reduce(False)
+        fully_shard(block, mesh=target)
+    fully_shard(model, mesh=target)
     return model
 
 

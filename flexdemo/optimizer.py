@@ -24,6 +24,11 @@ BASES = ("sign", "adamw")
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The rank-local part of ``t``: the shard of an FSDP2 DTensor, else ``t`` itself."""
+    # DTensor.to_local() can hand back a tensor that does not alias the parameter's storage
+    # (FSDP2 keeps a padded shard); in-place updates must reach the real local shard.
+    local = getattr(t, "_local_tensor", None)
+    if isinstance(local, torch.Tensor):
+        return local
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
 

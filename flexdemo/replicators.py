@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from .chunking import BlockLayout, largest_divisor_at_most, matrix_shape
 from .codec import clamp_topk, decode_indices, encode_indices, index_dtype, mean_decode, topk_encode
-from .dct import dct_blocks, idct_blocks
+from .dct import dct_chunked, idct_chunked
 from .wire import CommStats, all_gather_bytes, all_reduce_bytes, pack, plan_bucket, unpack
 
 Group = dist.ProcessGroup | None
@@ -93,27 +93,21 @@ class _BlockGroup:
         self.delta = torch.zeros(self.num_blocks, self.c1 * self.c2, dtype=self.dtype,
                                  device=self.device)
 
-    def transform(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        blocks = torch.empty(self.num_blocks, self.c1, self.c2, dtype=self.dtype,
-                             device=self.device)
-        for i, layout, s, e in self.members:
-            layout.to_blocks(grads[i], out=blocks[s:e])
-        return dct_blocks(blocks).view(self.num_blocks, -1)
-
     def fold(self, grads: list[torch.Tensor], lrs: list[float], decay: float) -> None:
-        coeffs = self.transform(grads)
         self.delta.mul_(decay)
-        member_lrs = {lrs[i] for i, _, _, _ in self.members}
-        if len(member_lrs) == 1:
-            self.delta.add_(coeffs, alpha=member_lrs.pop())
-        else:
-            for i, _, s, e in self.members:
-                self.delta[s:e].add_(coeffs[s:e], alpha=lrs[i])
-
-    def scatter_back(self, coeffs: torch.Tensor, out: list[torch.Tensor]) -> None:
-        blocks = idct_blocks(coeffs.view(self.num_blocks, self.c1, self.c2))
         for i, layout, s, e in self.members:
-            layout.from_blocks(blocks[s:e], out[i])
+            coeffs = dct_chunked(grads[i].reshape(layout.rows, layout.cols), layout.c1, layout.c2)
+            # The strided add doubles as the copy from natural into block layout.
+            self.delta[s:e].view(-1, layout.cols // layout.c2, layout.c1, layout.c2).add_(
+                layout.blocks_view(coeffs), alpha=lrs[i])
+
+    def scatter_back(self, coeffs: torch.Tensor, out: list[torch.Tensor],
+                     shapes: list[torch.Size]) -> None:
+        for i, layout, s, e in self.members:
+            natural = torch.empty(layout.rows, layout.cols, dtype=coeffs.dtype,
+                                  device=coeffs.device)
+            layout.from_blocks(coeffs[s:e].view(-1, layout.c1, layout.c2), natural)
+            out[i] = idct_chunked(natural, layout.c1, layout.c2).view(shapes[i])
 
 
 class DeMoReplicator(Replicator):
@@ -149,7 +143,9 @@ class DeMoReplicator(Replicator):
         self.segments, self.bucket_bytes = plan_bucket(specs)
 
     def _new_grads(self) -> list[torch.Tensor]:
-        return [torch.zeros(s, dtype=d, device=dev) for s, d, dev in self.empty_like]
+        # Placeholders: scatter_back replaces every non-empty one.
+        return [torch.zeros(s, dtype=d, device=dev) if math.prod(s) == 0
+                else torch.empty(0, dtype=d, device=dev) for s, d, dev in self.empty_like]
 
     def accumulate(self, grads: list[torch.Tensor], lrs: list[float]) -> None:
         for g in self.groups:
@@ -176,7 +172,7 @@ class DeMoReplicator(Replicator):
             ranks = idx.shape[0]
             idx = decode_indices(idx).permute(1, 0, 2).reshape(g.num_blocks, ranks * g.k)
             vals = vals.permute(1, 0, 2).reshape(g.num_blocks, ranks * g.k)
-            g.scatter_back(mean_decode(idx, vals, g.c1 * g.c2, g.dtype), out)
+            g.scatter_back(mean_decode(idx, vals, g.c1 * g.c2, g.dtype), out, self.shapes)
 
     def replicate(self, grads: list[torch.Tensor], lrs: list[float],
                   stats: CommStats) -> list[torch.Tensor]:
@@ -185,7 +181,7 @@ class DeMoReplicator(Replicator):
         if self.ranks == 1:
             # Nothing to exchange: like the reference, the whole momentum becomes the update.
             for g in self.groups:
-                g.scatter_back(g.delta.clone(), out)
+                g.scatter_back(g.delta.clone(), out, self.shapes)
                 g.delta.zero_()
             return out
         if not self.groups:

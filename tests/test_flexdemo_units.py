@@ -11,8 +11,10 @@ from flexdemo import (
     FlexDeMo,
     build_optimizer,
     dct_blocks,
+    dct_chunked,
     dct_matrix,
     idct_blocks,
+    idct_chunked,
     index_dtype,
     largest_divisor_at_most,
     mean_decode,
@@ -66,6 +68,11 @@ def test_block_dct_round_trip_and_per_block_transform(shape, chunk):
     assert torch.allclose(back, x, atol=1e-12)
     # Orthonormal: energy is preserved.
     assert torch.allclose(coeffs.pow(2).sum(), x.pow(2).sum())
+    # The natural-layout transform puts the same coefficients where the blocks sit.
+    natural = dct_chunked(x.reshape(lay.rows, lay.cols), lay.c1, lay.c2)
+    assert torch.allclose(lay.to_blocks(natural), coeffs, atol=1e-12)
+    assert torch.allclose(idct_chunked(natural, lay.c1, lay.c2), x.reshape(lay.rows, lay.cols),
+                          atol=1e-12)
 
 
 def test_chunk_sizes_are_largest_divisors():
