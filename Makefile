@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]"
 	@touch $@
 
+# The quick sweep (about 10 minutes on 2 cores); results/quick holds a committed copy.
 demo: $(STAMP)
-	$(BIN)/flexbench run --method flexdemo --nodes 2 --gpus-per-node 2 --workload lm-tiny --out runs/demo
+	$(BIN)/flexbench sweep experiments/configs/quick.toml --out runs/quick
+	$(BIN)/flexbench report runs/quick
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
