@@ -290,3 +290,28 @@ def test_cli_prints_markdown_summary(
     assert "Cost model vs wall-shaped real runs" in text
     assert cli.main(["sweep", str(config_file), "--out", str(out), "--dry-run"]) == 0
     assert "9 units, 4 network points" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(60)
+def test_interrupted_sweep_resumes_where_it_stopped(
+    config_file: Path, tmp_path: Path, calls: Path
+) -> None:
+    out = tmp_path / "res"
+    seen: list[str] = []
+
+    def interrupted(cfg, run_out, **kw):
+        if len(seen) == 3:
+            raise KeyboardInterrupt  # Ctrl-C (or a kill) in the middle of the fourth unit
+        seen.append(cfg.extra["unit"])
+        return fake_launch(cfg, run_out, **kw)
+
+    cfg = sweep.load_config(config_file)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(cfg, out, launcher=interrupted, simulator=fake_simulate, progress=False)
+    meta = json.loads((out / "sweep.json").read_text())
+    assert sorted(k for k, v in meta["units"].items() if v == "done") == sorted(seen)
+    assert not (out / "runs.parquet").exists()  # nothing half-aggregated
+    calls.unlink()
+    runs = _run(config_file, out)
+    assert len(_launched(calls)) == 9 - 3 and not set(_launched(calls)) & set(seen)
+    assert set(runs["status"]) == {"done"}
