@@ -121,6 +121,11 @@ def _layout(df: pd.DataFrame) -> tuple[int, int]:
 
 def _classify(group: str, recorded: Topology) -> tuple[str, frozenset, int, float]:
     ranks = [int(r) for r in group.split(",")]
+    if max(ranks) >= recorded.world_size:
+        raise ValueError(
+            f"trace group {group!r} names ranks beyond the {recorded.world_size} ranks present; "
+            f"the trace must hold every rank of the run."
+        )
     nodes = {recorded.node_of(r) for r in ranks}
     locals_ = frozenset(recorded.local_of(r) for r in ranks)
     if len(nodes) == 1:

@@ -1,0 +1,186 @@
+"""The SimPy cluster model: closed-form agreement, bandwidth sharing, stragglers, bad input."""
+
+import pandas as pd
+import pytest
+import simpy
+
+from netsim import (
+    SharedLink,
+    Topology,
+    TraceRecorder,
+    collective_time,
+    ring_all_gather_time,
+    ring_all_reduce_time,
+    simulate,
+)
+from netsim.trace import load_trace
+
+
+def make_trace(topo, steps=2, compute=0.05, ops=(("all_reduce", "ring", 1_000_000),), groups=None):
+    """A combined trace where every rank computes, then runs each op on its replicate group."""
+    g = topo.accelerators_per_node
+    frames = []
+    for rank in range(topo.world_size):
+        now = [0.0]
+        rec = TraceRecorder(rank, topo, clock=lambda now=now: now[0])
+        group = groups(rank) if groups else [rank % g + k * g for k in range(topo.nodes)]
+        for step in range(steps):
+            rec.begin_step(step)
+            now[0] += compute
+            for op, algorithm, nbytes in ops:
+                t = now[0]
+                row = rec.record_collective(
+                    op, group, topo.crosses_nodes(group), algorithm, nbytes, 0, 0, t
+                )
+                now[0] += 0.001  # the real (fast, loopback) op
+                rec.complete(row, t, now[0])
+            rec.end_step(step)
+        frames.append(rec.frame())
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("nodes", [2, 4, 16])
+@pytest.mark.parametrize(
+    "op, algorithm",
+    [
+        ("all_reduce", "ring"),
+        ("all_gather", "ring"),
+        ("reduce_scatter", "ring"),
+        ("reduce_scatter", "allreduce"),
+        ("all_to_all", "ring"),
+    ],
+)
+def test_single_collective_matches_closed_form(nodes, op, algorithm):
+    topo = Topology.from_strings(nodes, 1, "80Mbit", "10ms")
+    trace = make_trace(topo, steps=1, compute=0.0, ops=((op, algorithm, 2_000_000),))
+    got = simulate(trace, topo)["step_time_s"].iloc[0]
+    expected = collective_time(op, nodes, 2_000_000, topo.inter, algorithm)
+    assert got == pytest.approx(expected, rel=0.01)
+    if op == "all_reduce":
+        assert got == pytest.approx(ring_all_reduce_time(nodes, 2_000_000, topo.inter), rel=0.01)
+    if op == "all_gather":
+        assert got == pytest.approx(
+            ring_all_gather_time(nodes, nodes * 2_000_000, topo.inter), rel=0.01
+        )
+
+
+def test_model_replays_compute_and_extrapolates_steps_and_nodes():
+    topo = Topology.from_strings(2, 1, "80Mbit", "10ms")
+    trace = make_trace(topo, steps=3, compute=0.05)
+    out = simulate(trace, topo)
+    per_step = 0.05 + ring_all_reduce_time(2, 1e6, topo.inter)
+    assert list(out.columns) == ["step", "step_time_s", "time_s"]
+    assert out["step_time_s"].tolist() == pytest.approx([per_step] * 3, rel=1e-6)
+    assert out["time_s"].iloc[-1] == pytest.approx(3 * per_step, rel=1e-6)
+    big = Topology.from_strings(8, 1, "80Mbit", "10ms")
+    longer = simulate(trace, big, steps=10, compute_scale=0.5)
+    assert len(longer) == 10
+    assert longer["step_time_s"].iloc[-1] == pytest.approx(
+        0.025 + ring_all_reduce_time(8, 1e6, big.inter)
+    )
+    assert "weak scaling" in longer.attrs["note"]
+
+
+def test_shared_link_gives_two_concurrent_flows_half_each():
+    env = simpy.Environment()
+    link = SharedLink(env, bandwidth=1e6)
+    done = {}
+
+    def flow(name, nbytes, delay):
+        yield env.timeout(delay)
+        yield link.transfer(nbytes)
+        done[name] = env.now
+
+    env.process(flow("a", 1e6, 0.0))
+    env.process(flow("b", 1e6, 0.0))
+    env.process(flow("c", 0.5e6, 10.0))  # alone later: full rate
+    env.run()
+    assert done["a"] == pytest.approx(2.0) and done["b"] == pytest.approx(2.0)
+    assert done["c"] == pytest.approx(10.5)
+
+
+def test_shared_link_late_joiner_slows_the_first_flow():
+    env = simpy.Environment()
+    link = SharedLink(env, bandwidth=1e6)
+    done = {}
+
+    def flow(name, nbytes, delay):
+        yield env.timeout(delay)
+        yield link.transfer(nbytes)
+        done[name] = env.now
+
+    env.process(flow("a", 1e6, 0.0))
+    env.process(flow("b", 0.25e6, 0.5))  # shares from t=0.5: both at 0.5 MB/s
+    env.run()
+    assert done["b"] == pytest.approx(1.0)
+    assert done["a"] == pytest.approx(1.25)
+
+
+def test_per_node_nic_is_shared_by_the_nodes_accelerators():
+    shared = Topology.from_strings(2, 2, "80Mbit", "0ms", nic="per-node")
+    own = Topology.from_strings(2, 2, "80Mbit", "0ms", nic="per-accelerator")
+    trace = make_trace(shared, steps=1, compute=0.0)
+    t_shared = simulate(trace, shared)["step_time_s"].iloc[0]
+    t_own = simulate(trace, own)["step_time_s"].iloc[0]
+    assert t_own == pytest.approx(1e6 / 1e7, rel=0.01)  # 2(p-1)/p * n / bw with p = 2
+    assert t_shared == pytest.approx(2 * t_own, rel=0.01)  # two replicate groups, one NIC
+
+
+def test_straggler_node_slows_every_step():
+    fast = Topology.from_strings(4, 1, "80Mbit", "10ms")
+    slow = Topology.from_strings(4, 1, "80Mbit", "10ms", node_speed=[1, 1, 1, 0.25])
+    trace = make_trace(fast, steps=2, compute=0.1)
+    comm = ring_all_reduce_time(4, 1e6, fast.inter)
+    assert simulate(trace, fast)["step_time_s"].iloc[1] == pytest.approx(0.1 + comm, rel=1e-6)
+    # The collective waits for the slowest node: its compute takes 0.1 / 0.25 = 0.4 s.
+    assert simulate(trace, slow)["step_time_s"].iloc[1] == pytest.approx(0.4 + comm, rel=1e-6)
+
+
+def test_bad_traces_and_topologies_fail_clearly(tmp_path):
+    topo = Topology.from_strings(2, 1, "80Mbit", "10ms")
+    trace = make_trace(topo, steps=1)
+    with pytest.raises(ValueError, match="missing the columns"):
+        simulate(trace.drop(columns=["bytes"]), topo)
+    with pytest.raises(ValueError, match="no rows"):
+        simulate(trace.iloc[:0], topo)
+    with pytest.raises(ValueError, match="does not exist"):
+        simulate(tmp_path / "nope.parquet", topo)
+    corrupt = tmp_path / "trace.parquet"
+    corrupt.write_bytes(b"not parquet at all")
+    with pytest.raises(ValueError, match="not readable parquet"):
+        simulate(corrupt, topo)
+    with pytest.raises(ValueError, match="unknown kinds"):
+        simulate(trace.assign(kind="lunch"), topo)
+    with pytest.raises(ValueError, match="end_s is before"):
+        simulate(trace.assign(end_s=trace["start_s"] - 1.0), topo)
+    with pytest.raises(ValueError, match="steps"):
+        simulate(trace, topo, steps=0)
+    with pytest.raises(ValueError, match="compute_scale"):
+        simulate(trace, topo, compute_scale=-1)
+    with pytest.raises(ValueError, match="topology"):
+        simulate(trace, "2x1")
+    # Only one node's rows: its all-reduces name a partner the trace does not hold.
+    with pytest.raises(ValueError, match="every rank"):
+        simulate(trace[trace["rank"] == 0], topo)
+    pairs = make_trace(
+        Topology.from_strings(1, 4), steps=1, groups=lambda r: [r // 2 * 2, r // 2 * 2 + 1]
+    )
+    with pytest.raises(ValueError, match="intra-node groups of 2 ranks"):
+        simulate(pairs, Topology.from_strings(4, 1))
+
+
+def test_save_is_atomic_and_round_trips(tmp_path):
+    rec = TraceRecorder(0, Topology.from_strings(2, 1))
+    rec.begin_step(0)
+    rec.record_collective("all_reduce", [0, 1], True, "ring", 10, 10, 10, 0.0, 0.1, 0.05)
+    rec.end_step(0)
+    path = rec.save(tmp_path / "sub" / "trace.parquet")
+    assert [p.name for p in path.parent.iterdir()] == ["trace.parquet"]  # no temp file left
+    back = load_trace(path)
+    assert back["group"].tolist() == ["0,1", ""] and back["inter"].tolist() == [True, False]
+    assert rec.step_summary(0) == {
+        "inter_bytes_sent": 10.0,
+        "inter_bytes_received": 10.0,
+        "inter_calls": 1,
+        "intra_bytes": 0.0,
+    }
