@@ -89,34 +89,12 @@ class _AdamWAllReduce:
         self.inner.step()
 
 
-def _measure(name, make, rank, world, counter, steps, warmup):
-    model = mlp()
-    opt = make(model)
-    if opt is None:
-        return None
-    times, sent, calls = [], [], []
-    for step in range(warmup + steps):
-        g = torch.Generator().manual_seed(step * 10 + rank)
-        x = torch.randn(16, 256, generator=g)
-        model.zero_grad()
-        model(x).pow(2).mean().backward()
-        dist.barrier()
-        before = counter.calls
-        t0 = time.perf_counter()
-        opt.step()
-        elapsed = time.perf_counter() - t0
-        if step < warmup:
-            continue
-        times.append(elapsed * 1e3)
-        calls.append(counter.calls - before)
-        if isinstance(opt, FlexDeMo):
-            sent.append(opt.last_step_comm["bytes_sent"])
-        elif isinstance(opt, _AdamWAllReduce):
-            sent.append(opt.last_bytes)
-        else:
-            sent.append(opt.replicators[0].data_transmitted[-1])
-    return {"name": name, "bytes": statistics.median(sent), "calls": statistics.median(calls),
-            "ms": statistics.median(times)}
+def _record(opt, counter_calls: int) -> tuple[int, int]:
+    if isinstance(opt, FlexDeMo):
+        return opt.last_step_comm["bytes_sent"], counter_calls
+    if isinstance(opt, _AdamWAllReduce):
+        return opt.last_bytes, counter_calls
+    return opt.replicators[0].data_transmitted[-1], counter_calls
 
 
 def _worker(rank: int, world: int, port: int, steps: int, warmup: int) -> None:
@@ -134,9 +112,34 @@ def _worker(rank: int, world: int, port: int, steps: int, warmup: int) -> None:
         ("reference DeMo", lambda m: _reference(m, solos[rank])),
         ("AdamW+all-reduce", lambda m: _AdamWAllReduce(m, world)),
     ]
-    rows = [_measure(n, mk, rank, world, counter, steps, warmup) for n, mk in makers]
+    runs = []
+    for name, make in makers:
+        model = mlp()
+        opt = make(model)
+        if opt is not None:
+            runs.append({"name": name, "model": model, "opt": opt, "ms": [], "bytes": [],
+                         "calls": []})
+    # Methods take turns step by step, so background load hits all of them alike.
+    for step in range(warmup + steps):
+        g = torch.Generator().manual_seed(step * 10 + rank)
+        x = torch.randn(16, 256, generator=g)
+        for run in runs:
+            run["model"].zero_grad()
+            run["model"](x).pow(2).mean().backward()
+            dist.barrier()
+            before = counter.calls
+            t0 = time.perf_counter()
+            run["opt"].step()
+            elapsed = time.perf_counter() - t0
+            sent, calls = _record(run["opt"], counter.calls - before)
+            if step >= warmup:
+                run["ms"].append(elapsed * 1e3)
+                run["bytes"].append(sent)
+                run["calls"].append(calls)
     if rank == 0:
-        _report([r for r in rows if r is not None], steps)
+        _report([{"name": r["name"], "bytes": statistics.median(r["bytes"]),
+                  "calls": statistics.median(r["calls"]), "ms": statistics.median(r["ms"])}
+                 for r in runs], steps)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -154,8 +157,10 @@ def _report(rows, steps) -> None:
     for r in rows:
         if r["name"].startswith("flexdemo"):
             b, t = r["bytes"] / ref["bytes"], r["ms"] / ref["ms"]
-            print(f"{r['name']}: bytes {b:.3f}x reference (target <= 0.5: "
-                  f"{'ok' if b <= 0.5 else 'MISSED'}), step time {t:.3f}x reference "
+            # The byte target is for the default bf16 values; fp32 reproduces DeMo's numbers.
+            verdict = ("ok" if b <= 0.5 else "MISSED") if "bf16" in r["name"] else "n/a"
+            print(f"{r['name']}: bytes {b:.3f}x reference (target <= 0.5 for bf16: "
+                  f"{verdict}), step time {t:.3f}x reference "
                   f"(target <= 0.333: {'ok' if t <= 1 / 3 else 'MISSED'})")
 
 
