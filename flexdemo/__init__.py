@@ -7,6 +7,7 @@ from .hsdp import build_mesh, parallelize, replicate_group, shard_group
 from .methods import (
     DEFAULT_LR,
     METHODS,
+    HSDPAdamW,
     build_optimizer,
     method_uses_inter_all_reduce,
     method_uses_sharding,
@@ -21,6 +22,7 @@ __all__ = [
     "METHODS",
     "REPLICATORS",
     "BlockLayout",
+    "HSDPAdamW",
     "CommStats",
     "FlexDeMo",
     "Replicator",

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
 
 from .hsdp import replicate_group, shard_group
 from .optimizer import FlexDeMo
+from .wire import CommStats, all_reduce_bytes
 
 METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none")
 
@@ -25,6 +29,48 @@ DEFAULT_LR = {
 
 _REPLICATOR_OF = {"flexdemo": "demo", "demo": "demo", "diloco": "diloco", "random": "random",
                   "striding": "striding", "none": "none"}
+
+
+class HSDPAdamW(torch.optim.AdamW):
+    """AdamW on an HSDP model whose FSDP2 all-reduce averages gradients across nodes.
+
+    ``last_step_comm`` reports what FSDP2 puts on the replication group each step: one
+    all-reduce per FSDP2 module, of its reduce-scattered gradient shard (dim 0 padded to a
+    multiple of the shard-group size, as FSDP2 does).
+    """
+
+    def __init__(self, model: nn.Module, mesh: DeviceMesh, **adamw_kwargs):
+        """Wrap ``model.parameters()``; ``mesh`` gives the shard and replicate sizes."""
+        super().__init__(model.parameters(), **adamw_kwargs)
+        owner: dict[int, int] = {}
+        # model.modules() lists parents before children: the innermost FSDP2 module wins.
+        for n, module in enumerate(model.modules()):
+            if isinstance(module, FSDPModule):
+                for p in module.parameters():
+                    owner[id(p)] = n
+        shards, replicas = mesh.size(1), mesh.size(0)
+        per_group: dict[int, int] = {}
+        for p in model.parameters():
+            if id(p) in owner and p.requires_grad:
+                rows = math.ceil(p.shape[0] / shards) if p.dim() else 1
+                numel = rows * math.prod(p.shape[1:])
+                per_group[owner[id(p)]] = (per_group.get(owner[id(p)], 0)
+                                           + numel * p.element_size())
+        self.step_comm = CommStats()
+        if replicas > 1:
+            for nbytes in per_group.values():
+                n = all_reduce_bytes(nbytes, replicas)
+                self.step_comm.add(n, n)
+        self.last_step_comm = CommStats().as_dict()
+        self.comm_totals = CommStats()
+
+    def step(self, closure=None):  # type: ignore[override]
+        """One AdamW step; the all-reduce it accounts for ran during backward."""
+        loss = super().step(closure)
+        self.last_step_comm = self.step_comm.as_dict()
+        self.comm_totals.add(self.step_comm.bytes_sent, self.step_comm.bytes_received,
+                             self.step_comm.calls)
+        return loss
 
 
 def _check_method(method: str) -> None:
@@ -62,8 +108,9 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
     _check_method(method)
     lr = DEFAULT_LR[method] if lr is None else lr
     if method == "hsdp-adamw":
-        return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
-                                 weight_decay=weight_decay)
+        if mesh is None:
+            raise ValueError("method='hsdp-adamw' needs a (replicate, shard) mesh, got None.")
+        return HSDPAdamW(model, mesh, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     if method == "demo":
         shard = None
         if mesh is not None and mesh.size(1) == 1:

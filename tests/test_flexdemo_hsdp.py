@@ -86,6 +86,20 @@ def _check_replicators(rank, mesh):
         assert all(moved), (method, moved, [s.shape for s in start])
 
 
+class _CountAllReduce:
+    """Counts the all-reduces FSDP2 issues on one group, from the tensors it hands over."""
+
+    def __init__(self, group):
+        self.group, self.calls, self.bytes = group, 0, 0
+        self.real = dist.all_reduce
+
+    def __call__(self, tensor, *args, **kwargs):
+        if kwargs.get("group") is self.group:
+            self.calls += 1
+            self.bytes += tensor.numel() * tensor.element_size()
+        return self.real(tensor, *args, **kwargs)
+
+
 def _check_hsdp_adamw(rank, mesh):
     assert method_uses_inter_all_reduce("hsdp-adamw")
     model = parallelize(Net(), mesh, inter_all_reduce=True)
@@ -93,16 +107,32 @@ def _check_hsdp_adamw(rank, mesh):
     plain = Net()
     ref = torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=0.0)
     world = NODES * PER_NODE
-    for step in range(3):
-        _train_step(model, opt, step, rank)
-        batches = [_batch(step, r) for r in range(world)]
-        x = torch.cat([b[0] for b in batches])
-        y = torch.cat([b[1] for b in batches])
-        ref.zero_grad()
-        nn.functional.mse_loss(plain(x), y).backward()
-        ref.step()
+    counter = _CountAllReduce(replicate_group(mesh))
+    dist.all_reduce = counter
+    try:
+        for step in range(3):
+            _train_step(model, opt, step, rank)
+            # all-reduce over 2 ranks moves its n input bytes each way: 2(p-1)/p · n = n.
+            assert opt.last_step_comm == {"bytes_sent": counter.bytes,
+                                          "bytes_received": counter.bytes,
+                                          "calls": counter.calls}, (opt.last_step_comm, counter)
+            assert counter.calls == 3  # blocks[0], blocks[1], root (head)
+            counter.calls = counter.bytes = 0
+            _reference_step(plain, ref, step, world)
+    finally:
+        dist.all_reduce = counter.real
     for p, q in zip(model.parameters(), plain.parameters(), strict=True):
         assert torch.allclose(p.full_tensor(), q, atol=1e-5, rtol=0)
+
+
+def _reference_step(plain, ref, step, world):
+    """Single-process AdamW on all ranks' batches concatenated."""
+    batches = [_batch(step, r) for r in range(world)]
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    ref.zero_grad()
+    nn.functional.mse_loss(plain(x), y).backward()
+    ref.step()
 
 
 def _hsdp(rank, world):
