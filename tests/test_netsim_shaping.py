@@ -1,0 +1,166 @@
+"""Shaping real gloo process groups: results, byte counts, delays, NIC sharing, virtual clock."""
+
+import json
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.multiprocessing as mp
+
+from netsim import Topology, TraceRecorder, shaping
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+
+
+def _spawn(fn, world: int, tmp_path) -> list[dict]:
+    mp.spawn(fn, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _two_rank_modes(rank: int, world: int, port: int, out: str) -> None:
+    _init(rank, world, port)
+    topo = Topology.from_strings(2, 1, "80Mbit", "10ms")  # 10 MB/s, 10 ms
+    results = {}
+    for mode in ("off", "wall", "virtual"):
+        rec = TraceRecorder(rank)
+        shaping.install(topo, mode, rec, state_dir=out)
+        group = dist.new_group([0, 1], backend=shaping.BACKEND)
+        dist.barrier()
+        rec.begin_step(0)
+        clock0, wall0 = shaping.clock(), time.perf_counter()
+        for _ in range(3):
+            x = torch.full((250_000,), float(rank + 1))  # 1 MB
+            dist.all_reduce(x, group=group)
+        rec.end_step(0)
+        results[mode] = {
+            "clock": shaping.clock() - clock0,
+            "wall": time.perf_counter() - wall0,
+            "value": x[0].item(),
+            "summary": rec.step_summary(0),
+            "modeled": rec.frame().query("kind == 'collective'")["modeled_s"].tolist(),
+        }
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
+        json.dump(results, fh)
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_wall_shaping_delays_and_virtual_clock_agrees(tmp_path):
+    results = _spawn(_two_rank_modes, 2, tmp_path)
+    modeled_one = 2 * 0.01 + 1e6 / 1e7  # ring all-reduce of 1 MB over 2 ranks: 0.12 s
+    for res in results:
+        for mode in ("off", "wall", "virtual"):
+            assert res[mode]["value"] == 3.0
+            assert res[mode]["summary"] == {
+                "inter_bytes_sent": 3e6,
+                "inter_bytes_received": 3e6,
+                "inter_calls": 3,
+                "intra_bytes": 0.0,
+            }
+        assert res["wall"]["modeled"] == pytest.approx([modeled_one] * 3, abs=0.01)
+        # Generous bounds: the rank really waited the modeled 0.36 s, and not much longer.
+        assert 0.35 <= res["wall"]["wall"] < 0.8
+        assert res["off"]["wall"] < 0.3
+        # Virtual: no waiting, but the clock shows the same modeled total as the wall run.
+        assert res["virtual"]["wall"] < res["wall"]["wall"]
+        # Both add real overheads of a possibly loaded machine, so only a generous gap is allowed.
+        assert res["virtual"]["clock"] >= 3 * modeled_one * 0.98
+        assert res["virtual"]["clock"] == pytest.approx(res["wall"]["clock"], abs=0.15)
+
+
+def _four_ranks(rank: int, world: int, port: int, out: str) -> None:
+    _init(rank, world, port)
+    topo = Topology.from_strings(2, 2, "80Mbit", "0ms")  # 2 nodes x 2, one NIC per node
+    rec = TraceRecorder(rank)
+    shaping.install(topo, "wall", rec, state_dir=out)
+    shards = [dist.new_group(r, backend=shaping.BACKEND) for r in ([0, 1], [2, 3])]
+    reps = [dist.new_group(r, backend=shaping.BACKEND) for r in ([0, 2], [1, 3])]
+    shard, rep = shards[rank // 2], reps[rank % 2]
+    res: dict = {}
+    rec.begin_step(0)
+    x = torch.full((1000,), float(rank + 1))  # 4000 bytes
+    dist.all_reduce(x, group=rep)
+    res["all_reduce"] = x[0].item()
+    gathered = torch.empty(2000)
+    dist.all_gather_into_tensor(gathered, torch.full((1000,), float(rank)), group=rep)
+    res["all_gather"] = [gathered[0].item(), gathered[1000].item()]
+    scattered = torch.empty(1000)
+    dist.reduce_scatter_tensor(scattered, torch.arange(2000, dtype=torch.float32), group=rep)
+    res["reduce_scatter"] = [scattered[0].item(), scattered[-1].item()]
+    y = torch.full((1000,), float(rank))
+    dist.all_reduce(y, group=shard)
+    res["intra"] = y[0].item()
+    z = funcol.wait_tensor(funcol.all_gather_tensor(torch.full((10,), float(rank)), 0, rep))
+    res["funcol"] = z.tolist()
+    rec.end_step(0)
+    # Step 1: both replicate groups of a node send 1 MB at once through that node's one NIC.
+    rec.begin_step(1)
+    dist.barrier()
+    dist.all_reduce(torch.ones(250_000), group=rep)
+    rec.end_step(1)
+    frame = rec.frame().query("kind == 'collective'")
+    res["rows"] = frame[
+        ["step", "op", "group", "inter", "algorithm", "bytes", "bytes_sent", "modeled_s"]
+    ].to_dict("records")
+    res["summary"] = [rec.step_summary(0), rec.step_summary(1)]
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
+        json.dump(res, fh)
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_four_ranks_results_byte_counts_and_shared_nic(tmp_path):
+    results = _spawn(_four_ranks, 4, tmp_path)
+    for rank, res in enumerate(results):
+        partner = rank + 2 if rank < 2 else rank - 2
+        assert res["all_reduce"] == rank + 1 + partner + 1
+        assert res["all_gather"] == [float(min(rank, partner)), float(max(rank, partner))]
+        half = 0 if rank < 2 else 1000  # group rank 0 gets the first half, summed over 2 ranks
+        assert res["reduce_scatter"] == [2.0 * half, 2.0 * (half + 999)]
+        node_base = rank // 2 * 2
+        assert res["intra"] == float(node_base + node_base + 1)
+        assert res["funcol"] == [float(min(rank, partner))] * 10 + [float(max(rank, partner))] * 10
+        step0 = [r for r in res["rows"] if r["step"] == 0]
+        by_op = {(r["op"], r["inter"]): r for r in step0}
+        rep_group = ",".join(map(str, sorted([rank, partner])))
+        assert by_op[("all_reduce", True)]["group"] == rep_group
+        assert by_op[("all_reduce", True)]["bytes_sent"] == 4000  # 2(p-1)/p * n, p = 2
+        gathers = [r for r in step0 if r["op"] == "all_gather"]
+        assert sorted(r["bytes_sent"] for r in gathers) == [40, 4000]  # (p-1) * n_in
+        rs = by_op[("reduce_scatter", True)]
+        assert (rs["algorithm"], rs["bytes"], rs["bytes_sent"]) == ("allreduce", 8000, 8000)
+        intra = by_op[("all_reduce", False)]
+        assert intra["group"] == f"{node_base},{node_base + 1}"
+        assert intra["modeled_s"] is None or intra["modeled_s"] != intra["modeled_s"]  # NaN
+        assert res["summary"][0] == {
+            "inter_bytes_sent": 16040.0,
+            "inter_bytes_received": 16040.0,
+            "inter_calls": 4,
+            "intra_bytes": 4000.0,
+        }
+    # Node 0's two ranks shared one NIC in step 1: one got 0.1 s, the other queued to 0.2 s.
+    for node in (0, 1):
+        modeled = sorted(
+            r["modeled_s"]
+            for rank in (2 * node, 2 * node + 1)
+            for r in results[rank]["rows"]
+            if r["step"] == 1 and r["op"] == "all_reduce"
+        )
+        assert modeled[0] == pytest.approx(0.1, abs=0.03)
+        assert modeled[1] == pytest.approx(0.2, abs=0.03)
