@@ -239,13 +239,19 @@ def _programs(df: pd.DataFrame, recorded: Topology):
         same = [p for _, p in entries if len(p) == len(base)]
         if len(same) > 1:
             base = [
-                ("c", float(np.median([p[i][1] for p in same if p[i][0] == "c"] or [item[1]])))
+                ("c", _median([p[i][1] for p in same if p[i][0] == "c"] or [item[1]]))
                 if item[0] == "c"
                 else item
                 for i, item in enumerate(base)
             ]
         merged[slot] = base
     return merged, specs, len(steps)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 class _Cluster:
@@ -279,6 +285,7 @@ class _Cluster:
             self.nics = {c: SharedLink(self.env, bw) for c in range(len(speeds))}
         self.rendezvous: dict = {}
         self.step_end: list[float] = []
+        self.compiled = {slot: self._compile(program) for slot, program in programs.items()}
 
     def _nic(self, c: int, j: int) -> SharedLink:
         return self.nics[(c, j)] if self.topo.nic == "per-accelerator" else self.nics[c]
@@ -312,13 +319,51 @@ class _Cluster:
         count = sum(1 for jj in range(g) if jj % g_rec in spec.positions)
         return ("other", spec.positions), n_classes * count
 
-    def _launch(self, spec: _Spec, c: int, j: int, counters: dict) -> simpy.Event:
-        p = self._group_size(spec)
-        link: Link = self.topo.inter if spec.inter else self.topo.intra
-        rooted = spec.op in ("gather", "scatter")
-        volume = collective_volume(spec.op, p, spec.nbytes, spec.algorithm or None, is_root=rooted)
-        if not spec.inter:
-            return self.env.timeout(volume.time(link))
+    def _compile(self, program: list) -> list:
+        """Resolve a program for this topology: intra ops become fixed delays, delays merge.
+
+        Items: ("t", compute_s, fixed_s) a timeout of compute_s * factor + fixed_s;
+        ("i", k, spec_id, volume) an inter-node collective; ("d", k, seconds) an async intra op;
+        ("w", k) wait for op k. Folding keeps SimPy events per step few, which keeps replay fast.
+        """
+        out: list = []
+        pending_intra: dict = {}
+        for n, item in enumerate(program):
+            kind = item[0]
+            if kind == "c":
+                self._add_delay(out, item[1], 0.0)
+            elif kind == "i":
+                spec = self.specs[item[2]]
+                p = self._group_size(spec)
+                rooted = spec.op in ("gather", "scatter")
+                volume = collective_volume(
+                    spec.op, p, spec.nbytes, spec.algorithm or None, is_root=rooted
+                )
+                if spec.inter:
+                    out.append(("i", item[1], item[2], volume))
+                    continue
+                seconds = volume.time(self.topo.intra)
+                following = program[n + 1] if n + 1 < len(program) else None
+                if following is not None and following[0] == "w" and following[1] == item[1]:
+                    pending_intra[item[1]] = None  # waited at once: a plain delay
+                    self._add_delay(out, 0.0, seconds)
+                else:
+                    out.append(("d", item[1], seconds))
+            elif item[1] in pending_intra:
+                del pending_intra[item[1]]
+            else:
+                out.append(("w", item[1]))
+        return out
+
+    @staticmethod
+    def _add_delay(out: list, compute: float, fixed: float) -> None:
+        if out and out[-1][0] == "t":
+            last = out[-1]
+            out[-1] = ("t", last[1] + compute, last[2] + fixed)
+        else:
+            out.append(("t", compute, fixed))
+
+    def _launch(self, spec: _Spec, volume, j: int, counters: dict) -> simpy.Event:
         key, n_members = self._members(spec, j)
         occurrence = counters[key]
         counters[key] += 1
@@ -346,25 +391,29 @@ class _Cluster:
         done.succeed()
 
     def _rank(self, c: int, j: int, n_steps: int):
-        speed = self.classes[c]
+        factor = self.compute_scale / self.classes[c]
         g_rec = self.recorded.accelerators_per_node
         counters: dict = defaultdict(int)
+        env = self.env
         for s in range(n_steps):
-            program = self.programs.get((j % g_rec, s % self.n_recorded), [])
+            program = self.compiled.get((j % g_rec, s % self.n_recorded), [])
             pending: dict = {}
             for item in program:
-                if item[0] == "c":
-                    yield self.env.timeout(item[1] * self.compute_scale / speed)
-                elif item[0] == "i":
-                    pending[item[1]] = self._launch(self.specs[item[2]], c, j, counters)
+                kind = item[0]
+                if kind == "t":
+                    yield env.timeout(item[1] * factor + item[2])
+                elif kind == "i":
+                    pending[item[1]] = self._launch(self.specs[item[2]], item[3], j, counters)
+                elif kind == "d":
+                    pending[item[1]] = env.timeout(item[2])
                 elif item[1] in pending:
                     yield pending.pop(item[1])
             for event in pending.values():
                 yield event
             if len(self.step_end) <= s:
-                self.step_end.append(self.env.now)
+                self.step_end.append(env.now)
             else:
-                self.step_end[s] = max(self.step_end[s], self.env.now)
+                self.step_end[s] = max(self.step_end[s], env.now)
 
     def run(self, n_steps: int) -> list[float]:
         for c in range(len(self.classes)):

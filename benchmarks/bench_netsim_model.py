@@ -1,0 +1,92 @@
+"""Speed of the netsim SimPy model: replay and extrapolation figures against their targets.
+
+Run: python benchmarks/bench_netsim_model.py
+Prints seconds and peak memory for (a) replaying 1,000 steps of a 2-node x 2 trace (target < 2 s),
+(b) 1,024 nodes x 8 accelerators for 100 steps (target < 60 s on one core, < 2 GB), and (c) how
+the cost grows with nodes and steps.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import pandas as pd
+
+from netsim import Topology, TraceRecorder, simulate
+
+
+def hsdp_like_trace(steps: int, nodes: int = 2, per_node: int = 2) -> pd.DataFrame:
+    """A synthetic HSDP trace: per step 4 layers of intra all-gather / reduce-scatter, compute in
+    between, and one inter-node all-reduce of the gradient shard overlapped with the last layer."""
+    topo = Topology.from_strings(nodes, per_node, "1Gbit", "1ms")
+    frames = []
+    for rank in range(topo.world_size):
+        now = [0.0]
+        rec = TraceRecorder(rank, topo, clock=lambda now=now: now[0])
+        node = rank // per_node
+        shard = list(range(node * per_node, (node + 1) * per_node))
+        rep = [rank % per_node + k * per_node for k in range(nodes)]
+
+        def coll(op, group, nbytes, real=0.0005, wait_after=0.0):
+            start = now[0]
+            row = rec.record_collective(
+                op, group, topo.crosses_nodes(group), "ring", nbytes, 0, 0, start
+            )
+            now[0] += wait_after
+            rec.complete(row, now[0], now[0] + real)
+            now[0] += real
+
+        for step in range(steps):
+            rec.begin_step(step)
+            for _layer in range(4):
+                coll("all_gather", shard, 2_000_000)
+                now[0] += 0.010  # forward + backward compute of a layer
+                coll("reduce_scatter", shard, 4_000_000)
+            coll("all_reduce", rep, 8_000_000, wait_after=0.005)  # overlapped with 5 ms compute
+            now[0] += 0.002  # optimizer step
+            rec.end_step(step)
+        frames.append(rec.frame())
+    return pd.concat(frames, ignore_index=True)
+
+
+def timed(fn):
+    """(seconds, result) of one call."""
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def main() -> None:
+    print("netsim model benchmark (synthetic 2-node x 2 HSDP trace, 10 collectives per step)")
+    trace = hsdp_like_trace(1000)
+    two = Topology.from_strings(2, 2, "1Gbit", "1ms")
+    secs, out = timed(lambda: simulate(trace, two))
+    print(f"{'figure':<46}{'measured':>12}{'target':>12}")
+    print(f"{'replay 1,000 steps of 2x2 trace (s)':<46}{secs:>12.3f}{'< 2':>12}")
+    big = Topology.from_strings(1024, 8, "100Gbit", "5us", nic="per-accelerator")
+    short = hsdp_like_trace(100)
+    secs_big, big_out = timed(lambda: simulate(short, big, steps=100))
+    print(f"{'1,024 nodes x 8, 100 steps (s)':<46}{secs_big:>12.3f}{'< 60':>12}")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{'peak resident memory of this process (MB)':<46}{peak_mb:>12.0f}{'< 2048':>12}")
+    print(
+        f"  predicted 2x2 step time {out['step_time_s'].median():.4f} s; "
+        f"1024x8 step time {big_out['step_time_s'].median():.4f} s"
+    )
+    print("\ncost growth (seconds per simulate call; 100-step trace, cycled):")
+    print(f"{'nodes x per_node':<20}" + "".join(f"{s:>12} st" for s in (100, 1000)))
+    for nodes, per_node in ((2, 2), (16, 8), (128, 8), (1024, 8), (4096, 8)):
+        topo = Topology.from_strings(
+            nodes, per_node, "10Gbit", "10us", node_speed=[1.0] * (nodes - 1) + [0.8]
+        )
+        row = [timed(lambda t=topo, s=s: simulate(short, t, steps=s))[0] for s in (100, 1000)]
+        print(f"{f'{nodes} x {per_node}':<20}" + "".join(f"{r:>15.3f}" for r in row))
+    print(
+        "(with a straggler node: 2 speed classes x per_node processes; cost is linear in steps and"
+        "\n per_node, flat in the node count)"
+    )
+
+
+if __name__ == "__main__":
+    main()
