@@ -188,7 +188,8 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     per_variant = runs.drop_duplicates(subset=["variant", "seed"]).groupby(
         "variant", sort=False
     )[["inter_bytes_per_step", "inter_calls_per_step", "intra_bytes_per_step"]].median()
-    per_variant = per_variant.map(lambda v: "-" if pd.isna(v) else f"{v:,.0f}")
+    per_variant = per_variant.map(lambda v: "-" if pd.isna(v) else f"{v:,.0f}" if v >= 10
+                                  else f"{v:.2g}")
     per_variant.columns = ["inter-node bytes/step (per node)", "inter-node calls/step",
                            "intra-node bytes/step (per node)"]
     parts.append("### Communication per step\n")

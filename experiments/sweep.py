@@ -32,13 +32,13 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import tomllib
 from tqdm import tqdm
 
 from experiments import metrics
@@ -464,6 +464,7 @@ def _write_sweep_json(cfg: SweepConfig, out: Path, units: list[Unit]) -> None:
         "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": _versions(),
         "git_commit": _git_commit(),
+        "git_dirty": _git_dirty(),
         "host": platform.node(),
         "units": {u.id: _state(out, u) for u in units},
     }
@@ -489,6 +490,17 @@ def _git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() or None
+
+
+def _git_dirty() -> bool | None:
+    """Whether tracked source files differ from the recorded commit (results may not reproduce)."""
+    try:
+        done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                              capture_output=True, text=True, cwd=Path(__file__).parent,
+                              timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(done.stdout.strip())
 
 
 def _unit_dir(out: Path, unit: Unit) -> Path:
