@@ -1,4 +1,15 @@
-"""FlexDeMo: decoupled momentum (DeMo) and DeToNATION replicators on hybrid sharded parallelism."""
+"""FlexDeMo: decoupled momentum (DeMo) and DeToNATION replicators on hybrid sharded parallelism.
+
+Usage on N nodes × G ranks (one process per rank, process group already initialised)::
+
+    mesh = build_mesh(N, G)                                  # ("replicate", "shard")
+    parallelize(model, mesh, inter_all_reduce=method_uses_inter_all_reduce(method))
+    opt = build_optimizer(method, model, mesh, lr=DEFAULT_LR[method], topk=32, chunk=64)
+    loss.backward(); opt.step(); opt.last_step_comm          # bytes/calls on the inter-node group
+
+or directly ``FlexDeMo(model.parameters(), lr=..., replication_group=replicate_group(mesh))``.
+Only torch is imported here.
+"""
 
 from .chunking import BlockLayout, largest_divisor_at_most, matrix_shape
 from .codec import index_dtype, mean_decode, topk_encode

@@ -65,10 +65,10 @@ def _copy_state(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
         d.copy_(s)
 
 
-def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Group) -> None:
+def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Group) -> object:
     # torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, inp, group=group)
+    return gather(out, inp, group=group, async_op=True)
 
 
 class _BlockGroup:
@@ -174,27 +174,41 @@ class DeMoReplicator(Replicator):
             vals = vals.permute(1, 0, 2).reshape(g.num_blocks, ranks * g.k)
             g.scatter_back(mean_decode(idx, vals, g.c1 * g.c2, g.dtype), out, self.shapes)
 
-    def replicate(self, grads: list[torch.Tensor], lrs: list[float],
-                  stats: CommStats) -> list[torch.Tensor]:
+    def start(self, grads: list[torch.Tensor], lrs: list[float],
+              stats: CommStats) -> tuple[torch.Tensor | None, object | None]:
+        """Fold the gradients into delta, encode, and launch the bucket's all-gather.
+
+        Returns (gathered buffer, work handle); both None when nothing crosses the group.
+        """
         self.accumulate(grads, lrs)
+        if self.ranks == 1 or not self.groups:
+            return None, None
+        buf = pack(self.encode(), self.segments, self.bucket_bytes)
+        gathered = torch.empty(self.ranks * self.bucket_bytes, dtype=torch.uint8,
+                               device=buf.device)
+        work = _all_gather_flat(gathered, buf, self.group)
+        sent = all_gather_bytes(self.bucket_bytes, self.ranks)
+        stats.add(sent, sent)
+        return gathered, work
+
+    def finish(self, pending: tuple[torch.Tensor | None, object | None]) -> list[torch.Tensor]:
+        """Wait for :meth:`start`'s all-gather and decode the new gradients."""
+        gathered, work = pending
         out = self._new_grads()
-        if self.ranks == 1:
+        if gathered is None:
             # Nothing to exchange: like the reference, the whole momentum becomes the update.
             for g in self.groups:
                 g.scatter_back(g.delta.clone(), out, self.shapes)
                 g.delta.zero_()
             return out
-        if not self.groups:
-            return out
-        buf = pack(self.encode(), self.segments, self.bucket_bytes)
-        gathered = torch.empty(self.ranks * self.bucket_bytes, dtype=torch.uint8,
-                               device=buf.device)
-        _all_gather_flat(gathered, buf, self.group)
-        gathered = gathered.view(self.ranks, self.bucket_bytes)
-        sent = all_gather_bytes(self.bucket_bytes, self.ranks)
-        stats.add(sent, sent)
-        self.decode(unpack(gathered, self.segments), out)
+        if work is not None:
+            work.wait()
+        self.decode(unpack(gathered.view(self.ranks, self.bucket_bytes), self.segments), out)
         return out
+
+    def replicate(self, grads: list[torch.Tensor], lrs: list[float],
+                  stats: CommStats) -> list[torch.Tensor]:
+        return self.finish(self.start(grads, lrs, stats))
 
     def state_dict(self) -> dict:
         return {"delta": [g.delta.clone() for g in self.groups]}
