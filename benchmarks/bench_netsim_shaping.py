@@ -1,0 +1,109 @@
+"""Accuracy of wall-clock shaping on a real 2-process gloo group: configured vs measured.
+
+Run: python benchmarks/bench_netsim_shaping.py
+Throughput rows: latency 0, one all-reduce per repetition (each rank sends and receives n bytes
+with p = 2), effective rate = wire bytes / median elapsed; target within +-5% of the configured
+bandwidth for transfers >= 1 MiB (the 1 Mbit/s point uses 128 KiB so it finishes in about a
+second). Latency rows: a 4-byte all-reduce (2 latency steps), added latency = median elapsed of
+the shaped op minus the unshaped one, target within +-1 ms of 2 x the configured latency.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from netsim import (
+    Topology,
+    TraceRecorder,
+    format_bandwidth,
+    parse_bandwidth,
+    parse_latency,
+    shaping,
+)
+
+# (bandwidth, bytes per rank, repetitions)
+THROUGHPUT = [
+    ("1Mbit", 128 * 1024, 2),
+    ("10Mbit", 1 * 2**20, 3),
+    ("100Mbit", 4 * 2**20, 3),
+    ("1Gbit", 16 * 2**20, 5),
+    ("10Gbit", 64 * 2**20, 5),
+]
+LATENCY = ["1ms", "10ms", "50ms"]
+
+
+def _time_op(group, nbytes: int, reps: int) -> float:
+    """Median seconds of a blocking all-reduce of nbytes on the group."""
+    x = torch.ones(nbytes // 4)
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(x, group=group)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    lines = []
+    plain = dist.new_group([0, 1])
+    for bandwidth, nbytes, reps in THROUGHPUT:
+        topo = Topology.from_strings(2, 1, bandwidth, "0ms")
+        shaping.install(topo, "wall", TraceRecorder(rank), state_dir=out)
+        group = dist.new_group([0, 1], backend=shaping.BACKEND)
+        elapsed = _time_op(group, nbytes, reps)
+        rate = nbytes / elapsed  # p = 2 all-reduce: 2(p-1)/p * n = n bytes each way
+        configured = parse_bandwidth(bandwidth)
+        # The unshaped loopback rate is the floor: shaping can slow the real op, never speed it up.
+        floor = nbytes / _time_op(plain, nbytes, 2)
+        lines.append(("bw", bandwidth, nbytes, floor, rate, (rate / configured - 1) * 100))
+    baseline = _time_op(plain, 4, 20)
+    for latency in LATENCY:
+        topo = Topology.from_strings(2, 1, "10Gbit", latency)
+        shaping.install(topo, "wall", TraceRecorder(rank), state_dir=out)
+        group = dist.new_group([0, 1], backend=shaping.BACKEND)
+        added = _time_op(group, 4, 10) - baseline
+        expected = 2 * parse_latency(latency)
+        lines.append(("lat", latency, 4, expected, added, (added - expected) * 1e3))
+    if rank == 0:
+        print(
+            f"{'kind':<5}{'configured':>12}{'bytes':>12}{'measured':>14}{'error':>10}  target"
+            f"      unshaped loopback rate"
+        )
+        for kind, label, nbytes, extra, measured, err in lines:
+            if kind == "bw":
+                note = "" if nbytes >= 2**20 else " <1MiB"
+                print(
+                    f"{'bw':<5}{label:>12}{nbytes:>12}{format_bandwidth(measured):>14}"
+                    f"{err:>+9.2f}%  +-5%{note:<8}{format_bandwidth(extra):>14}"
+                )
+            else:
+                print(
+                    f"{'lat':<5}{label + ' x2':>12}{nbytes:>12}{measured * 1e3:>12.2f}ms"
+                    f"{err:>+8.2f}ms  +-1 ms"
+                )
+        print(f"unshaped 4-byte all-reduce baseline: {baseline * 1e3:.3f} ms")
+        sys.stdout.flush()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_worker, args=(port, out), nprocs=2, join=True)
+
+
+if __name__ == "__main__":
+    main()
