@@ -28,7 +28,7 @@ def hsdp_like_trace(steps: int, nodes: int = 2, per_node: int = 2) -> pd.DataFra
         shard = list(range(node * per_node, (node + 1) * per_node))
         rep = [rank % per_node + k * per_node for k in range(nodes)]
 
-        def coll(op, group, nbytes, real=0.0005, wait_after=0.0):
+        def coll(op, group, nbytes, real=0.0005, wait_after=0.0, now=now, rec=rec):
             start = now[0]
             row = rec.record_collective(
                 op, group, topo.crosses_nodes(group), "ring", nbytes, 0, 0, start

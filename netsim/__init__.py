@@ -1,4 +1,4 @@
-"""netsim: links and topologies, collective costs, process-group shaping, traces, SimPy cluster model."""
+"""netsim: links, topologies, collective costs, process-group shaping, traces, SimPy model."""
 
 from netsim import shaping
 from netsim.costs import (

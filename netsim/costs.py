@@ -39,7 +39,7 @@ OPS = (
     "scatter",
     "reduce",
 )
-# "allreduce" is what gloo really runs for reduce_scatter_tensor (an all-reduce, then a local slice).
+# "allreduce": what gloo really runs for reduce_scatter_tensor (all-reduce, then a local slice).
 ALGORITHMS = ("ring", "allreduce", "pipeline", "direct", "hierarchical")
 
 

@@ -14,7 +14,7 @@ _FORMAT = "<dd"  # egress free-at, ingress free-at (seconds on the shared time b
 
 
 class Timeline:
-    """FIFO reservation timeline of a full-duplex link: egress and ingress each serve one flow at a time.
+    """FIFO reservation timeline of a full-duplex link: each direction serves one flow at a time.
 
     With `path`, the two free-at times live in a small file guarded by fcntl locks, so the separate
     processes of one node see one NIC. Concurrent transfers then queue behind each other, which
@@ -30,7 +30,7 @@ class Timeline:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
 
     def reserve(self, start: float, sent: float, received: float, bandwidth: float) -> float:
-        """Book `sent`/`received` bytes at `bandwidth` from `start`; returns when both are through."""
+        """Book `sent`/`received` bytes at `bandwidth` from `start`; returns when both are done."""
         with self._lock:
             if self._fd is None:
                 return self._book(self._free, start, sent, received, bandwidth)

@@ -1,4 +1,4 @@
-"""Shaping real torch.distributed collectives: a "netsim" process-group backend that wraps gloo/nccl.
+"""Shaping real torch.distributed collectives: a "netsim" process-group backend over gloo/nccl.
 
 Groups made with `dist.new_group(ranks, backend=shaping.BACKEND)` behave like the wrapped backend,
 record every collective to the installed TraceRecorder and, for inter-node groups, finish no earlier

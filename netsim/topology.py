@@ -1,4 +1,4 @@
-"""Links and cluster topologies: nodes x accelerators, intra/inter links, NIC sharing, stragglers."""
+"""Links and cluster topologies: nodes x accelerators, links, NIC sharing, stragglers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ NIC_MODES = ("per-node", "per-accelerator")
 
 @dataclass(frozen=True)
 class Link:
-    """A network link: bandwidth (bytes/s or "100Mbit"), latency, jitter (s or "1ms"), loss in [0, 1)."""
+    """A link: bandwidth (bytes/s or "100Mbit"), latency, jitter (s or "1ms"), loss in [0, 1)."""
 
     bandwidth: float
     latency: float = 0.0
@@ -22,7 +22,7 @@ class Link:
     loss: float = 0.0
 
     def __post_init__(self) -> None:
-        # Frozen dataclass: normalise human strings once, here, so every user sees bytes/s and seconds.
+        # Frozen dataclass: normalise human strings once, so every user sees bytes/s and seconds.
         object.__setattr__(self, "bandwidth", parse_bandwidth(self.bandwidth))
         object.__setattr__(self, "latency", parse_latency(self.latency))
         try:
@@ -39,7 +39,7 @@ class Link:
 
     @property
     def effective_bandwidth(self) -> float:
-        """Goodput in bytes/s: lost packets are resent, so only (1 - loss) of the rate carries data."""
+        """Goodput in bytes/s: lost packets are resent, so (1 - loss) of the rate carries data."""
         return self.bandwidth * (1.0 - self.loss)
 
     def transfer_time(self, nbytes: float) -> float:
@@ -61,8 +61,8 @@ class Topology:
     """A cluster of nodes x accelerators joined by an intra-node and an inter-node link.
 
     `nic` says whether a node's accelerators share one NIC of `inter.bandwidth` ("per-node") or each
-    has its own ("per-accelerator"). `node_speed[i]` is node i's relative compute speed (1.0 nominal,
-    0.5 = a straggler whose compute takes twice as long).
+    has its own ("per-accelerator"). `node_speed[i]` is node i's relative compute speed (1.0
+    nominal, 0.5 = a straggler whose compute takes twice as long).
     """
 
     nodes: int
@@ -162,7 +162,7 @@ class Topology:
         return self.node_speed[self.node_of(rank)]
 
     def resized(self, nodes: int | None = None, per_node: int | None = None) -> Topology:
-        """Same links and NIC mode at another size; node speeds are kept for existing nodes, new ones 1.0."""
+        """Same links and NIC mode at another size; existing node speeds kept, new nodes at 1.0."""
         nodes = self.nodes if nodes is None else nodes
         per_node = self.accelerators_per_node if per_node is None else per_node
         speeds = (self.node_speed + (1.0,) * max(0, nodes - self.nodes))[:nodes] if nodes else ()

@@ -241,7 +241,7 @@ def save_trace(df: pd.DataFrame, path: str | os.PathLike) -> Path:
 
 
 def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
-    """Check a trace against the schema and return it with schema dtypes; ValueError if it is corrupt."""
+    """Check a trace against the schema and return it with schema dtypes; ValueError if corrupt."""
     if not isinstance(df, pd.DataFrame):
         raise ValueError(f"trace must be a pandas DataFrame, not {type(df).__name__}.")
     missing = [c for c in _REQUIRED if c not in df.columns]
@@ -250,7 +250,7 @@ def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         raise ValueError("trace has no rows; record at least one step before simulating.")
     df = df.copy()
-    # Older or hand-made traces may lack the derived columns; fill them the same way the recorder does.
+    # Hand-made traces may lack the derived columns; fill them the way the recorder does.
     if "node" not in df.columns:
         df["node"] = df["rank"]
     if "local" not in df.columns:

@@ -58,7 +58,7 @@ def _byte_multiplier(unit: str) -> float | None:
 
 
 def parse_bandwidth(value: object) -> float:
-    """Bandwidth in bytes/s from a number (bytes/s) or a string like "100Mbit", "1Gbps", "25GB/s"."""
+    """Bandwidth in bytes/s from a number (bytes/s) or a string: "100Mbit", "1Gbps", "25GB/s"."""
     example = '"100Mbit", "1Gbit/s" or "25GB/s"'
     number, unit = _split(value, "bandwidth", example)
     if unit:
@@ -66,8 +66,8 @@ def parse_bandwidth(value: object) -> float:
         mult = _byte_multiplier(base) if base else None
         if mult is None:
             raise ValueError(
-                f"bandwidth {value!r} has an unknown unit {unit!r}; use bit/s units (bit, Kbit, Mbit, "
-                f"Gbit, Tbit, Mbps) or byte/s units (B/s, KB/s, MB/s, GB/s, MiB/s, GiB/s)."
+                f"bandwidth {value!r} has an unknown unit {unit!r}; use bit/s units (bit, Kbit, "
+                f"Mbit, Gbit, Tbit, Mbps) or byte/s units (B/s, KB/s, MB/s, GB/s, MiB/s, GiB/s)."
             )
         number *= mult
     if not number > 0 or number == float("inf"):
