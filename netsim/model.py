@@ -18,7 +18,6 @@ Assumptions (also returned in the result's attrs["note"]):
 
 from __future__ import annotations
 
-import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -177,17 +176,16 @@ def _programs(df: pd.DataFrame, recorded: Topology):
         while j < n and cols["rank"][j] == rank and cols["step"][j] == step:
             j += 1
         begin = finish = None
-        lo, hi = math.inf, -math.inf
+        for r in range(i, j):
+            if cols["kind"][r] == "step":
+                begin, finish = cols["start_s"][r], cols["end_s"][r]
         points = []
         for r in range(i, j):
             kind, start, end = cols["kind"][r], cols["start_s"][r], cols["end_s"][r]
-            lo = min(lo, start)
-            if end == end:
-                hi = max(hi, end)
-            if kind == "step":
-                begin, finish = start, end
-                continue
             if kind != "collective":
+                continue
+            # Traffic outside the step's span (e.g. evaluation labeled with this step) is left out.
+            if begin is not None and not begin <= start <= finish:
                 continue
             group = str(cols["group"][r])
             if group not in classes:
@@ -211,7 +209,9 @@ def _programs(df: pd.DataFrame, recorded: Topology):
             points.append((start, 0, r, spec_ids[key], end))
             points.append((wait, 1, r, -1, end))
         if begin is None:
-            begin, finish = lo, max(hi, lo)
+            times = [cols["start_s"][r] for r in range(i, j)]
+            times += [cols["end_s"][r] for r in range(i, j) if cols["end_s"][r] == cols["end_s"][r]]
+            begin, finish = min(times), max(times)
         points.sort()
         program: list = []
         cursor = begin

@@ -81,6 +81,16 @@ def test_model_replays_compute_and_extrapolates_steps_and_nodes():
     assert "weak scaling" in longer.attrs["note"]
 
 
+def test_traffic_outside_the_step_span_is_left_out():
+    topo = Topology.from_strings(2, 1, "80Mbit", "10ms")
+    trace = make_trace(topo, steps=2)
+    late = trace[(trace["kind"] == "collective") & (trace["step"] == 0)].copy()
+    late[["start_s", "wait_s", "end_s"]] += 100.0  # e.g. evaluation traffic labeled step 0
+    late["seq"] += 1000
+    with_eval = pd.concat([trace, late], ignore_index=True)
+    pd.testing.assert_frame_equal(simulate(with_eval, topo), simulate(trace, topo))
+
+
 def test_shared_link_gives_two_concurrent_flows_half_each():
     env = simpy.Environment()
     link = SharedLink(env, bandwidth=1e6)
