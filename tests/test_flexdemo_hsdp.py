@@ -142,6 +142,20 @@ def _hsdp(rank, world):
         [rank % PER_NODE, rank % PER_NODE + PER_NODE]
     _check_replicators(rank, mesh)
     _check_hsdp_adamw(rank, mesh)
+    _check_single_node(rank)
+
+
+def _check_single_node(rank):
+    # One node of four ranks: FSDP2 shards inside it and nothing crosses nodes.
+    mesh = build_mesh(1, NODES * PER_NODE)
+    model = parallelize(Net(), mesh, inter_all_reduce=False)
+    opt = build_optimizer("flexdemo", model, mesh, lr=LR, **KNOBS)
+    before = [local_tensor(p.detach()).clone() for p in model.parameters()]
+    for step in range(2):
+        _train_step(model, opt, step, rank)
+        assert opt.last_step_comm == {"bytes_sent": 0, "bytes_received": 0, "calls": 0}
+    assert any(not torch.equal(local_tensor(p.detach()), b)
+               for p, b in zip(model.parameters(), before, strict=True) if b.numel())
 
 
 @pytest.mark.timeout(180)
