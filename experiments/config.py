@@ -13,6 +13,7 @@ from typing import Any
 METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none")
 WORKLOADS = ("lm-tiny", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual")
+SCHEDULES = ("cosine", "constant")
 VALUE_DTYPES = ("bf16", "fp32")
 
 
@@ -36,6 +37,10 @@ class RunConfig:
     """Optimizer steps; None takes the workload's default budget."""
     lr: float | None = None
     """Learning rate; None takes the method's tuned default for the workload."""
+    schedule: str = "cosine"
+    """Learning-rate schedule: cosine (linear warmup, cosine decay to 10%) or constant."""
+    warmup: float = 0.05
+    """Fraction of the steps spent in linear warmup (cosine schedule)."""
     seed: int = 0
     """Seed for model init, data order and random replication."""
     batch_size: int | None = None
@@ -84,6 +89,9 @@ class RunConfig:
         _choice("method", self.method, METHODS)
         _choice("workload", self.workload, WORKLOADS)
         _choice("shaping", self.shaping, SHAPING_MODES)
+        _choice("schedule", self.schedule, SCHEDULES)
+        if not 0.0 <= self.warmup < 1.0:
+            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.warmup}.")
         _choice("value_dtype", self.value_dtype, VALUE_DTYPES)
         _choice("backend", self.backend, ("auto", "gloo", "nccl"))
         _at_least("nodes", self.nodes, 1)

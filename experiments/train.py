@@ -22,7 +22,7 @@ from experiments.config import RunConfig
 from experiments.workloads import Workload, make_workload
 from netsim import Link, Topology, TraceRecorder, shaping
 
-__all__ = ["RankResult", "run_rank", "DEFAULT_LR", "resolve"]
+__all__ = ["RankResult", "run_rank", "DEFAULT_LR", "resolve", "lr_factor"]
 
 # Tuned on lm-tiny, 2 nodes x 2, 300 steps (see README "Tuning"); other workloads reuse them.
 DEFAULT_LR: dict[str, float] = {
@@ -103,6 +103,17 @@ def _build(cfg: RunConfig, workload: Workload, device: torch.device):
     return model, opt
 
 
+def lr_factor(step: int, total: int, schedule: str, warmup: float) -> float:
+    """Multiplier of the base lr at a 0-based step: linear warmup, then cosine down to 10%."""
+    if schedule == "constant":
+        return 1.0
+    warm = max(1, round(warmup * total))
+    if step < warm:
+        return (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
 @torch.no_grad()
 def _evaluate(model: torch.nn.Module, workload: Workload, batches: list) -> float:
     model.eval()
@@ -123,6 +134,9 @@ def run_rank(cfg: RunConfig) -> RankResult:
     recorder = TraceRecorder(rank)
     shaping.install(_topology(cfg), mode=cfg.shaping, recorder=recorder)
     model, opt = _build(cfg, workload, device)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)
+    )
     to_dev = lambda batch: tuple(t.to(device) for t in batch)
     val = [to_dev(b) for b in workload.val_batches(_VAL_BATCHES, cfg.batch_size)]
     result = RankResult(rank, params=sum(p.numel() for p in model.parameters()))
@@ -138,6 +152,7 @@ def run_rank(cfg: RunConfig) -> RankResult:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sched.step()
         loss_value = loss.item()
         step_s = shaping.clock() - t0
         recorder.end_step(step)
