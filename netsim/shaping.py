@@ -55,6 +55,7 @@ class _State:
     offset: float = 0.0  # virtual clock lead over the wall clock, seconds
     lock: threading.Lock = field(default_factory=threading.Lock)
     token: str | None = None
+    generation: int = 0  # how many install() calls this process made: one NIC file set each
     timelines: dict = field(default_factory=dict)
 
     def now(self) -> float:
@@ -85,12 +86,14 @@ class _State:
             if key not in self.timelines:
                 path = None
                 if shared_node is not None:
-                    path = self.state_dir / f"netsim-{self.run_token()}-node{shared_node}.nic"
+                    name = f"netsim-{self.run_token()}-{self.mode}{self.generation}"
+                    path = self.state_dir / f"{name}-node{shared_node}.nic"
                 self.timelines[key] = Timeline(path)
             return self.timelines[key]
 
 
 _STATE: _State | None = None
+_INSTALLS = 0
 
 
 def install(
@@ -102,7 +105,7 @@ def install(
     state_dir: str | None = None,
 ) -> None:
     """Register the BACKEND process-group backend and set how it shapes (call before new_group)."""
-    global _STATE
+    global _STATE, _INSTALLS
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
     if mode not in MODES:
@@ -114,7 +117,10 @@ def install(
         shape_intra=bool(shape_intra),
         seed=int(seed),
         state_dir=Path(state_dir or tempfile.gettempdir()) / "netsim",
+        generation=_INSTALLS,
     )
+    # A fresh NIC file per install: earlier virtual-time reservations must not block later runs.
+    _INSTALLS += 1
     if recorder is not None:
         recorder.clock = clock
         recorder.topology = recorder.topology or topology
