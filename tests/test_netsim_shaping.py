@@ -5,13 +5,14 @@ import os
 import socket
 import time
 
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
 
-from netsim import Topology, TraceRecorder, shaping
+from netsim import Topology, TraceRecorder, shaping, simulate
 
 
 def _free_port() -> int:
@@ -42,19 +43,24 @@ def _two_rank_modes(rank: int, world: int, port: int, out: str) -> None:
         shaping.install(topo, mode, rec, state_dir=out)
         group = dist.new_group([0, 1], backend=shaping.BACKEND)
         dist.barrier()
-        rec.begin_step(0)
         clock0, wall0 = shaping.clock(), time.perf_counter()
-        for _ in range(3):
+        for step in range(3):
+            rec.begin_step(step)
+            time.sleep(0.03)  # "compute"
             x = torch.full((250_000,), float(rank + 1))  # 1 MB
             dist.all_reduce(x, group=group)
-        rec.end_step(0)
+            rec.end_step(step)
         results[mode] = {
             "clock": shaping.clock() - clock0,
             "wall": time.perf_counter() - wall0,
             "value": x[0].item(),
-            "summary": rec.step_summary(0),
+            "summary": [rec.step_summary(s) for s in range(3)],
             "modeled": rec.frame().query("kind == 'collective'")["modeled_s"].tolist(),
         }
+        frames = [None] * world
+        dist.all_gather_object(frames, rec.frame())
+        # The model replays the shaped run's trace: it should predict what the run measured.
+        results[mode]["predicted"] = simulate(pd.concat(frames), topo)["time_s"].iloc[-1]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump(results, fh)
     dist.destroy_process_group()
@@ -67,21 +73,30 @@ def test_wall_shaping_delays_and_virtual_clock_agrees(tmp_path):
     for res in results:
         for mode in ("off", "wall", "virtual"):
             assert res[mode]["value"] == 3.0
-            assert res[mode]["summary"] == {
-                "inter_bytes_sent": 3e6,
-                "inter_bytes_received": 3e6,
-                "inter_calls": 3,
-                "intra_bytes": 0.0,
-            }
+            assert (
+                res[mode]["summary"]
+                == [
+                    {
+                        "inter_bytes_sent": 1e6,
+                        "inter_bytes_received": 1e6,
+                        "inter_calls": 1,
+                        "intra_bytes": 0.0,
+                    }
+                ]
+                * 3
+            )
+            # Whatever the mode, the model sees 3 x (30 ms compute + 120 ms all-reduce).
+            assert res[mode]["predicted"] == pytest.approx(3 * (0.03 + modeled_one), abs=0.1)
         assert res["wall"]["modeled"] == pytest.approx([modeled_one] * 3, abs=0.01)
-        # Generous bounds: the rank really waited the modeled 0.36 s, and not much longer.
-        assert 0.35 <= res["wall"]["wall"] < 0.8
-        assert res["off"]["wall"] < 0.3
+        # Generous bounds: the rank really waited the modeled 3 x 0.15 s, and not much longer.
+        assert 0.44 <= res["wall"]["wall"] < 0.9
+        assert res["off"]["wall"] < 0.4
         # Virtual: no waiting, but the clock shows the same modeled total as the wall run.
         assert res["virtual"]["wall"] < res["wall"]["wall"]
         # Both add real overheads of a possibly loaded machine, so only a generous gap is allowed.
-        assert res["virtual"]["clock"] >= 3 * modeled_one * 0.98
+        assert res["virtual"]["clock"] >= 3 * (0.03 + modeled_one) * 0.98
         assert res["virtual"]["clock"] == pytest.approx(res["wall"]["clock"], abs=0.15)
+        assert res["wall"]["predicted"] == pytest.approx(res["wall"]["clock"], abs=0.15)
 
 
 def _four_ranks(rank: int, world: int, port: int, out: str) -> None:
