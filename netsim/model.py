@@ -137,7 +137,8 @@ def _classify(group: str, recorded: Topology) -> tuple[str, frozenset, int, floa
         recorded.node_of(a) != recorded.node_of(b)
         for a, b in zip(ordered, ordered[1:] + ordered[:1], strict=True)
     )
-    share = crossing / len(ranks)
+    # Bytes through one node's NIC per rank's wire bytes: the ring's crossing edges per node.
+    share = crossing / len(nodes)
     if len(locals_) == 1 and len(nodes) == len(ranks) == recorded.nodes:
         return "replicate", locals_, len(ranks), 1.0
     if len(ranks) == recorded.world_size:
@@ -389,7 +390,7 @@ class _Cluster:
                 # Ring over sorted ranks: each node has one edge leaving it, from its last rank.
                 flows.append(self._nic(c, self.topo.accelerators_per_node - 1).transfer(nbytes))
             else:
-                flows.append(self._nic(c, j).transfer(nbytes * spec.nic_share * spec.size))
+                flows.append(self._nic(c, j).transfer(nbytes * spec.nic_share))
         yield self.env.all_of(flows)
         done.succeed()
 

@@ -194,3 +194,15 @@ def test_save_is_atomic_and_round_trips(tmp_path):
         "inter_calls": 1,
         "intra_bytes": 0.0,
     }
+
+
+def test_world_group_sends_one_ring_edge_per_node_through_the_nic():
+    topo = Topology.from_strings(2, 2, "80Mbit", "0ms")
+    trace = make_trace(topo, steps=1, compute=0.0, groups=lambda r: [0, 1, 2, 3])
+    got = simulate(trace, topo)["step_time_s"].iloc[0]
+    # Ring over 4 ranks: each node has one crossing edge carrying 2(p-1)/p * n.
+    assert got == pytest.approx(2 * 3 / 4 * 1e6 / 1e7, rel=0.01)
+    pairs = make_trace(topo, steps=1, compute=0.0, groups=lambda r: [0, 1, 2] if r < 3 else [3])
+    got = simulate(pairs[pairs["rank"] < 3], Topology.from_strings(2, 2, "80Mbit", "0ms"))
+    # Group {0, 1, 2}: 2 crossing edges over 2 nodes, one per node: 2(p-1)/p * n once.
+    assert got["step_time_s"].iloc[0] == pytest.approx(2 * 2 / 3 * 1e6 / 1e7, rel=0.01)
