@@ -61,15 +61,17 @@ def topk_encode(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def mean_decode(idx: torch.Tensor, vals: torch.Tensor, block_numel: int,
-                dtype: torch.dtype | None = None) -> torch.Tensor:
+                dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Dense (rows, block_numel) blocks from sparse (rows, m) contributions.
 
     Where several contributors sent the same coefficient the result is the mean of what arrived
     (DeMo's ``scatter_reduce(mean, include_self=False)``); coefficients nobody sent are zero.
+    ``out``, if given, must be all zeros; ``out.scatter_(1, idx, 0)`` makes it so again.
     """
     dtype = dtype or vals.dtype
     vals = vals.to(dtype)
-    out = torch.zeros(idx.shape[0], block_numel, dtype=dtype, device=vals.device)
+    if out is None:
+        out = torch.zeros(idx.shape[0], block_numel, dtype=dtype, device=vals.device)
     # One dense buffer does both jobs: first count contributors per coefficient, then reset
     # only the touched entries and add each value divided by its coefficient's count.
     out.scatter_add_(1, idx, torch.ones_like(vals))

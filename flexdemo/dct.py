@@ -46,26 +46,38 @@ def idct_blocks(x: torch.Tensor) -> torch.Tensor:
     return torch.matmul(dct_matrix(c1, x.dtype, x.device).T, y)
 
 
-def dct_chunked(x: torch.Tensor, c1: int, c2: int) -> torch.Tensor:
+def _chunked(x: torch.Tensor, c1: int, c2: int, inverse: bool, scratch: torch.Tensor | None,
+             out: torch.Tensor | None) -> torch.Tensor:
+    rows, cols = x.shape
+    right = dct_matrix(c2, x.dtype, x.device)
+    left = dct_matrix(c1, x.dtype, x.device)
+    right = right if inverse else right.T
+    left = left.T if inverse else left
+    if c1 == 1:
+        first_out = out
+    else:
+        first_out = scratch
+    first_out = None if first_out is None else first_out.reshape(-1)[:rows * cols].view(-1, c2)
+    y = torch.mm(x.reshape(-1, c2), right, out=first_out)
+    if c1 == 1:
+        return y.view(rows, cols)
+    second_out = None if out is None else out.reshape(-1)[:rows * cols].view(rows // c1, c1, cols)
+    return torch.matmul(left, y.view(rows // c1, c1, cols), out=second_out).view(rows, cols)
+
+
+def dct_chunked(x: torch.Tensor, c1: int, c2: int, scratch: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """Blockwise 2-D DCT of a (rows, cols) matrix in its natural layout, for (c1 × c2) blocks.
 
     Coefficient (i, j) of block (a, b) lands at (a*c1 + i, b*c2 + j). Working in the natural
     layout turns both transforms into large matrix products, much faster than a batch of tiny
-    per-block products.
+    per-block products. ``scratch`` and ``out`` (contiguous, at least rows*cols elements) let a
+    caller reuse buffers: fresh large CPU tensors cost page faults on every step.
     """
-    rows, cols = x.shape
-    y = (x.reshape(rows * cols // c2, c2) @ dct_matrix(c2, x.dtype, x.device).T)
-    if c1 == 1:
-        return y.view(rows, cols)
-    y = torch.matmul(dct_matrix(c1, x.dtype, x.device), y.view(rows // c1, c1, cols))
-    return y.view(rows, cols)
+    return _chunked(x, c1, c2, False, scratch, out)
 
 
-def idct_chunked(x: torch.Tensor, c1: int, c2: int) -> torch.Tensor:
-    """Inverse of :func:`dct_chunked`."""
-    rows, cols = x.shape
-    y = (x.reshape(rows * cols // c2, c2) @ dct_matrix(c2, x.dtype, x.device))
-    if c1 == 1:
-        return y.view(rows, cols)
-    y = torch.matmul(dct_matrix(c1, x.dtype, x.device).T, y.view(rows // c1, c1, cols))
-    return y.view(rows, cols)
+def idct_chunked(x: torch.Tensor, c1: int, c2: int, scratch: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse of :func:`dct_chunked` (same buffer arguments)."""
+    return _chunked(x, c1, c2, True, scratch, out)

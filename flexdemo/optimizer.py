@@ -189,26 +189,28 @@ class FlexDeMo(torch.optim.Optimizer):
                              else torch.zeros_like(shard))
                 lrs.append(group["lr"])
                 wds.append(group["weight_decay"])
-        if self._replicates(self.steps):
+        replicating = self._replicates(self.steps)
+        if replicating:
             updates = self.replicator.replicate(grads, lrs, stats)
         else:
             self.replicator.accumulate(grads, lrs)
             updates = grads
-        self._apply(shards, updates, lrs, wds)
+        self._apply(shards, updates, lrs, wds, replicating and self.replicator.owns_updates)
         self.replicator.after_update(shards, lrs, stats)
         self.last_step_comm = stats.as_dict()
         self.comm_totals.add(stats.bytes_sent, stats.bytes_received, stats.calls)
         return loss
 
     def _apply(self, shards: list[torch.Tensor], updates: list[torch.Tensor], lrs: list[float],
-               wds: list[float]) -> None:
+               wds: list[float], owned: bool) -> None:
         self.base_steps += 1
         b1, b2 = self.betas
         for i, (p, u, lr, wd) in enumerate(zip(shards, updates, lrs, wds, strict=True)):
             if p.numel() == 0:
                 continue
             if self.sign:
-                u = u.sign()
+                # In place only on the replicator's own buffers, never on a user's .grad.
+                u = u.sign_() if owned else u.sign()
             if wd != 0.0:
                 p.mul_(1.0 - lr * wd)
             if self.base == "sign":

@@ -24,6 +24,7 @@ class Replicator:
     """
 
     name = "base"
+    owns_updates = False
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Allocate state for the local shards ``params`` replicated over ``ranks`` ranks."""
@@ -92,11 +93,21 @@ class _BlockGroup:
         # equals DeMo's delta up to rounding and saves one inverse transform per step.
         self.delta = torch.zeros(self.num_blocks, self.c1 * self.c2, dtype=self.dtype,
                                  device=self.device)
+        # Buffers reused every step: on CPU, fresh multi-megabyte tensors are returned to the
+        # OS when freed and page-fault back in on the next step, which cost as much as the
+        # inverse transform itself.
+        self.decoded = torch.zeros_like(self.delta)
+        self.updates = {i: torch.empty(layout.rows, layout.cols, dtype=self.dtype,
+                                       device=self.device) for i, layout, _, _ in self.members}
+        largest = max(layout.rows * layout.cols for _, layout, _, _ in self.members)
+        self.scratch = [torch.empty(largest, dtype=self.dtype, device=self.device)
+                        for _ in range(2)]
 
     def fold(self, grads: list[torch.Tensor], lrs: list[float], decay: float) -> None:
         self.delta.mul_(decay)
         for i, layout, s, e in self.members:
-            coeffs = dct_chunked(grads[i].reshape(layout.rows, layout.cols), layout.c1, layout.c2)
+            coeffs = dct_chunked(grads[i].reshape(layout.rows, layout.cols), layout.c1, layout.c2,
+                                 scratch=self.scratch[0], out=self.scratch[1])
             # The strided add doubles as the copy from natural into block layout.
             self.delta[s:e].view(-1, layout.cols // layout.c2, layout.c1, layout.c2).add_(
                 layout.blocks_view(coeffs), alpha=lrs[i])
@@ -104,16 +115,18 @@ class _BlockGroup:
     def scatter_back(self, coeffs: torch.Tensor, out: list[torch.Tensor],
                      shapes: list[torch.Size]) -> None:
         for i, layout, s, e in self.members:
-            natural = torch.empty(layout.rows, layout.cols, dtype=coeffs.dtype,
-                                  device=coeffs.device)
+            natural = self.scratch[0][:layout.rows * layout.cols].view(layout.rows, layout.cols)
             layout.from_blocks(coeffs[s:e].view(-1, layout.c1, layout.c2), natural)
-            out[i] = idct_chunked(natural, layout.c1, layout.c2).view(shapes[i])
+            out[i] = idct_chunked(natural, layout.c1, layout.c2, scratch=self.scratch[1],
+                                  out=self.updates[i]).view(shapes[i])
 
 
 class DeMoReplicator(Replicator):
     """DeMo: exchange the top-k DCT coefficients of the decoupled momentum in one bucket."""
 
     name = "demo"
+    # The updates it returns are its own buffers, so the optimizer may modify them in place.
+    owns_updates = True
 
     def __init__(self, topk: int = 32, chunk: int = 64, decay: float = 0.999,
                  value_dtype: torch.dtype = torch.bfloat16):
@@ -172,7 +185,9 @@ class DeMoReplicator(Replicator):
             ranks = idx.shape[0]
             idx = decode_indices(idx).permute(1, 0, 2).reshape(g.num_blocks, ranks * g.k)
             vals = vals.permute(1, 0, 2).reshape(g.num_blocks, ranks * g.k)
-            g.scatter_back(mean_decode(idx, vals, g.c1 * g.c2, g.dtype), out, self.shapes)
+            g.scatter_back(mean_decode(idx, vals, g.c1 * g.c2, g.dtype, out=g.decoded), out,
+                           self.shapes)
+            g.decoded.scatter_(1, idx, 0.0)  # cheaper than refilling the whole buffer
 
     def start(self, grads: list[torch.Tensor], lrs: list[float],
               stats: CommStats) -> tuple[torch.Tensor | None, object | None]:

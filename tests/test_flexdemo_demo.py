@@ -114,8 +114,11 @@ def _check_byte_accounting(rank, world):
     calls = []
     for step in range(6):
         _backward(model, step, rank)
+        grads = [p.grad.clone() for p in model.parameters()]
         opt.step()
         calls.append(opt.last_step_comm["calls"])
+        # The optimizer reads .grad; it must never overwrite it (e.g. by an in-place sign).
+        assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
     assert calls == [0, 1, 0, 1, 0, 0]
 
 
