@@ -196,7 +196,18 @@ class _ShapedWork(dist.Work):
         self._sync = sync
         self._result = result
         self._done = False
+        self._span: tuple[float, float] | None = None
         self._lock = threading.Lock()
+
+    def _modeled(self) -> tuple[float, float]:
+        """(begin, finish) of the modeled transfer; booked on the NIC once, when first asked."""
+        if self._span is None:
+            begin = self._issued
+            if self._sync is not None:
+                self._sync.wait()
+                begin = float(self._arrival.max().item())
+            self._span = (begin, self._group._model_finish(begin, self._volume))
+        return self._span
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:  # noqa: B008 - mirrors torch
         with self._lock:
@@ -208,11 +219,7 @@ class _ShapedWork(dist.Work):
                 work.wait()
             modeled = math.nan
             if self._group._shaped:
-                begin = self._issued
-                if self._sync is not None:
-                    self._sync.wait()
-                    begin = float(self._arrival.max().item())
-                finish = self._group._model_finish(begin, self._volume)
+                begin, finish = self._modeled()
                 modeled = finish - begin
                 if state.mode == "wall":
                     # Sleep in slices: one long sleep can overshoot by a scheduler tick.
@@ -228,9 +235,18 @@ class _ShapedWork(dist.Work):
             return True
 
     def is_completed(self) -> bool:
-        return self._done or (
-            not self._group._shaped and all(w.is_completed() for w in self._works)
-        )
+        # Pollers that never call wait() must still see the op finish, at the modeled time.
+        if self._done:
+            return True
+        if not all(w.is_completed() for w in self._works):
+            return False
+        if not self._group._shaped:
+            return True
+        if self._sync is not None and not self._sync.is_completed():
+            return False
+        with self._lock:
+            _, finish = self._modeled()
+        return self._group._state.mode != "wall" or time.time() >= finish
 
     def is_success(self) -> bool:
         return self.is_completed()
