@@ -172,9 +172,10 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     if not sim.empty:
         table = speedups(sim, by=("network",))
         table["cell"] = [
-            _cell(t, m, lo, hi)
-            for t, m, lo, hi in zip(table["ttt_median_s"], table["speedup_median"],
-                                    table["speedup_min"], table["speedup_max"], strict=True)
+            _cell(*values)
+            for values in zip(table["ttt_median_s"], table["speedup_median"],
+                              table["speedup_min"], table["speedup_max"], table["reached"],
+                              table["seeds"], strict=True)
         ]
         parts.append(
             f"### Time to target val_loss {target_text} (simulated; median over seeds · "
@@ -203,11 +204,16 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def _cell(ttt: float, median: float, low: float, high: float) -> str:
-    """'12.3 s · 2.10× [1.9–2.3]', or just 'not reached' when the median run never gets there."""
+def _cell(ttt: float, median: float, low: float, high: float, reached: int, seeds: int) -> str:
+    """'12.3 s · 2.10× [1.9–2.3]'; 'not reached' when the median run never gets there.
+
+    When only some seeds reach the target, '(k/n seeds)' says so: a median over two seeds is
+    infinite as soon as one of them misses.
+    """
+    count = "" if reached == seeds else f" ({reached}/{seeds} seeds)"
     if math.isinf(ttt):
-        return format_seconds(ttt)
-    return f"{format_seconds(ttt)} · {format_speedup(median, low, high)}"
+        return format_seconds(ttt) + count
+    return f"{format_seconds(ttt)} · {format_speedup(median, low, high)}{count}"
 
 
 def validation_table(runs: pd.DataFrame) -> pd.DataFrame:

@@ -168,13 +168,13 @@ def plot_time_to_target(res: Results):
                             label=variant)
             axes[1][j].fill_between(x, shown("speedup_min"), shown("speedup_max"),
                                     color=palette[variant], alpha=0.15)
-        axes[0][j].set(yscale="log", title=f"latency {lat}",
-                       ylabel="time to target (s)" if j == 0 else "")
+        axes[0][j].set(title=f"latency {lat}", ylabel="time to target (s)" if j == 0 else "")
         axes[1][j].axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
-        axes[1][j].set(yscale="log", xlabel="inter-node bandwidth (bit/s)",
+        axes[1][j].set(xlabel="inter-node bandwidth (bit/s)",
                        ylabel=f"speed-up vs {metrics.BASELINE}" if j == 0 else "")
-        _log_x(axes[0][j])
-        _log_x(axes[1][j])
+        for ax in (axes[0][j], axes[1][j]):
+            _log_x(ax)
+            _log_y_plain(ax)
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="center right", fontsize=8)
@@ -190,6 +190,16 @@ def _log_x(ax) -> None:
 
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _log_y_plain(ax) -> None:
+    """Log y axis labelled 1, 2, 5, 10, ... in plain numbers (ratios and seconds read better)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def plot_bytes_per_step(res: Results):
@@ -210,6 +220,7 @@ def plot_bytes_per_step(res: Results):
                     order=[v for v in res.variants() if v in set(long["variant"])],
                     estimator="median", errorbar=("pi", 100))
         ax.set_yscale("log")
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1.0), title=None)
     ax.set(xlabel="", ylabel="bytes per step per node",
            title=f"{res.name}: communication per optimizer step")
     ax.tick_params(axis="x", rotation=20)

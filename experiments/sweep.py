@@ -120,8 +120,11 @@ class SweepConfig:
     raw: dict[str, Any] = field(default_factory=dict)
 
     def fingerprint(self) -> str:
-        """Hash of everything that decides results (not where or how the units run)."""
-        body = {k: v for k, v in self.raw.items() if k not in ("executor", "timeout_s")}
+        """Hash of everything that decides the runs (not where they run, nor how they are scored).
+
+        The target only scores finished runs, so a folder can be re-scored with another one.
+        """
+        body = {k: v for k, v in self.raw.items() if k not in ("executor", "timeout_s", "target")}
         text = json.dumps(body, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -260,6 +260,10 @@ def test_explicit_target_and_simulation_cache(config_file: Path, tmp_path: Path)
 
     again = sweep.collect(cfg, out, simulator=broken, progress=False)
     pd.testing.assert_frame_equal(again, runs)
+    # Another target only re-scores the finished runs: same folder, nothing retrained.
+    looser = sweep.load_config(config_file, ["target.val_loss=4.0"])
+    rescored = sweep.run_sweep(looser, out, launcher=broken, simulator=broken, progress=False)
+    assert (rescored["target_val_loss"] == 4.0).all() and rescored["reached"].all()
 
 
 @pytest.mark.timeout(60)
