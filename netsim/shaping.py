@@ -293,6 +293,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         self._rng = random.Random(f"{state.seed}:{self._global_rank}:{self._ranks}")
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        """The registered backend name, "netsim"."""
         return BACKEND
 
     # -- modeling ------------------------------------------------------------------------------
@@ -360,6 +361,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
 
     # -- collectives ---------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
+        """allreduce: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "all_reduce",
             _nbytes(tensors),
@@ -368,6 +370,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         )
 
     def allreduce_coalesced(self, tensors, opts=None):
+        """allreduce_coalesced: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "all_reduce",
             _nbytes(tensors),
@@ -376,6 +379,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         )
 
     def allgather(self, output_lists, inputs, opts=None):
+        """allgather: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "all_gather",
             _nbytes(inputs),
@@ -384,6 +388,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         )
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
+        """allgather_coalesced: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "all_gather",
             _nbytes(inputs),
@@ -392,6 +397,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         )
 
     def _allgather_base(self, output, inp, opts=None):
+        """allgather_base: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "all_gather", _nbytes(inp), lambda g: g._allgather_base(output, inp, *_a(opts)), inp
         )
@@ -399,6 +405,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        """allgather_into_tensor_coalesced: run on the wrapped backend, recorded and shaped."""
         launch = lambda g: [
             g._allgather_base(o, i, *_a(opts)) for o, i in zip(outputs, inputs, strict=True)
         ]
@@ -407,6 +414,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
+        """reduce_scatter: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "reduce_scatter",
             _nbytes(input_lists),
@@ -415,6 +423,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         )
 
     def _reduce_scatter_base(self, output, inp, opts=None):
+        """reduce_scatter_base: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "reduce_scatter",
             _nbytes(inp),
@@ -425,6 +434,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        """reduce_scatter_tensor_coalesced: run on the wrapped backend, recorded and shaped."""
         launch = lambda g: [
             g._reduce_scatter_base(o, i, *_a(opts)) for o, i in zip(outputs, inputs, strict=True)
         ]
@@ -433,6 +443,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def alltoall_base(self, output, inp, output_splits, input_splits, opts=None):
+        """alltoall_base: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "all_to_all",
             _nbytes(inp),
@@ -443,11 +454,13 @@ class ShapedProcessGroup(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def alltoall(self, outputs, inputs, opts=None):
+        """alltoall: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "all_to_all", _nbytes(inputs), lambda g: g.alltoall(outputs, inputs, *_a(opts)), inputs
         )
 
     def broadcast(self, tensors, opts=None):
+        """broadcast: run on the wrapped backend, recorded and shaped."""
         root = getattr(opts, "rootRank", 0)
         return self._run(
             "broadcast",
@@ -458,6 +471,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         )
 
     def reduce(self, tensors, opts=None):
+        """reduce: run on the wrapped backend, recorded and shaped."""
         root = getattr(opts, "rootRank", 0)
         return self._run(
             "reduce",
@@ -468,6 +482,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         )
 
     def gather(self, output_lists, inputs, opts=None):
+        """gather: run on the wrapped backend, recorded and shaped."""
         root = getattr(opts, "rootRank", 0)
         return self._run(
             "gather",
@@ -478,6 +493,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         )
 
     def scatter(self, outputs, input_lists, opts=None):
+        """scatter: run on the wrapped backend, recorded and shaped."""
         root = getattr(opts, "rootRank", 0)
         return self._run(
             "scatter",
@@ -488,17 +504,20 @@ class ShapedProcessGroup(dist.ProcessGroup):
         )
 
     def send(self, tensors, dst, tag=0):
+        """send: run on the wrapped backend, recorded and shaped."""
         # Point-to-point: only two ranks take part, so no arrival exchange over the whole group.
         return self._run(
             "send", _nbytes(tensors), lambda g: g.send(tensors, dst, tag), tensors, exchange=False
         )
 
     def recv(self, tensors, src, tag=0):
+        """recv: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "recv", _nbytes(tensors), lambda g: g.recv(tensors, src, tag), tensors, exchange=False
         )
 
     def recv_anysource(self, tensors, tag=0):
+        """recv_anysource: run on the wrapped backend, recorded and shaped."""
         return self._run(
             "recv",
             _nbytes(tensors),
@@ -508,6 +527,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         )
 
     def barrier(self, opts=None):
+        """barrier: run on the wrapped backend, recorded and shaped."""
         return self._run("barrier", 0, lambda g: g.barrier(*_a(opts)), None)
 
 
