@@ -12,7 +12,7 @@ from netsim.costs import (
 )
 from netsim.model import MODEL_NOTE, SharedLink, simulate
 from netsim.topology import Link, Topology
-from netsim.trace import TRACE_COLUMNS, TraceRecorder, load_trace, validate_trace
+from netsim.trace import TRACE_COLUMNS, TraceRecorder, load_trace, save_trace, validate_trace
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_size
 
 __all__ = [
@@ -36,5 +36,6 @@ __all__ = [
     "TraceRecorder",
     "TRACE_COLUMNS",
     "load_trace",
+    "save_trace",
     "validate_trace",
 ]

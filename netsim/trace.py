@@ -28,6 +28,7 @@ __all__ = [
     "empty_trace",
     "validate_trace",
     "load_trace",
+    "save_trace",
     "group_key",
 ]
 
