@@ -13,7 +13,7 @@ from typing import Any
 METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none")
 WORKLOADS = ("lm-tiny", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual")
-SCHEDULES = ("cosine", "constant")
+SCHEDULES = ("constant", "cosine")
 VALUE_DTYPES = ("bf16", "fp32")
 
 
@@ -37,8 +37,8 @@ class RunConfig:
     """Optimizer steps; None takes the workload's default budget."""
     lr: float | None = None
     """Learning rate; None takes the method's tuned default for the workload."""
-    schedule: str = "cosine"
-    """Learning-rate schedule: cosine (linear warmup, cosine decay to 10%) or constant."""
+    schedule: str = "constant"
+    """Learning-rate schedule: constant, or cosine (linear warmup, cosine decay to 10%)."""
     warmup: float = 0.05
     """Fraction of the steps spent in linear warmup (cosine schedule)."""
     seed: int = 0
