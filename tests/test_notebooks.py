@@ -17,7 +17,6 @@ QUICK = ROOT / "results" / "quick"
 def _execute(path: Path, results: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
     """Run every cell in a fresh kernel; nbclient raises CellExecutionError if one fails."""
     monkeypatch.setenv("FLEXBENCH_RESULTS", str(results))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
