@@ -62,7 +62,7 @@ def topk_encode(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def mean_decode(idx: torch.Tensor, vals: torch.Tensor, block_numel: int,
                 dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Dense (rows, block_numel) blocks from sparse (rows, m) contributions.
+    """Dense (rows, block_numel) blocks from sparse (rows, m) contributions (or 1-D: one row).
 
     Where several contributors sent the same coefficient the result is the mean of what arrived
     (DeMo's ``scatter_reduce(mean, include_self=False)``); coefficients nobody sent are zero.
@@ -71,11 +71,11 @@ def mean_decode(idx: torch.Tensor, vals: torch.Tensor, block_numel: int,
     dtype = dtype or vals.dtype
     vals = vals.to(dtype)
     if out is None:
-        out = torch.zeros(idx.shape[0], block_numel, dtype=dtype, device=vals.device)
+        out = torch.zeros(*idx.shape[:-1], block_numel, dtype=dtype, device=vals.device)
     # One dense buffer does both jobs: first count contributors per coefficient, then reset
     # only the touched entries and add each value divided by its coefficient's count.
-    out.scatter_add_(1, idx, torch.ones_like(vals))
-    counts = out.gather(1, idx)
-    out.scatter_(1, idx, 0.0)
-    out.scatter_add_(1, idx, vals / counts)
+    out.scatter_add_(-1, idx, torch.ones_like(vals))
+    counts = out.gather(-1, idx)
+    out.scatter_(-1, idx, 0.0)
+    out.scatter_add_(-1, idx, vals / counts)
     return out

@@ -47,11 +47,13 @@ def idct_blocks(x: torch.Tensor) -> torch.Tensor:
 
 
 def _chunked(x: torch.Tensor, c1: int, c2: int, inverse: bool, scratch: torch.Tensor | None,
-             out: torch.Tensor | None) -> torch.Tensor:
+             out: torch.Tensor | None, scale: float = 1.0) -> torch.Tensor:
     rows, cols = x.shape
     right = dct_matrix(c2, x.dtype, x.device)
     left = dct_matrix(c1, x.dtype, x.device)
     right = right if inverse else right.T
+    if scale != 1.0:
+        right = right * scale  # scaling the small basis is free; scaling the output is a pass
     left = left.T if inverse else left
     if c1 == 1:
         first_out = out
@@ -66,15 +68,16 @@ def _chunked(x: torch.Tensor, c1: int, c2: int, inverse: bool, scratch: torch.Te
 
 
 def dct_chunked(x: torch.Tensor, c1: int, c2: int, scratch: torch.Tensor | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
     """Blockwise 2-D DCT of a (rows, cols) matrix in its natural layout, for (c1 × c2) blocks.
 
     Coefficient (i, j) of block (a, b) lands at (a*c1 + i, b*c2 + j). Working in the natural
     layout turns both transforms into large matrix products, much faster than a batch of tiny
     per-block products. ``scratch`` and ``out`` (contiguous, at least rows*cols elements) let a
-    caller reuse buffers: fresh large CPU tensors cost page faults on every step.
+    caller reuse buffers: fresh large CPU tensors cost page faults on every step. The result is
+    multiplied by ``scale``.
     """
-    return _chunked(x, c1, c2, False, scratch, out)
+    return _chunked(x, c1, c2, False, scratch, out, scale)
 
 
 def idct_chunked(x: torch.Tensor, c1: int, c2: int, scratch: torch.Tensor | None = None,

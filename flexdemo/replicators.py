@@ -89,6 +89,7 @@ class _BlockGroup:
         self.members.append((index, layout, start, self.num_blocks))
 
     def allocate(self) -> None:
+        """Create delta and the buffers reused every step."""
         # Momentum lives in the DCT domain: the transform is orthonormal and linear, so this
         # equals DeMo's delta up to rounding and saves one inverse transform per step.
         self.delta = torch.zeros(self.num_blocks, self.c1 * self.c2, dtype=self.dtype,
@@ -96,21 +97,39 @@ class _BlockGroup:
         # Buffers reused every step: on CPU, fresh multi-megabyte tensors are returned to the
         # OS when freed and page-fault back in on the next step, which cost as much as the
         # inverse transform itself.
-        self.decoded = torch.zeros_like(self.delta)
         self.updates = {i: torch.empty(layout.rows, layout.cols, dtype=self.dtype,
                                        device=self.device) for i, layout, _, _ in self.members}
         largest = max(layout.rows * layout.cols for _, layout, _, _ in self.members)
         self.scratch = [torch.empty(largest, dtype=self.dtype, device=self.device)
                         for _ in range(2)]
+        # Decoding scatters straight into the members' natural layouts, laid end to end, so
+        # the inverse transform needs no block-to-natural copy. Per block: where its (0, 0)
+        # coefficient sits in that flat buffer and the row stride of its member.
+        bases, strides, offset = [], [], 0
+        self.natural_offsets = []
+        for _, layout, _, _ in self.members:
+            brows, bcols = layout.rows // layout.c1, layout.cols // layout.c2
+            a = torch.arange(brows).repeat_interleave(bcols)
+            b = torch.arange(bcols).repeat(brows)
+            bases.append(offset + a * layout.c1 * layout.cols + b * layout.c2)
+            strides.append(torch.full((layout.num_blocks,), layout.cols))
+            self.natural_offsets.append(offset)
+            offset += layout.rows * layout.cols
+        self.block_base = torch.cat(bases).to(self.device).unsqueeze(1)
+        self.block_stride = torch.cat(strides).to(self.device).unsqueeze(1)
+        self.decoded = torch.zeros(offset, dtype=self.dtype, device=self.device)
 
     def fold(self, grads: list[torch.Tensor], lrs: list[float], decay: float) -> None:
-        self.delta.mul_(decay)
         for i, layout, s, e in self.members:
+            # delta <- decay*delta + lr*DCT(g) in one pass: lerp towards lr*DCT(g)/(1-decay),
+            # with that factor folded into the small basis matrix.
+            weight = 1.0 - decay
             coeffs = dct_chunked(grads[i].reshape(layout.rows, layout.cols), layout.c1, layout.c2,
-                                 scratch=self.scratch[0], out=self.scratch[1])
-            # The strided add doubles as the copy from natural into block layout.
-            self.delta[s:e].view(-1, layout.cols // layout.c2, layout.c1, layout.c2).add_(
-                layout.blocks_view(coeffs), alpha=lrs[i])
+                                 scratch=self.scratch[0], out=self.scratch[1],
+                                 scale=lrs[i] / weight)
+            # The strided update doubles as the copy from natural into block layout.
+            self.delta[s:e].view(-1, layout.cols // layout.c2, layout.c1, layout.c2).lerp_(
+                layout.blocks_view(coeffs), weight)
 
     def scatter_back(self, coeffs: torch.Tensor, out: list[torch.Tensor],
                      shapes: list[torch.Size]) -> None:
@@ -119,6 +138,17 @@ class _BlockGroup:
             layout.from_blocks(coeffs[s:e].view(-1, layout.c1, layout.c2), natural)
             out[i] = idct_chunked(natural, layout.c1, layout.c2, scratch=self.scratch[1],
                                   out=self.updates[i]).view(shapes[i])
+
+    def decode_into(self, idx: torch.Tensor, vals: torch.Tensor, out: list[torch.Tensor],
+                    shapes: list[torch.Size]) -> None:
+        """Mean-decode (blocks, m) contributions and inverse-transform them into ``out``."""
+        flat = (self.block_base + (idx // self.c2) * self.block_stride + idx % self.c2).view(-1)
+        mean_decode(flat, vals.reshape(-1), self.decoded.numel(), self.dtype, out=self.decoded)
+        for (i, layout, _, _), offset in zip(self.members, self.natural_offsets, strict=True):
+            natural = self.decoded[offset:offset + layout.rows * layout.cols]
+            out[i] = idct_chunked(natural.view(layout.rows, layout.cols), layout.c1, layout.c2,
+                                  scratch=self.scratch[1], out=self.updates[i]).view(shapes[i])
+        self.decoded.scatter_(0, flat, 0.0)  # cheaper than refilling the whole buffer
 
 
 class DeMoReplicator(Replicator):
@@ -185,9 +215,7 @@ class DeMoReplicator(Replicator):
             ranks = idx.shape[0]
             idx = decode_indices(idx).permute(1, 0, 2).reshape(g.num_blocks, ranks * g.k)
             vals = vals.permute(1, 0, 2).reshape(g.num_blocks, ranks * g.k)
-            g.scatter_back(mean_decode(idx, vals, g.c1 * g.c2, g.dtype, out=g.decoded), out,
-                           self.shapes)
-            g.decoded.scatter_(1, idx, 0.0)  # cheaper than refilling the whole buffer
+            g.decode_into(idx, vals, out, self.shapes)
 
     def start(self, grads: list[torch.Tensor], lrs: list[float],
               stats: CommStats) -> tuple[torch.Tensor | None, object | None]:
