@@ -4,8 +4,9 @@ Run: python benchmarks/bench_netsim_shaping.py
 Throughput rows: latency 0, one all-reduce per repetition (each rank sends and receives n bytes
 with p = 2), effective rate = wire bytes / median elapsed; target within +-5% of the configured
 bandwidth for transfers >= 1 MiB (the 1 Mbit/s point uses 128 KiB so it finishes in about a
-second). Latency rows: a 4-byte all-reduce (2 latency steps), added latency = median elapsed of
-the shaped op minus the unshaped one, target within +-1 ms of 2 x the configured latency.
+second). Latency rows: a 4-byte all-reduce (2 latency steps); its median elapsed time should be
+2 x the configured latency within +-1 ms (the real op, timed unshaped as the baseline, runs inside
+the modeled window).
 """
 
 from __future__ import annotations
@@ -40,8 +41,12 @@ THROUGHPUT = [
 LATENCY = ["1ms", "10ms", "50ms"]
 
 
-def _time_op(group, nbytes: int, reps: int) -> float:
-    """Median seconds of a blocking all-reduce of nbytes on the group."""
+def _time_op(group, nbytes: int, reps: int) -> tuple[float, float]:
+    """(median, best) seconds of a blocking all-reduce of nbytes on the group.
+
+    Other load on the machine only ever adds time (shaping never finishes early), so the best of
+    the repetitions shows the shaper's own precision and the median what a loaded box gives.
+    """
     x = torch.ones(nbytes // 4)
     times = []
     for _ in range(reps):
@@ -49,7 +54,7 @@ def _time_op(group, nbytes: int, reps: int) -> float:
         start = time.perf_counter()
         dist.all_reduce(x, group=group)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 def _worker(rank: int, port: int, out: str) -> None:
@@ -61,36 +66,40 @@ def _worker(rank: int, port: int, out: str) -> None:
         topo = Topology.from_strings(2, 1, bandwidth, "0ms")
         shaping.install(topo, "wall", TraceRecorder(rank), state_dir=out)
         group = dist.new_group([0, 1], backend=shaping.BACKEND)
-        elapsed = _time_op(group, nbytes, reps)
-        rate = nbytes / elapsed  # p = 2 all-reduce: 2(p-1)/p * n = n bytes each way
+        median, best = _time_op(group, nbytes, reps)
         configured = parse_bandwidth(bandwidth)
+        # p = 2 all-reduce: 2(p-1)/p * n = n bytes each way.
+        errors = [(nbytes / t / configured - 1) * 100 for t in (median, best)]
         # The unshaped loopback rate is the floor: shaping can slow the real op, never speed it up.
-        floor = nbytes / _time_op(plain, nbytes, 2)
-        lines.append(("bw", bandwidth, nbytes, floor, rate, (rate / configured - 1) * 100))
-    baseline = _time_op(plain, 4, 20)
+        floor = nbytes / _time_op(plain, nbytes, 2)[1]
+        lines.append(("bw", bandwidth, nbytes, floor, nbytes / best, errors))
+    baseline = _time_op(plain, 4, 20)[0]
     for latency in LATENCY:
         topo = Topology.from_strings(2, 1, "10Gbit", latency)
         shaping.install(topo, "wall", TraceRecorder(rank), state_dir=out)
         group = dist.new_group([0, 1], backend=shaping.BACKEND)
-        added = _time_op(group, 4, 10) - baseline
+        # The real op runs inside the modeled window, so the whole elapsed time is the latency.
+        median, best = _time_op(group, 4, 10)
         expected = 2 * parse_latency(latency)
-        lines.append(("lat", latency, 4, expected, added, (added - expected) * 1e3))
+        errors = [(t - expected) * 1e3 for t in (median, best)]
+        lines.append(("lat", latency, 4, expected, best, errors))
     if rank == 0:
         print(
-            f"{'kind':<5}{'configured':>12}{'bytes':>12}{'measured':>14}{'error':>10}  target"
-            f"      unshaped loopback rate"
+            f"{'kind':<5}{'configured':>12}{'bytes':>10}{'best':>14}{'err best':>10}"
+            f"{'err median':>12}  target  unshaped loopback"
         )
-        for kind, label, nbytes, extra, measured, err in lines:
+        for kind, label, nbytes, extra, measured, (err_median, err_best) in lines:
             if kind == "bw":
-                note = "" if nbytes >= 2**20 else " <1MiB"
+                note = "" if nbytes >= 2**20 else " (<1 MiB)"
                 print(
-                    f"{'bw':<5}{label:>12}{nbytes:>12}{format_bandwidth(measured):>14}"
-                    f"{err:>+9.2f}%  +-5%{note:<8}{format_bandwidth(extra):>14}"
+                    f"{'bw':<5}{label:>12}{nbytes:>10}{format_bandwidth(measured):>14}"
+                    f"{err_best:>+9.2f}%{err_median:>+11.2f}%  +-5%   "
+                    f"{format_bandwidth(extra):>12}{note}"
                 )
             else:
                 print(
-                    f"{'lat':<5}{label + ' x2':>12}{nbytes:>12}{measured * 1e3:>12.2f}ms"
-                    f"{err:>+8.2f}ms  +-1 ms"
+                    f"{'lat':<5}{label + ' x2':>12}{nbytes:>10}{measured * 1e3:>12.2f}ms"
+                    f"{err_best:>+8.2f}ms{err_median:>+10.2f}ms  +-1 ms"
                 )
         print(f"unshaped 4-byte all-reduce baseline: {baseline * 1e3:.3f} ms")
         sys.stdout.flush()
