@@ -111,3 +111,21 @@ def test_cli_bad_input_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def test_judge_handles_missing_figures() -> None:
     assert check_comm._judge(math.nan, 5.0, 0.01) == ("new", "new")
     assert check_comm._judge(5.0, math.nan, 0.01) == ("missing", "FAIL")
+
+
+@pytest.mark.timeout(10)
+def test_committed_baseline_covers_every_method_with_current_settings() -> None:
+    path = Path(__file__).resolve().parents[1] / check_comm.DEFAULT_BASELINE
+    if not path.exists():
+        pytest.skip(f"{check_comm.DEFAULT_BASELINE} has not been recorded yet")
+    data = json.loads(path.read_text())
+    assert data["settings"] == check_comm.SETTINGS, "re-record with `flexbench check-comm --update`"
+    from experiments.config import METHODS
+
+    assert set(data["methods"]) == set(METHODS)
+    for method, figures in data["methods"].items():
+        assert set(figures) == set(check_comm.FIGURES), method
+        assert all(v >= 0 and math.isfinite(v) for v in figures.values()), method
+    # Full sync sends the most across nodes; the FlexDeMo family far less.
+    sent = {m: f["inter_bytes_sent"] for m, f in data["methods"].items()}
+    assert sent["hsdp-adamw"] > 10 * sent["flexdemo"] and sent["none"] == 0
