@@ -16,6 +16,8 @@ Output folder layout (everything written atomically; a unit is done once its run
     failed/<unit>.json    the error of a unit that crashed or timed out
     sim/<unit>/<net>.parquet  cached simulated time axis of one unit at one network point
     runs.parquet          one row per unit x network point x source ("sim" / "measured")
+    speedups.parquet      per variant, network point and source: time-to-target and speed-up
+                          over hsdp-adamw (median, min, max over seeds)
     steps.parquet         every unit's per-step rows with their keys and time axes
 """
 
@@ -568,6 +570,8 @@ def collect(
     write_atomic(out / "runs.parquet", _parquet_bytes(runs))
     all_steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame()
     write_atomic(out / "steps.parquet", _parquet_bytes(all_steps))
+    table = metrics.speedups(runs, by=("source", "network", "inter_bw_bps", "inter_lat_s"))
+    write_atomic(out / "speedups.parquet", _parquet_bytes(table))
     return runs
 
 

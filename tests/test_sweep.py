@@ -183,6 +183,13 @@ def test_sweep_times_every_unit_on_every_point_and_scores_against_hsdp(
     assert meta["name"] == "t" and set(meta["units"].values()) == {"done"}
     assert "versions" in meta and "git_commit" in meta
     assert pd.read_parquet(out / "runs.parquet").shape == runs.shape
+    table = pd.read_parquet(out / "speedups.parquet").set_index(["source", "network", "variant"])
+    fast = table.loc[("sim", "1Gbit / 1ms", "flexdemo")]
+    hsdp = sim[(sim["method"] == "hsdp-adamw") & (sim["network"] == "1Gbit / 1ms")]
+    mine = sim[(sim["variant"] == "flexdemo") & (sim["network"] == "1Gbit / 1ms")]
+    per_seed = hsdp["time_to_target_s"].median() / mine["time_to_target_s"]
+    assert fast["speedup_median"] == pytest.approx(per_seed.median())
+    assert fast["speedup_min"] == pytest.approx(per_seed.min())
 
 
 @pytest.mark.timeout(60)
