@@ -220,6 +220,7 @@ def _programs(df: pd.DataFrame, recorded: Topology):
         program: list = []
         cursor = begin
         for t, is_wait, k, spec_id, end in points:
+            issued_at = t
             if t > cursor:
                 program.append(("c", t - cursor))
                 cursor = t
@@ -227,7 +228,8 @@ def _programs(df: pd.DataFrame, recorded: Topology):
                 program.append(("w", k))
                 cursor = max(cursor, end)
             else:
-                program.append(("i", k, spec_id))
+                # The recorded duration rides along for simulate(intra="recorded").
+                program.append(("i", k, spec_id, max(0.0, end - issued_at)))
         if finish > cursor:
             program.append(("c", finish - cursor))
         per_rank[(recorded.local_of(rank), step_index[step], recorded.node_of(rank))] = program
@@ -269,6 +271,7 @@ class _Cluster:
         specs,
         n_recorded: int,
         compute_scale: float,
+        intra: str = "model",
     ) -> None:
         self.env = simpy.Environment()
         self.topo = topology
@@ -277,6 +280,7 @@ class _Cluster:
         self.specs = specs
         self.n_recorded = n_recorded
         self.compute_scale = compute_scale
+        self.intra = intra
         speeds = sorted(set(topology.node_speed))
         self.classes = speeds  # class c runs at speed speeds[c]
         g = topology.accelerators_per_node
@@ -346,7 +350,7 @@ class _Cluster:
                 if spec.inter:
                     out.append(("i", item[1], item[2], volume))
                     continue
-                seconds = volume.time(self.topo.intra)
+                seconds = item[3] if self.intra == "recorded" else volume.time(self.topo.intra)
                 following = program[n + 1] if n + 1 < len(program) else None
                 if following is not None and following[0] == "w" and following[1] == item[1]:
                     pending_intra[item[1]] = None  # waited at once: a plain delay
@@ -437,6 +441,7 @@ def simulate(
     topology: Topology,
     steps: int | None = None,
     compute_scale: float = 1.0,
+    intra: str = "model",
 ) -> pd.DataFrame:
     """Predict per-step times of a recorded run on `topology`: DataFrame[step, step_time_s, time_s].
 
@@ -445,6 +450,9 @@ def simulate(
         topology: target cluster; may have more nodes/accelerators than the recording.
         steps: steps to simulate (default: the recorded number); more cycle the recorded ones.
         compute_scale: multiplies every compute interval (0.5 = accelerators twice as fast).
+        intra: "model" times intra-node collectives on topology.intra; "recorded" keeps their
+            recorded durations (real runs never shape intra-node groups, so validating a model
+            against a shaped run wants "recorded").
     """
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
@@ -464,7 +472,9 @@ def simulate(
     n_steps = n_recorded if steps is None else steps
     if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
         raise ValueError(f"steps {steps!r} must be a positive integer or None.")
-    cluster = _Cluster(topology, recorded, programs, specs, n_recorded, float(compute_scale))
+    if intra not in ("model", "recorded"):
+        raise ValueError(f'intra {intra!r} is not known; use "model" or "recorded".')
+    cluster = _Cluster(topology, recorded, programs, specs, n_recorded, float(compute_scale), intra)
     ends = cluster.run(int(n_steps))
     times = np.asarray(ends, dtype=float)
     out = pd.DataFrame(

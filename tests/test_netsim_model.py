@@ -206,3 +206,23 @@ def test_world_group_sends_one_ring_edge_per_node_through_the_nic():
     got = simulate(pairs[pairs["rank"] < 3], Topology.from_strings(2, 2, "80Mbit", "0ms"))
     # Group {0, 1, 2}: 2 crossing edges over 2 nodes, one per node: 2(p-1)/p * n once.
     assert got["step_time_s"].iloc[0] == pytest.approx(2 * 2 / 3 * 1e6 / 1e7, rel=0.01)
+
+
+def test_intra_ops_use_the_intra_link_or_their_recorded_time():
+    topo = Topology.from_strings(1, 2, "80Mbit", "10ms", intra_bw="8Gbit", intra_lat="0")
+    frames = []
+    for rank in range(2):
+        rec = TraceRecorder(rank, topo, clock=lambda: 0.0)
+        rec.begin_step(0)
+        row = rec.record_collective("all_reduce", [0, 1], False, "ring", 1_000_000, 0, 0, 0.01)
+        rec.complete(row, 0.01, 0.03)  # really took 20 ms (unshaped loopback)
+        rec.clock = lambda: 0.04
+        rec.end_step(0)
+        frames.append(rec.frame())
+    trace = pd.concat(frames, ignore_index=True)
+    modeled = simulate(trace, topo)["step_time_s"].iloc[0]
+    assert modeled == pytest.approx(0.02 + 1e6 / 1e9, rel=1e-6)  # 20 ms compute + 1 ms on 1 GB/s
+    recorded = simulate(trace, topo, intra="recorded")["step_time_s"].iloc[0]
+    assert recorded == pytest.approx(0.04, rel=1e-6)
+    with pytest.raises(ValueError, match="intra 'fast'"):
+        simulate(trace, topo, intra="fast")
