@@ -142,7 +142,7 @@ class _BlockGroup:
     def decode_into(self, idx: torch.Tensor, vals: torch.Tensor, out: list[torch.Tensor],
                     shapes: list[torch.Size]) -> None:
         """Mean-decode (blocks, m) contributions and inverse-transform them into ``out``."""
-        flat = (self.block_base + (idx // self.c2) * self.block_stride + idx % self.c2).view(-1)
+        flat = (self.block_base + (idx // self.c2) * self.block_stride + idx % self.c2).reshape(-1)
         mean_decode(flat, vals.reshape(-1), self.decoded.numel(), self.dtype, out=self.decoded)
         for (i, layout, _, _), offset in zip(self.members, self.natural_offsets, strict=True):
             natural = self.decoded[offset:offset + layout.rows * layout.cols]
