@@ -188,14 +188,32 @@ def _log_x(ax) -> None:
     """Log x axis with labels on decades only (minor labels collide on short ranges)."""
     from matplotlib.ticker import NullFormatter
 
+    if not _has_positive_data(ax):
+        return  # nothing finite to draw (e.g. no run reached the target): keep a linear axis
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _has_positive_data(ax) -> bool:
+    """Whether the axes hold any finite positive point a log scale could show."""
+    import numpy as np
+
+    for line in ax.get_lines():
+        if line.get_transform() is not ax.transData:
+            continue  # reference lines (axhline) span the axes, they are not data
+        x, y = (np.asarray(v, dtype=float) for v in line.get_data())
+        ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+        if ok.any():
+            return True
+    return False
 
 
 def _log_y_plain(ax) -> None:
     """Log y axis labelled 1, 2, 5, 10, ... in plain numbers (ratios and seconds read better)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    if not _has_positive_data(ax):
+        return
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))

@@ -60,3 +60,31 @@ def test_report_on_a_folder_without_results_fails_clearly(
     err = capsys.readouterr().err
     assert "holds no runs.parquet" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "figures").exists()
+
+
+@pytest.mark.timeout(90)
+def test_report_survives_a_sweep_whose_baseline_failed(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments import metrics
+
+    def launcher(cfg, out, **kw):
+        if cfg.method == "hsdp-adamw":
+            raise RuntimeError("boom")
+        return fake_launch(cfg, out, **kw)
+
+    (tmp_path / "t.toml").write_text(CONFIG)
+    cfg = sweep.load_config(tmp_path / "t.toml")
+    sweep.run_sweep(cfg, tmp_path / "res", launcher=launcher, simulator=fake_simulate,
+                    progress=False)
+    res = report.load_results(tmp_path / "res")
+    for draw in (report.plot_loss_vs_time, report.plot_time_to_target, report.plot_bytes_per_step):
+        fig = draw(res)
+        fig.canvas.draw()  # layout and ticks are computed here; empty log axes would raise
+        plt.close(fig)
+    text = metrics.summary_markdown(res.runs)
+    assert "val_loss undetermined" in text and "not reached (0/2 seeds)" in text
+    assert "- `hsdp-adamw-s0`: failed (RuntimeError: boom)" in text
