@@ -1,5 +1,6 @@
 """Single-process tests of the flexdemo building blocks: transform, codec, wire, validation."""
 
+import io
 import math
 
 import pytest
@@ -182,3 +183,33 @@ def test_single_replica_sends_nothing_and_applies_whole_momentum():
     for p, b, g in zip(model.parameters(), before, grads, strict=True):
         # One replica: delta = lr*grad is sent whole, so the update is -lr*sign(grad).
         assert torch.allclose(p.detach(), b - 0.01 * g.sign(), atol=1e-6)
+
+
+@pytest.mark.parametrize("replicator", ["demo", "random", "striding", "diloco"])
+def test_state_dict_survives_torch_save_with_weights_only(replicator):
+    model = _tiny()
+    opt = FlexDeMo(model.parameters(), lr=0.01, replicator=replicator, sync_every=2)
+    for _ in range(3):
+        model.zero_grad()
+        model(torch.randn(4, 12)).pow(2).sum().backward()
+        opt.step()
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    fresh = FlexDeMo(_tiny().parameters(), lr=0.5, replicator=replicator, sync_every=2)
+    fresh.load_state_dict(loaded)
+    assert fresh.steps == 3 and fresh.param_groups[0]["lr"] == 0.01
+    for a, b in zip(_flat_tensors(fresh.state_dict()), _flat_tensors(opt.state_dict()),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+def _flat_tensors(state):
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for k in sorted(state) for t in _flat_tensors(state[k])]
+    if isinstance(state, (list, tuple)):
+        return [t for v in state for t in _flat_tensors(v)]
+    return []
