@@ -50,11 +50,13 @@ def simulate_run(
     gpus_per_node: int | None = None,
     steps: int | None = None,
     compute_scale: float = 1.0,
+    intra: str = "recorded",
 ) -> pd.DataFrame:
     """Per-step times of a recorded run replayed on another network: [step, step_time_s, time_s].
 
     `step` is 1-based like the run's steps.parquet; nodes, gpus_per_node and steps default to the
-    run's own. The frame's attrs["note"] states the model's assumptions.
+    run's own. Intra-node collectives keep their recorded durations (real runs never shape them)
+    unless `intra="model"` prices them on the intra link. attrs["note"] states the assumptions.
     """
     meta, _ = read_run(run_dir)
     cfg = meta["config"]
@@ -71,7 +73,7 @@ def simulate_run(
     trace_path = Path(run_dir) / "trace.parquet"
     if not trace_path.exists():
         raise ConfigError(f"{str(run_dir)!r} has no trace.parquet to replay.")
-    sim = simulate(trace_path, topology, steps=steps, compute_scale=compute_scale)
+    sim = simulate(trace_path, topology, steps=steps, compute_scale=compute_scale, intra=intra)
     sim = sim.assign(step=range(1, len(sim) + 1))
     return sim
 
@@ -95,6 +97,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="multiply recorded compute time (0.05: accelerators 20x faster)")
     speed.add_argument("--step-compute", type=float, default=None, metavar="SECONDS",
                        help="compute time per step on the target accelerators")
+    parser.add_argument("--intra", choices=("recorded", "model"), default="recorded",
+                        help="intra-node collectives: recorded durations, or priced on the "
+                        "intra link (for other accelerators)")
     parser.add_argument("--target", type=float,
                         help="target validation loss (default: the run's final one)")
     parser.add_argument("--out", required=True, help="CSV file for the per-step times")
@@ -120,6 +125,7 @@ def main(args: argparse.Namespace) -> int:
         args.run_dir, inter_bw_bps=parse_bandwidth(args.inter_bw),
         inter_lat_s=parse_latency(args.inter_lat), nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, steps=args.steps, compute_scale=scale,
+        intra=args.intra,
     )
     _write_csv_atomic(sim, out)
     cfg = meta["config"]
