@@ -36,19 +36,34 @@ def clamp_topk(topk: int, block_numel: int) -> int:
     return max(1, min(topk, block_numel))
 
 
+def _top_peaks(peak: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` largest entries per row of a non-negative 2-D tensor (unsorted)."""
+    rows, n = peak.shape
+    groups = n // _GROUP
+    if n % _GROUP != 0 or groups < 2 * k:
+        return torch.topk(peak, k, dim=1, sorted=False).indices
+    # Same argument one level up: the k largest peaks lie in the k groups of peaks with the
+    # largest maxima.
+    strided = peak.view(rows, _GROUP, groups)
+    best = _top_peaks(strided.amax(dim=1), k)
+    cand = strided.gather(2, best.unsqueeze(1).expand(rows, _GROUP, k)).reshape(rows, -1)
+    pick = torch.topk(cand, k, dim=1, sorted=False).indices
+    return (pick // k) * groups + best.gather(1, pick % k)
+
+
 def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` largest-magnitude entries in each row of a 2-D tensor (unsorted)."""
     rows, n = x.shape
     groups = n // _GROUP
     if n % _GROUP != 0 or k * 4 > groups:
         return torch.topk(x.abs(), k, dim=1, sorted=False).indices
-    # Two stages, exact up to ties: every one of the k largest entries lies in one of the k
-    # groups with the largest maxima, so the final top-k runs over k*_GROUP candidates only.
-    # Group g holds entries g, g + groups, g + 2*groups, ...: reducing over a strided axis
-    # keeps the inner loop long and vectorised.
+    # Exact up to ties: every one of the k largest entries lies in one of the k groups with
+    # the largest maxima, so the final top-k runs over k*_GROUP candidates only. Group g holds
+    # entries g, g + groups, g + 2*groups, ...: reducing over a strided axis keeps the inner
+    # loop long and vectorised.
     strided = x.view(rows, _GROUP, groups)
     peak = torch.maximum(strided.amax(dim=1), strided.amin(dim=1).neg_())
-    best = torch.topk(peak, k, dim=1, sorted=False).indices
+    best = _top_peaks(peak, k)
     cand = strided.gather(2, best.unsqueeze(1).expand(rows, _GROUP, k)).reshape(rows, -1)
     pick = torch.topk(cand.abs(), k, dim=1, sorted=False).indices
     return (pick // k) * groups + best.gather(1, pick % k)

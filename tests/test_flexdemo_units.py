@@ -83,7 +83,7 @@ def test_chunk_sizes_are_largest_divisors():
     assert (lay.c1, lay.c2, lay.num_blocks) == (1, 6, 5)
 
 
-@pytest.mark.parametrize("n,k", [(4096, 32), (64, 32), (30, 5), (1024, 200)])
+@pytest.mark.parametrize("n,k", [(4096, 32), (16384, 32), (64, 32), (30, 5), (1024, 200)])
 def test_topk_matches_dense_sort(n, k):
     torch.manual_seed(1)
     x = torch.randn(17, n)
