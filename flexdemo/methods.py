@@ -104,9 +104,15 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
     to have run. ``demo`` expects an unsharded model; every rank is a replica, so its
     replication group is the mesh's replicate group when the shard dim has size 1 (or there is
     no mesh: the default group), else the whole world. ``lr=None`` takes ``DEFAULT_LR``.
+    ``mesh=None`` for the other FlexDeMo methods means no sharding, the default group as
+    replicas. ``sign`` applies to the DeMo family only (diloco's inner AdamW never takes the
+    sign); knobs a method does not use are ignored.
     """
     _check_method(method)
     lr = DEFAULT_LR[method] if lr is None else lr
+    if method == "diloco":
+        # ``sign`` is a knob of the DeMo family; DiLoCo's inner optimizer is plain AdamW.
+        sign = False
     if method == "hsdp-adamw":
         if mesh is None:
             raise ValueError("method='hsdp-adamw' needs a (replicate, shard) mesh, got None.")
@@ -117,9 +123,9 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
             replicas = replicate_group(mesh)
         else:
             replicas = dist.group.WORLD
+    elif mesh is None:
+        shard, replicas = None, None  # no sharding; every rank of the default group a replica
     else:
-        if mesh is None:
-            raise ValueError(f"method={method!r} needs a (replicate, shard) mesh, got None.")
         shard, replicas = shard_group(mesh), replicate_group(mesh)
     return FlexDeMo(model.parameters(), lr=lr, compression_topk=topk, compression_chunk=chunk,
                     compression_decay=decay, weight_decay=weight_decay, sign=sign,

@@ -166,6 +166,13 @@ def test_bad_input_is_one_clear_value_error(kwargs, needle):
     assert str(err.value).count(".") >= 1 and "\n" not in str(err.value)
 
 
+def test_diloco_inner_steps_are_plain_adamw_even_with_sign_knob():
+    opt = build_optimizer("diloco", _tiny(), None, lr=0.1, sign=True)
+    assert (opt.base, opt.sign) == ("adamw", False)
+    opt = build_optimizer("demo", _tiny(), None, lr=0.1)
+    assert (opt.base, opt.sign) == ("sign", True)
+
+
 def test_unknown_method_is_rejected():
     with pytest.raises(ValueError, match=r"^method='sgd' is unknown; use one of flexdemo"):
         build_optimizer("sgd", _tiny(), None, lr=0.1)
