@@ -20,8 +20,8 @@ METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "no
 DEFAULT_LR = {
     "flexdemo": 1e-3,
     "demo": 1e-3,
-    "hsdp-adamw": 1e-3,
-    "diloco": 1e-3,
+    "hsdp-adamw": 3e-3,
+    "diloco": 3e-3,
     "random": 1e-3,
     "striding": 1e-3,
     "none": 1e-3,
