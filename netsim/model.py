@@ -16,7 +16,9 @@ Assumptions (also returned in the result's attrs["note"]):
 - Payload sizes and the per-step program are kept from the recorded run when nodes, accelerators
   or steps grow (weak scaling); steps beyond the recording cycle through the recorded steps.
 - Inter-node groups with one rank per node that span all recorded nodes span all target nodes;
-  groups of all ranks span all target ranks; intra-node ops take their closed-form time.
+  groups of all ranks span all target ranks; intra-node ops start when their node's members
+  have all arrived and then take their closed-form time (or, with intra="recorded", the time
+  their last-arriving member recorded, which holds no wait for peers).
 """
 
 from __future__ import annotations
@@ -173,6 +175,23 @@ def _programs(df: pd.DataFrame, recorded: Topology):
         )
     }
     n = len(df)
+    # A collective's own time is what its last-arriving member saw: the others' recorded spans
+    # also hold their wait for that peer, which the model's rendezvous already accounts for.
+    # Members issue a group's ops in the same order, so (group, step, k-th call) names one op.
+    own: dict = {}
+    calls: dict = defaultdict(int)
+    occurrence = [None] * n
+    for r in range(n):
+        if cols["kind"][r] != "collective":
+            continue
+        key = (cols["rank"][r], cols["step"][r], str(cols["group"][r]))
+        op = (key[2], key[1], calls[key])
+        calls[key] += 1
+        occurrence[r] = op
+        start, wait, end = cols["start_s"][r], cols["wait_s"][r], cols["end_s"][r]
+        wait = start if wait != wait else wait
+        span = max(0.0, (wait if end != end else end) - start)
+        own[op] = min(own.get(op, span), span)
     i = 0
     while i < n:
         rank, step = cols["rank"][i], cols["step"][i]
@@ -220,7 +239,6 @@ def _programs(df: pd.DataFrame, recorded: Topology):
         program: list = []
         cursor = begin
         for t, is_wait, k, spec_id, end in points:
-            issued_at = t
             if t > cursor:
                 program.append(("c", t - cursor))
                 cursor = t
@@ -228,8 +246,8 @@ def _programs(df: pd.DataFrame, recorded: Topology):
                 program.append(("w", k))
                 cursor = max(cursor, end)
             else:
-                # The recorded duration rides along for simulate(intra="recorded").
-                program.append(("i", k, spec_id, max(0.0, end - issued_at)))
+                # The op's own recorded duration rides along for simulate(intra="recorded").
+                program.append(("i", k, spec_id, own[occurrence[k]]))
         if finish > cursor:
             program.append(("c", finish - cursor))
         per_rank[(recorded.local_of(rank), step_index[step], recorded.node_of(rank))] = program
@@ -328,11 +346,12 @@ class _Cluster:
         return ("other", spec.positions), n_classes * count
 
     def _compile(self, program: list) -> list:
-        """Resolve a program for this topology: intra ops become fixed delays, delays merge.
+        """Resolve a program for this topology: intra ops become delays or meetings, delays merge.
 
         Items: ("t", compute_s, fixed_s) a timeout of compute_s * factor + fixed_s;
-        ("i", k, spec_id, volume) an inter-node collective; ("d", k, seconds) an async intra op;
-        ("w", k) wait for op k. Folding keeps SimPy events per step few, which keeps replay fast.
+        ("i", k, spec_id, volume) an inter-node collective; ("d", k, spec_id, seconds) an intra
+        op that starts when its node's members meet; ("w", k) wait for op k. Folding keeps SimPy
+        events per step few, which keeps replay fast.
         """
         out: list = []
         pending_intra: dict = {}
@@ -352,11 +371,16 @@ class _Cluster:
                     continue
                 seconds = item[3] if self.intra == "recorded" else volume.time(self.topo.intra)
                 following = program[n + 1] if n + 1 < len(program) else None
-                if following is not None and following[0] == "w" and following[1] == item[1]:
+                if p > 1:
+                    # A real collective holds every member until the last one arrives; a plain
+                    # delay would let a node's positions drift a step apart, and the one ahead
+                    # would then use the shared NIC alone while the other is still behind.
+                    out.append(("d", item[1], item[2], seconds))
+                elif following is not None and following[0] == "w" and following[1] == item[1]:
                     pending_intra[item[1]] = None  # waited at once: a plain delay
                     self._add_delay(out, 0.0, seconds)
                 else:
-                    out.append(("d", item[1], seconds))
+                    out.append(("d", item[1], None, seconds))
             elif item[1] in pending_intra:
                 del pending_intra[item[1]]
             else:
@@ -373,13 +397,40 @@ class _Cluster:
 
     def _launch(self, spec: _Spec, volume, j: int, counters: dict) -> simpy.Event:
         key, n_members = self._members(spec, j)
+        entry = self._meet(key, n_members, counters)
+        if entry[0] == n_members:
+            self.env.process(self._collective(spec, volume, j, entry[1]))
+        return entry[1]
+
+    def _meet(self, key: tuple, n_members: int, counters: dict) -> list:
+        """Count one arrival at the next meeting of `key`: [arrived, done event, longest time]."""
         occurrence = counters[key]
         counters[key] += 1
-        entry = self.rendezvous.setdefault((key, occurrence), [0, self.env.event()])
+        entry = self.rendezvous.setdefault((key, occurrence), [0, self.env.event(), 0.0])
         entry[0] += 1
         if entry[0] == n_members:
             del self.rendezvous[(key, occurrence)]
-            self.env.process(self._collective(spec, volume, j, entry[1]))
+        return entry
+
+    def _intra_members(self, spec: _Spec, c: int, j: int) -> tuple[tuple, int]:
+        """Rendezvous key and member count of an intra-node op issued by process (c, j)."""
+        g, g_rec = self.topo.accelerators_per_node, self.recorded.accelerators_per_node
+        if spec.size == g_rec:
+            return ("intra", c), g  # whole-node groups grow with the node
+        # Smaller groups repeat in blocks of the recorded node size when nodes grow.
+        block = j // g_rec
+        span = range(block * g_rec, min(g, (block + 1) * g_rec))
+        members = sum(1 for jj in span if jj % g_rec in spec.positions)
+        return ("intra", c, block, spec.positions), members
+
+    def _launch_intra(self, spec: _Spec, seconds: float, c: int, j: int, counters: dict):
+        key, n_members = self._intra_members(spec, c, j)
+        entry = self._meet(key, n_members, counters)
+        entry[2] = max(entry[2], seconds)
+        if entry[0] == n_members:
+            done = entry[1]
+            timer = self.env.timeout(entry[2])
+            timer.callbacks.append(lambda _event: done.succeed())
         return entry[1]
 
     def _collective(self, spec: _Spec, volume, j: int, done: simpy.Event):
@@ -413,7 +464,11 @@ class _Cluster:
                 elif kind == "i":
                     pending[item[1]] = self._launch(self.specs[item[2]], item[3], j, counters)
                 elif kind == "d":
-                    pending[item[1]] = env.timeout(item[2])
+                    if item[2] is None:
+                        pending[item[1]] = env.timeout(item[3])
+                    else:
+                        spec = self.specs[item[2]]
+                        pending[item[1]] = self._launch_intra(spec, item[3], c, j, counters)
                 elif item[1] in pending:
                     yield pending.pop(item[1])
             # Ops never waited on in the trace still finish within their step.
@@ -451,8 +506,8 @@ def simulate(
         steps: steps to simulate (default: the recorded number); more cycle the recorded ones.
         compute_scale: multiplies every compute interval (0.5 = accelerators twice as fast).
         intra: "model" times intra-node collectives on topology.intra; "recorded" keeps their
-            recorded durations (real runs never shape intra-node groups, so validating a model
-            against a shaped run wants "recorded").
+            recorded durations as seen by each op's last-arriving member (real runs never shape
+            intra-node groups, so validating a model against a shaped run wants "recorded").
     """
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")

@@ -1,16 +1,21 @@
 """The SimPy cluster model: closed-form agreement, bandwidth sharing, stragglers, bad input."""
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 import simpy
 
 from netsim import (
+    Link,
     SharedLink,
     Topology,
     TraceRecorder,
     collective_time,
+    collective_volume,
     ring_all_gather_time,
     ring_all_reduce_time,
+    shaping,
     simulate,
 )
 from netsim.trace import load_trace
@@ -226,3 +231,69 @@ def test_intra_ops_use_the_intra_link_or_their_recorded_time():
     assert recorded == pytest.approx(0.04, rel=1e-6)
     with pytest.raises(ValueError, match="intra 'fast'"):
         simulate(trace, topo, intra="fast")
+
+
+def hsdp_trace(late=1.5, shards=(262_400, 36_992, 2_580, 640), steps=4):
+    """2 nodes x 2 HSDP trace: per layer intra all-gather and reduce-scatter, then an inter
+    all-reduce of the shard; local-0 ranks start `late` seconds after their node peers, so the
+    peers' first intra op records that wait (as the startup skew of a real run does)."""
+    topo = Topology.from_strings(2, 2)
+    frames = []
+    for rank in range(4):
+        now = [late if rank % 2 == 0 else 0.0]
+        rec = TraceRecorder(rank, topo, clock=lambda now=now: now[0])
+        node = rank // 2
+        shard, rep = [2 * node, 2 * node + 1], [rank % 2, rank % 2 + 2]
+
+        def coll(op, group, nbytes, until, now=now, rec=rec):
+            inter = topo.crosses_nodes(group)
+            row = rec.record_collective(op, group, inter, "ring", nbytes, 0, 0, now[0])
+            now[0] = max(now[0], until)  # a real collective returns once its last member came
+            rec.complete(row, now[0], now[0])
+
+        for step in range(steps):
+            rec.begin_step(step)
+            for layer, nbytes in enumerate(shards):
+                # Members leave an intra op together, 0.1 ms after the last one came.
+                base = late + step + layer * 0.01
+                if step or layer:
+                    now[0] = max(now[0], base)  # compute up to the layer's all-gather
+                coll("all_gather", shard, nbytes, base + 1e-4)
+                now[0] += 1e-3  # compute
+                coll("reduce_scatter", shard, 2 * nbytes, base + 1.2e-3)
+                coll("all_reduce", rep, nbytes, now[0] + 1e-3)
+            rec.end_step(step)
+        frames.append(rec.frame())
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("intra", ["recorded", "model"])
+def test_two_replicate_groups_per_node_never_beat_the_shared_nic(intra):
+    # HSDP, 2 ranks per node: replicate groups {0,2} and {1,3} each all-reduce their shard over
+    # p = 2, i.e. each rank puts n bytes on the wire and node 0's one NIC carries 2n per step.
+    trace = hsdp_trace()
+    topo = Topology(2, 2, Link(1e11, 5e-6), Link(1.25e6, 0.0))
+    bound = 2 * sum((262_400, 36_992, 2_580, 640)) / 1.25e6  # 0.484 s
+    got = simulate(trace, topo, intra=intra, compute_scale=1e-3)["step_time_s"]
+    # A recorded intra op that waited 1.5 s for a late peer must not let the other position run
+    # a step ahead and use the NIC alone: every step pays the whole NIC bound, and barely more.
+    assert (got >= bound * (1 - 1e-9)).all(), got.tolist()
+    assert (got <= bound * 1.01).all(), got.tolist()
+
+
+def test_world_group_all_gather_puts_a_rings_bytes_on_each_nic():
+    # DeMo-style: one all-gather over all 4 ranks of 2 nodes. The ring 0-1-2-3-0 crosses nodes on
+    # 1->2 and 3->0, so each node's NIC sends and receives one edge's (p-1) * n bytes.
+    topo = Topology.from_strings(2, 2, "80Mbit", "0ms")
+    n = 500_000
+    trace = make_trace(
+        topo, steps=1, compute=0.0, ops=(("all_gather", "ring", n),), groups=lambda r: [0, 1, 2, 3]
+    )
+    nic_bytes = 3 * n
+    for nic in ("per-node", "per-accelerator"):
+        got = simulate(trace, replace(topo, nic=nic))["step_time_s"].iloc[0]
+        assert got == pytest.approx(nic_bytes / 1e7, rel=0.01)
+    # Shaping books each rank's wire bytes times the ring's share; a node's two ranks together
+    # must book exactly the crossing edge's bytes.
+    share = shaping.ring_nic_share([0, 1, 2, 3], topo)
+    assert 2 * share * collective_volume("all_gather", 4, n).bytes_sent == nic_bytes
