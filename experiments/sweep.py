@@ -31,6 +31,7 @@ import json
 import math
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -404,12 +405,16 @@ def run_sweep(
     launcher: Callable[..., Any] | None = None,
     simulator: Simulator | None = None,
     retry_failed: bool = False,
+    resimulate: bool = False,
     progress: bool = True,
 ) -> pd.DataFrame:
     """Run every unit not yet done, then time them on all network points; returns runs.parquet."""
     out = Path(out)
     units = units_of(cfg)
     _claim(cfg, out)
+    if resimulate and (out / "sim").exists():
+        # The cached axes are derived data; a changed cost model must recompute them.
+        shutil.rmtree(out / "sim")
     kind = executor or cfg.executor.get("kind", "local")
     pending = [u for u in units if _state(out, u) == "pending"
                or (retry_failed and _state(out, u) == "failed")]
@@ -696,6 +701,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="local (default: one unit at a time), slurm, or debug (submitit)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="run units that failed before again")
+    parser.add_argument("--resimulate", action="store_true",
+                        help="drop the cached simulated time axes (after a cost-model change)")
     parser.add_argument("--dry-run", action="store_true", help="list the units and stop")
 
 
@@ -710,7 +717,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"{u.kind:8s} {u.id}{where}")
         print(f"{len(units)} units, {len(cfg.networks)} network points -> {out}")
         return 0
-    runs = run_sweep(cfg, out, executor=args.executor, retry_failed=args.retry_failed)
+    runs = run_sweep(cfg, out, executor=args.executor, retry_failed=args.retry_failed,
+                     resimulate=args.resimulate)
     print(metrics.summary_markdown(runs))
     failed = sorted(set(runs.loc[runs["status"] != "done", "unit"]))
     if failed:

@@ -267,6 +267,19 @@ def test_explicit_target_and_simulation_cache(config_file: Path, tmp_path: Path)
 
     again = sweep.collect(cfg, out, simulator=broken, progress=False)
     pd.testing.assert_frame_equal(again, runs)
+    calls: list[int] = []
+
+    def slower(run_dir: Path, **kw: float) -> pd.DataFrame:
+        calls.append(1)
+        axis = fake_simulate(run_dir, **kw)
+        return axis.assign(step_time_s=axis["step_time_s"] * 2, time_s=axis["time_s"] * 2)
+
+    resimulated = sweep.run_sweep(cfg, out, launcher=broken, simulator=slower, resimulate=True,
+                                  progress=False)
+    assert len(calls) == len(runs[runs["source"] == "sim"])
+    done = resimulated["reached"] & (resimulated["source"] == "sim")
+    assert (resimulated.loc[done, "time_to_target_s"]
+            == 2 * runs.loc[done, "time_to_target_s"]).all()
     # Another target only re-scores the finished runs: same folder, nothing retrained.
     looser = sweep.load_config(config_file, ["target.val_loss=4.0"])
     rescored = sweep.run_sweep(looser, out, launcher=broken, simulator=broken, progress=False)
