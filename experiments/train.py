@@ -22,18 +22,8 @@ from experiments.config import RunConfig
 from experiments.workloads import Workload, make_workload
 from netsim import Link, Topology, TraceRecorder, shaping
 
-__all__ = ["RankResult", "run_rank", "DEFAULT_LR", "resolve", "lr_factor"]
+__all__ = ["RankResult", "run_rank", "resolve", "lr_factor"]
 
-# Tuned on lm-tiny, 2 nodes x 2, 300 steps (see README "Tuning"); other workloads reuse them.
-DEFAULT_LR: dict[str, float] = {
-    "flexdemo": 1e-3,
-    "demo": 1e-3,
-    "hsdp-adamw": 3e-3,
-    "diloco": 3e-3,
-    "random": 1e-3,
-    "striding": 1e-3,
-    "none": 1e-3,
-}
 _VAL_BATCHES = 8
 
 
@@ -53,7 +43,7 @@ def resolve(cfg: RunConfig, workload: Workload) -> RunConfig:
         steps=cfg.steps or workload.default_steps,
         batch_size=cfg.batch_size or workload.default_batch_size,
         eval_every=cfg.eval_every or workload.default_eval_every,
-        lr=cfg.lr or DEFAULT_LR[cfg.method],
+        lr=cfg.lr or flexdemo.DEFAULT_LR[cfg.method],
     )
 
 
