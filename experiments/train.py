@@ -131,8 +131,8 @@ def run_rank(cfg: RunConfig) -> RankResult:
     val = [to_dev(b) for b in workload.val_batches(_VAL_BATCHES, cfg.batch_size)]
     result = RankResult(rank, params=sum(p.numel() for p in model.parameters()))
 
-    bar = tqdm(total=cfg.steps, desc=f"{cfg.method}", unit="step", disable=rank != 0,
-               dynamic_ncols=True)
+    quiet = rank != 0 or bool(os.environ.get("TQDM_DISABLE"))
+    bar = tqdm(total=cfg.steps, desc=cfg.method, unit="step", disable=quiet, dynamic_ncols=True)
     eval_s = 0.0  # evaluation time is excluded from the training clock
     start = shaping.clock()
     for step in range(1, cfg.steps + 1):
