@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 from experiments.config import ConfigError
+from experiments.executors import write_atomic
 from experiments.metrics import time_to_target
 from netsim import Link, Topology, parse_bandwidth, parse_latency
 from netsim.model import simulate
@@ -127,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node, steps=args.steps, compute_scale=scale,
         intra=args.intra,
     )
-    _write_csv_atomic(sim, out)
+    write_atomic(out, sim.to_csv(index=False))
     cfg = meta["config"]
     print(f"simulated {len(sim)} steps of {cfg['method']} on "
           f"{args.nodes or cfg['nodes']} nodes x {args.gpus_per_node or cfg['gpus_per_node']} "
@@ -149,14 +148,3 @@ def main(args: argparse.Namespace) -> int:
             print("  (assumes the recorded run's loss per step also holds on the larger cluster)")
     return 0
 
-
-def _write_csv_atomic(frame: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        frame.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
