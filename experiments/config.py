@@ -13,7 +13,7 @@ from typing import Any
 METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none")
 WORKLOADS = ("lm-tiny", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual")
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("constant", "warmup", "cosine")
 VALUE_DTYPES = ("bf16", "fp32")
 
 
@@ -38,9 +38,9 @@ class RunConfig:
     lr: float | None = None
     """Learning rate; None takes the method's tuned default for the workload."""
     schedule: str = "constant"
-    """Learning-rate schedule: constant, or cosine (linear warmup, cosine decay to 10%)."""
+    """Learning-rate schedule: constant, warmup (linear, then constant) or cosine (down to 10%)."""
     warmup: float = 0.05
-    """Fraction of the steps spent in linear warmup (cosine schedule)."""
+    """Fraction of the steps spent in linear warmup (warmup and cosine schedules)."""
     seed: int = 0
     """Seed for model init, data order and random replication."""
     batch_size: int | None = None

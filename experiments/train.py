@@ -94,12 +94,14 @@ def _build(cfg: RunConfig, workload: Workload, device: torch.device):
 
 
 def lr_factor(step: int, total: int, schedule: str, warmup: float) -> float:
-    """Multiplier of the base lr at a 0-based step: linear warmup, then cosine down to 10%."""
+    """Multiplier of the base lr at a 0-based step: linear warmup, then flat or cosine to 10%."""
     if schedule == "constant":
         return 1.0
     warm = max(1, round(warmup * total))
     if step < warm:
         return (step + 1) / warm
+    if schedule == "warmup":
+        return 1.0
     progress = (step - warm) / max(1, total - warm)
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
