@@ -175,10 +175,7 @@ def write_run(cfg: RunConfig, results: list, folder: Path) -> None:
     """steps.parquet, trace.parquet and run.json from every rank's RankResult."""
     import pandas as pd
 
-    from experiments.train import resolve
-    from experiments.workloads import make_workload
-
-    cfg = resolve(cfg, make_workload(cfg.workload))
+    cfg = RunConfig.from_dict(results[0].config)
     per_rank = pd.concat(
         [pd.DataFrame(r.steps).assign(rank=r.rank) for r in results], ignore_index=True
     )
@@ -186,18 +183,14 @@ def write_run(cfg: RunConfig, results: list, folder: Path) -> None:
         wall_time_s=("wall_time_s", "max"),  # a synchronous step ends when its slowest rank does
         loss=("loss", "mean"),
         val_loss=("val_loss", "mean"),
-        inter_bytes_sent=("inter_bytes_sent", "sum"),
-        inter_bytes_received=("inter_bytes_received", "sum"),
-        inter_calls=("inter_calls", "max"),
-        intra_bytes=("intra_bytes", "sum"),
         step_s=("step_s", "max"),
     ).reset_index()
     trace = pd.concat([r.trace for r in results if r.trace is not None], ignore_index=True)
     trace = trace[trace["step"] > 0]  # step 0 holds evaluation traffic
-    inter = trace[(trace["kind"] == "collective") & trace["inter"]]
-    comm = (inter["end_s"] - inter["start_s"]).groupby([inter["rank"], inter["step"]]).sum()
-    comm_s = comm.groupby(level="step").max() if len(comm) else pd.Series(dtype=float)
-    steps["comm_s"] = steps["step"].map(comm_s).fillna(0.0)
+    comm = _comm_per_step(trace)
+    steps = steps.merge(comm, on="step", how="left").fillna(
+        {c: 0.0 for c in comm.columns if c != "step"}
+    )
     for col in ("inter_bytes_sent", "inter_bytes_received", "intra_bytes"):
         steps[col] = steps[col] / cfg.nodes  # per node
     steps["compute_s"] = (steps["step_s"] - steps["comm_s"]).clip(lower=0.0)
@@ -216,6 +209,28 @@ def write_run(cfg: RunConfig, results: list, folder: Path) -> None:
         **provenance(),
     }
     (folder / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+
+def _comm_per_step(trace):
+    """Per step: bytes summed over ranks, calls and inter-node wait time of the busiest rank."""
+    coll = trace[trace["kind"] == "collective"]
+    inter = coll["inter"].astype(bool)
+    per_rank = coll.assign(
+        inter_bytes_sent=coll["bytes_sent"].where(inter, 0.0),
+        inter_bytes_received=coll["bytes_received"].where(inter, 0.0),
+        inter_calls=inter.astype(int),
+        intra_bytes=coll["bytes_sent"].where(~inter, 0.0),
+        comm_s=(coll["end_s"] - coll["start_s"]).where(inter, 0.0),
+    ).groupby(["step", "rank"])[
+        ["inter_bytes_sent", "inter_bytes_received", "inter_calls", "intra_bytes", "comm_s"]
+    ].sum()
+    return per_rank.groupby(level="step").agg(
+        inter_bytes_sent=("inter_bytes_sent", "sum"),
+        inter_bytes_received=("inter_bytes_received", "sum"),
+        inter_calls=("inter_calls", "max"),
+        intra_bytes=("intra_bytes", "sum"),
+        comm_s=("comm_s", "max"),
+    ).reset_index()
 
 
 def provenance() -> dict[str, Any]:

@@ -32,6 +32,7 @@ class RankResult:
     """What one rank hands back to rank 0 at the end of a run."""
 
     rank: int
+    config: dict[str, Any]  # the run's config with every default filled in
     steps: list[dict[str, Any]] = field(default_factory=list)
     trace: Any = None  # pandas DataFrame from netsim's recorder
     params: int = 0
@@ -131,7 +132,7 @@ def run_rank(cfg: RunConfig) -> RankResult:
     )
     to_dev = lambda batch: tuple(t.to(device) for t in batch)
     val = [to_dev(b) for b in workload.val_batches(_VAL_BATCHES, cfg.batch_size)]
-    result = RankResult(rank, params=sum(p.numel() for p in model.parameters()))
+    result = RankResult(rank, cfg.to_dict(), params=sum(p.numel() for p in model.parameters()))
 
     quiet = rank != 0 or bool(os.environ.get("TQDM_DISABLE"))
     bar = tqdm(total=cfg.steps, desc=cfg.method, unit="step", disable=quiet, dynamic_ncols=True)
@@ -149,9 +150,9 @@ def run_rank(cfg: RunConfig) -> RankResult:
         step_s = shaping.clock() - t0
         recorder.end_step(step)
         now = shaping.clock() - start - eval_s
-        comm = recorder.step_summary(step)
+        # Byte and call counts come from the trace after the run, off the training clock.
         row = {"step": step, "wall_time_s": now, "loss": loss_value, "val_loss": math.nan,
-               "step_s": step_s, **comm}
+               "step_s": step_s}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             recorder.begin_step(0)  # evaluation traffic is labeled step 0 and left out
             e0 = shaping.clock()
