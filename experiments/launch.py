@@ -234,29 +234,34 @@ def _comm_per_step(trace):
 
 
 def provenance() -> dict[str, Any]:
-    """Versions, git commit and host, recorded with every run and sweep."""
-    import pandas as pd
-    import simpy
-    import torch
+    """Versions, git commit (and whether the tree was dirty) and host, for every run and sweep."""
+    import importlib.metadata as md
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    versions = {"python": platform.python_version()}
+    for name in ("torch", "pandas", "simpy", "submitit", "flexbench"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    status = _git("status", "--porcelain", "--untracked-files=no")
     return {
-        "versions": {
-            "python": platform.python_version(), "torch": torch.__version__,
-            "simpy": simpy.__version__, "pandas": pd.__version__,
-        },
-        "git_commit": commit,
+        "versions": versions,
+        "git_commit": _git("rev-parse", "HEAD") or None,
+        "git_dirty": None if status is None else bool(status),
         "host": {"name": socket.gethostname(), "platform": platform.platform(),
                  "cpus": os.cpu_count()},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
+
+def _git(*args: str) -> str | None:
+    """Output of a git command run beside this package; None outside a checkout."""
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
 
 def _last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]

@@ -29,10 +29,8 @@ import hashlib
 import io
 import json
 import math
-import platform
 import re
 import shutil
-import subprocess
 import sys
 import time
 import tomllib
@@ -47,6 +45,7 @@ from tqdm import tqdm
 from experiments import metrics
 from experiments.config import METHODS, ConfigError, RunConfig, parse_overrides
 from experiments.executors import EXECUTORS, Job, execute, write_atomic
+from experiments.launch import provenance
 
 __all__ = [
     "NetworkPoint",
@@ -472,45 +471,10 @@ def _write_sweep_json(cfg: SweepConfig, out: Path, units: list[Unit]) -> None:
         "config": cfg.raw,
         "created": created,
         "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": _versions(),
-        "git_commit": _git_commit(),
-        "git_dirty": _git_dirty(),
-        "host": platform.node(),
+        **{k: v for k, v in provenance().items() if k != "created"},
         "units": {u.id: _state(out, u) for u in units},
     }
     write_atomic(meta, json.dumps(body, indent=2, default=str))
-
-
-def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    found = {"python": platform.python_version()}
-    for name in ("torch", "pandas", "simpy", "submitit", "flexbench"):
-        try:
-            found[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    return found
-
-
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
-
-
-def _git_dirty() -> bool | None:
-    """Whether tracked source files differ from the recorded commit (results may not reproduce)."""
-    try:
-        done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                              capture_output=True, text=True, cwd=Path(__file__).parent,
-                              timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(done.stdout.strip())
 
 
 def _unit_dir(out: Path, unit: Unit) -> Path:
