@@ -171,11 +171,12 @@ def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
                          f"({baseline.get('settings')}); re-record it with --update.")
     current = (measurer or measure)(methods, dict(SETTINGS))
     if args.update:
-        from experiments.sweep import _git_commit, _versions
+        from experiments.launch import provenance
 
+        about = provenance()
         body = {"settings": SETTINGS, "figures": list(FIGURES), "methods": current,
                 "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "versions": _versions(), "git_commit": _git_commit()}
+                "versions": about["versions"], "git_commit": about["git_commit"]}
         write_atomic(args.baseline, json.dumps(body, indent=2, sort_keys=False) + "\n")
         rows, _ = compare({}, current)
         print(render(rows))
