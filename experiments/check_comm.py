@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import METHODS, RunConfig
-from experiments.executors import write_atomic
+from experiments.io import write_atomic
 
 __all__ = ["FIGURES", "SETTINGS", "compare", "configure", "main", "measure", "render"]
 
@@ -138,7 +138,7 @@ def _read_baseline(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError:
         raise ValueError(f"baseline {str(path)!r} is not valid JSON; re-record it with --update.")\
             from None
-    if not isinstance(data.get("methods"), dict):
+    if not isinstance(data, dict) or not isinstance(data.get("methods"), dict):
         raise ValueError(f"baseline {str(path)!r} has no 'methods' table; re-record it with "
                          "--update.")
     return data
@@ -171,7 +171,7 @@ def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
                          f"({baseline.get('settings')}); re-record it with --update.")
     current = (measurer or measure)(methods, dict(SETTINGS))
     if args.update:
-        from experiments.launch import provenance
+        from experiments.io import provenance
 
         about = provenance()
         body = {"settings": SETTINGS, "figures": list(FIGURES), "methods": current,

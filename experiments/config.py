@@ -7,6 +7,7 @@ TOML files and `--set key=value` overrides mirror the field names; human units (
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,11 +82,17 @@ class RunConfig:
     """Process-group backend: auto (nccl with CUDA, else gloo), gloo or nccl."""
     threads_per_rank: int = 1
     """torch threads per rank when the launcher spawns ranks on this machine."""
+    stall_timeout: float = 90.0
+    """Seconds without progress on any rank before the run is stopped as stalled."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form labels carried into run.json (e.g. sweep unit ids)."""
 
     def validate(self) -> RunConfig:
         """Raise ConfigError on the first bad field; return self so calls chain."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name} must be a finite number, got {value}.")
         _choice("method", self.method, METHODS)
         _choice("workload", self.workload, WORKLOADS)
         _choice("shaping", self.shaping, SHAPING_MODES)
@@ -110,6 +117,13 @@ class RunConfig:
             raise ConfigError(f"lr must be a positive number, got {self.lr}.")
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}.")
+        if not self.outer_lr > 0:
+            raise ConfigError(f"outer_lr must be a positive number, got {self.outer_lr}.")
+        if not 0.0 <= self.outer_momentum < 1.0:
+            raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum}.")
+        if not self.stall_timeout > 0:
+            raise ConfigError(f"stall_timeout must be a positive number of seconds, got "
+                              f"{self.stall_timeout}.")
         if self.shaping != "off" and self.inter_bw is None:
             raise ConfigError(f"shaping={self.shaping!r} needs an inter-node bandwidth (inter_bw).")
         self.network()  # parses the unit strings

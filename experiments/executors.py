@@ -13,7 +13,6 @@ import inspect
 import json
 import os
 import shutil
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -21,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.io import write_atomic
+
 EXECUTORS = ("local", "slurm", "debug")
 
 Launcher = Callable[..., Any]
 
-__all__ = ["EXECUTORS", "Job", "UnitResult", "execute", "run_unit", "write_atomic"]
+__all__ = ["EXECUTORS", "Job", "UnitResult", "execute", "run_unit"]
 
 
 @dataclass
@@ -46,23 +47,6 @@ class UnitResult:
     ok: bool
     error: str | None = None
     seconds: float = 0.0
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write a file so that readers see the old content or the new one, never a half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def default_launcher() -> Launcher:

@@ -16,13 +16,14 @@ commit and host.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
 import os
-import platform
-import shutil
+import signal
 import socket
-import subprocess
 import sys
+import threading
 import time
 import tomllib
 from datetime import timedelta
@@ -30,28 +31,27 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import ConfigError, RunConfig, parse_overrides
+from experiments.io import check_output_folder
+from experiments.runs import RunFolder, read_rank_result, write_rank_result, write_run
+from experiments.watchdog import Heartbeat, RankStalled, Watchdog
 
 __all__ = ["launch", "RunFailed", "configure", "main", "load_config"]
 
 
 class RunFailed(RuntimeError):
-    """A run crashed or timed out; nothing was written to its output folder."""
+    """A run crashed, stalled or timed out; nothing was written to its output folder."""
 
 
 def launch(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
            quiet: bool = False) -> Path:
     """Validate, run every rank of `cfg`, write OUT; on failure raise RunFailed, OUT untouched."""
     cfg.validate()
-    out = Path(out)
-    _check_out(out)
+    if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout_s}.")
+    folder = RunFolder(out)
     if _under_torchrun():
-        return _run_torchrun(cfg, out)
-    return _run_spawned(cfg, out, timeout_s=timeout_s, quiet=quiet)
-
-
-def _check_out(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"output folder {str(out)!r} already holds files; choose a new --out.")
+        return _run_torchrun(cfg, folder)
+    return _run_spawned(cfg, folder.create(), timeout_s=timeout_s, quiet=quiet)
 
 
 def _under_torchrun() -> bool:
@@ -69,64 +69,128 @@ def _backend(cfg: RunConfig, local_ranks: int) -> str:
     return "nccl" if enough_gpus else "gloo"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_spawned(cfg: RunConfig, out: Path, *, timeout_s: float | None, quiet: bool) -> Path:
+def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
+                 quiet: bool) -> Path:
+    """Spawn every rank here; they share files in the working folder, not sockets to the world."""
     import torch.multiprocessing as mp
 
-    tmp = _tmp_dir(out)
     backend = _backend(cfg, cfg.world_size)
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     # forkserver imports torch and our modules once, then forks every rank from that warm
     # process: four cold interpreters would spend longer importing than a short run trains.
     mp.set_forkserver_preload(["experiments.train"])
-    ctx = mp.start_processes(
-        _spawned_rank, args=(cfg.to_dict(), backend, env, str(tmp), quiet),
-        nprocs=cfg.world_size, join=False, start_method="forkserver",
-    )
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    watchdog = Watchdog([folder.progress(r) for r in range(cfg.world_size)], cfg.stall_timeout)
+    ctx = None
+    previous_handler = _raise_on_sigterm()
     try:
+        ctx = mp.start_processes(
+            _spawned_rank, args=(cfg.to_dict(), backend, str(folder.work), quiet),
+            nprocs=cfg.world_size, join=False, start_method="forkserver",
+        )
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not ctx.join(timeout=0.5):
             if deadline is not None and time.monotonic() > deadline:
-                raise RunFailed(f"run timed out after {timeout_s:.0f} s")
+                raise RunFailed(f"run timed out after {timeout_s:g} s")
+            watchdog.check()
+        results = [read_rank_result(folder.work, r) for r in range(cfg.world_size)]
+        write_run(results, folder.build)
+        return folder.commit()
+    except RankStalled as err:
+        raise RunFailed(str(err)) from None
     except mp.ProcessRaisedException as err:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise RunFailed(_last_line(str(err))) from None
     except mp.ProcessExitedException as err:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise RunFailed(f"a rank died: {err}") from None
-    except BaseException:
-        for p in ctx.processes:
+    finally:
+        for p in ctx.processes if ctx is not None else ():
             if p.is_alive():
-                p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return _commit(tmp, out)
+                p.kill()  # works on a stopped (SIGSTOP) rank too
+        folder.discard()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
 
 
-def _spawned_rank(rank: int, cfg_dict: dict, backend: str, env: dict, tmp: str, quiet: bool):
+def _raise_on_sigterm():
+    """Make SIGTERM (Slurm's, a user's kill) stop the ranks and clean up; the old handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        raise RunFailed("stopped by SIGTERM")
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
+def _loopback_interface() -> str:
+    """This machine's loopback interface name (lo on Linux, lo0 on macOS)."""
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    return names[0] if names else "lo"
+
+
+def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: bool) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(env)
     cfg = RunConfig.from_dict(cfg_dict)
+    folder = RunFolder(work, work)
+    # Every rank is on this machine: gloo's and nccl's sockets listen on loopback only.
+    loopback = _loopback_interface()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
     torch.set_num_threads(cfg.threads_per_rank)
+    _quiet_tqdm_internals()
     if quiet:
         os.environ["TQDM_DISABLE"] = "1"
-    dist.init_process_group(backend, rank=rank, world_size=cfg.world_size,
-                            timeout=timedelta(minutes=10))
+    heartbeat = Heartbeat(folder.progress(rank))
+    store = dist.FileStore(str(folder.store), cfg.world_size)
+    # The launcher's watchdog ends stalled runs; the collective timeout is only a backstop.
+    dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
+                            timeout=timedelta(seconds=max(600.0, 2 * cfg.stall_timeout)))
     try:
-        _run_and_write(cfg, Path(tmp))
+        from experiments.train import run_rank
+
+        result = run_rank(cfg, heartbeat=heartbeat.beat, state_dir=str(folder.work))
+        write_rank_result(result, folder.work)
+        dist.barrier()  # leave together: no rank tears down while a peer still talks to it
     finally:
-        dist.destroy_process_group()
+        _teardown()
+        heartbeat.close()
 
 
-def _run_torchrun(cfg: RunConfig, out: Path) -> Path:
+def _quiet_tqdm_internals() -> None:
+    """A thread lock instead of tqdm's process-shared semaphore and no monitor thread.
+
+    A killed rank would leave the semaphore to the resource tracker, which then warns on the
+    launcher's stderr; the monitor thread would outlive the run into interpreter shutdown.
+    """
+    import tqdm
+
+    tqdm.tqdm.set_lock(threading.RLock())
+    tqdm.tqdm.monitor_interval = 0
+
+
+def _teardown() -> None:
+    """Release every process group while all threads still run (not at interpreter exit).
+
+    Groups that outlive `destroy_process_group()` (netsim's wrapped gloo groups, reachable
+    from the model's mesh and the optimizer) would otherwise be destroyed during interpreter
+    shutdown, racing gloo's own threads: the rare "terminate called without an active
+    exception" abort at exit.
+    """
     import torch.distributed as dist
+
+    from netsim import shaping
+
+    shaping.uninstall()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()  # the model, mesh and optimizer form cycles that hold group references
+
+
+def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
+    """Run the rank torchrun gave us; ranks may be on other hosts, so results travel by gather."""
+    import torch.distributed as dist
+
+    from experiments.train import run_rank
 
     world = int(os.environ["WORLD_SIZE"])
     if world % cfg.nodes:
@@ -134,134 +198,27 @@ def _run_torchrun(cfg: RunConfig, out: Path) -> Path:
             f"torchrun world size {world} is not divisible by --nodes {cfg.nodes}."
         )
     cfg = cfg.replace(gpus_per_node=world // cfg.nodes)
+    is_writer = int(os.environ["RANK"]) == 0
+    check_output_folder(folder.out)  # on every rank: a refusal must not leave peers waiting
+    if is_writer:
+        folder.create()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.gpus_per_node))
-    dist.init_process_group(_backend(cfg, local), timeout=timedelta(minutes=30))
-    tmp = _tmp_dir(out)
+    # No launcher watches these ranks: a peer that stalls makes the collectives time out.
+    dist.init_process_group(_backend(cfg, local), timeout=timedelta(seconds=cfg.stall_timeout))
     try:
-        _run_and_write(cfg, tmp)
+        result = run_rank(cfg)  # netsim's NIC files: its default folder, shared by a host's ranks
+        gathered: list[Any] | None = [None] * world if is_writer else None
+        dist.gather_object(result, gathered, dst=0)
+        if is_writer:
+            write_run(gathered, folder.build)
+            folder.commit()
         dist.barrier()
-        return _commit(tmp, out) if dist.get_rank() == 0 else out
+        return folder.out
     finally:
-        dist.destroy_process_group()
+        if is_writer:
+            folder.discard()
+        _teardown()
 
-
-def _tmp_dir(out: Path) -> Path:
-    return out.parent / f".{out.name}.partial-{os.getpid()}"
-
-
-def _commit(tmp: Path, out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists():
-        out.rmdir()  # empty, checked before the run
-    os.replace(tmp, out)
-    return out
-
-
-def _run_and_write(cfg: RunConfig, tmp: Path) -> None:
-    """Every rank trains; rank 0 gathers the records and writes the files into tmp."""
-    import torch.distributed as dist
-
-    from experiments.train import run_rank
-
-    result = run_rank(cfg)
-    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(result, gathered, dst=0)
-    if dist.get_rank() == 0:
-        tmp.mkdir(parents=True, exist_ok=True)
-        write_run(cfg, gathered, tmp)
-
-
-def write_run(cfg: RunConfig, results: list, folder: Path) -> None:
-    """steps.parquet, trace.parquet and run.json from every rank's RankResult."""
-    import pandas as pd
-
-    cfg = RunConfig.from_dict(results[0].config)
-    per_rank = pd.concat(
-        [pd.DataFrame(r.steps).assign(rank=r.rank) for r in results], ignore_index=True
-    )
-    steps = per_rank.groupby("step").agg(
-        wall_time_s=("wall_time_s", "max"),  # a synchronous step ends when its slowest rank does
-        loss=("loss", "mean"),
-        val_loss=("val_loss", "mean"),
-        step_s=("step_s", "max"),
-    ).reset_index()
-    trace = pd.concat([r.trace for r in results if r.trace is not None], ignore_index=True)
-    trace = trace[trace["step"] > 0]  # step 0 holds evaluation traffic
-    comm = _comm_per_step(trace)
-    steps = steps.merge(comm, on="step", how="left").fillna(
-        {c: 0.0 for c in comm.columns if c != "step"}
-    )
-    for col in ("inter_bytes_sent", "inter_bytes_received", "intra_bytes"):
-        steps[col] = steps[col] / cfg.nodes  # per node
-    steps["compute_s"] = (steps["step_s"] - steps["comm_s"]).clip(lower=0.0)
-    steps = steps.drop(columns="step_s")
-    steps.to_parquet(folder / "steps.parquet", index=False)
-    trace.to_parquet(folder / "trace.parquet", index=False)
-    final = steps["val_loss"].dropna()
-    meta = {
-        "config": cfg.to_dict(),
-        "world_size": cfg.world_size,
-        "params": results[0].params,
-        "final_val_loss": float(final.iloc[-1]) if len(final) else None,
-        "train_time_s": float(steps["wall_time_s"].iloc[-1]),
-        "inter_bytes_per_step": float(steps["inter_bytes_sent"].mean()),
-        "intra_bytes_per_step": float(steps["intra_bytes"].mean()),
-        **provenance(),
-    }
-    (folder / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-
-
-def _comm_per_step(trace):
-    """Per step: bytes summed over ranks, calls and inter-node wait time of the busiest rank."""
-    coll = trace[trace["kind"] == "collective"]
-    inter = coll["inter"].astype(bool)
-    per_rank = coll.assign(
-        inter_bytes_sent=coll["bytes_sent"].where(inter, 0.0),
-        inter_bytes_received=coll["bytes_received"].where(inter, 0.0),
-        inter_calls=inter.astype(int),
-        intra_bytes=coll["bytes_sent"].where(~inter, 0.0),
-        comm_s=(coll["end_s"] - coll["start_s"]).where(inter, 0.0),
-    ).groupby(["step", "rank"])[
-        ["inter_bytes_sent", "inter_bytes_received", "inter_calls", "intra_bytes", "comm_s"]
-    ].sum()
-    return per_rank.groupby(level="step").agg(
-        inter_bytes_sent=("inter_bytes_sent", "sum"),
-        inter_bytes_received=("inter_bytes_received", "sum"),
-        inter_calls=("inter_calls", "max"),
-        intra_bytes=("intra_bytes", "sum"),
-        comm_s=("comm_s", "max"),
-    ).reset_index()
-
-
-def provenance() -> dict[str, Any]:
-    """Versions, git commit (and whether the tree was dirty) and host, for every run and sweep."""
-    import importlib.metadata as md
-
-    versions = {"python": platform.python_version()}
-    for name in ("torch", "pandas", "simpy", "submitit", "flexbench"):
-        try:
-            versions[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "versions": versions,
-        "git_commit": _git("rev-parse", "HEAD") or None,
-        "git_dirty": None if status is None else bool(status),
-        "host": {"name": socket.gethostname(), "platform": platform.platform(),
-                 "cpus": os.cpu_count()},
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-
-
-def _git(*args: str) -> str | None:
-    """Output of a git command run beside this package; None outside a checkout."""
-    try:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip()
 
 def _last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
@@ -276,7 +233,11 @@ def load_config(path: str | None, flags: dict[str, Any], sets: list[str]) -> Run
             raw = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as err:
             raise ConfigError(f"cannot read config {path!r}: {err}") from None
-        data.update(raw.get("run", raw))
+        table = raw.get("run", raw)
+        if not isinstance(table, dict):
+            raise ConfigError(f"config {path!r}: 'run' must be a table of run settings "
+                              f"([run]), got {table!r}.")
+        data.update(table)
     data.update({k: v for k, v in flags.items() if v is not None})
     data.update(parse_overrides(sets))
     return RunConfig.from_dict(data).validate()
@@ -317,6 +278,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-sign", dest="sign", action="store_const", const=False,
                         help="FlexDeMo: do not take sign() of the update")
     parser.add_argument("--timeout", type=float, help="seconds before the run is stopped")
+    parser.add_argument("--stall-timeout", type=float, dest="stall_timeout",
+                        help="seconds without progress on any rank before the run is stopped "
+                             "(default 90)")
     for name, kind, help_text in _FLAGS:
         parser.add_argument(f"--{name}", type=kind, help=help_text)
 
@@ -325,6 +289,7 @@ def main(args: argparse.Namespace) -> int:
     """Run `flexbench run`."""
     flags = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name, _, _ in _FLAGS}
     flags["sign"] = args.sign
+    flags["stall_timeout"] = args.stall_timeout
     cfg = load_config(args.config, flags, args.set)
     try:
         out = launch(cfg, args.out, timeout_s=args.timeout)
@@ -334,6 +299,10 @@ def main(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 writes and reports
     summary = json.loads((out / "run.json").read_text())
+    if summary["status"] == "diverged":
+        print(f"wrote {out}: the run diverged at step {summary['diverged_step']} (the loss "
+              f"stopped being finite); run.json records status 'diverged'")
+        return 0
     print(
         f"wrote {out}: final val_loss {summary['final_val_loss']:.4f}, "
         f"{summary['train_time_s']:.1f} s, "

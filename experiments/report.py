@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from experiments import metrics
-from experiments.executors import write_atomic
+from experiments.io import write_atomic
 
 __all__ = [
     "Results",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.config import ConfigError
-from experiments.executors import write_atomic
+from experiments.io import check_output_file, write_atomic
 from experiments.metrics import time_to_target
 from netsim import Link, Topology, parse_bandwidth, parse_latency
 from netsim.model import simulate
@@ -106,7 +106,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench simulate`."""
-    out = Path(args.out)
+    out = check_output_file(args.out, what="--out")
+    if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
+        raise ConfigError(f"--target must be a finite loss > 0, got {args.target}.")
     for name in ("nodes", "gpus_per_node", "steps"):
         value = getattr(args, name)
         if value is not None and value < 1:

@@ -44,8 +44,8 @@ from tqdm import tqdm
 
 from experiments import metrics
 from experiments.config import METHODS, ConfigError, RunConfig, parse_overrides
-from experiments.executors import EXECUTORS, Job, execute, write_atomic
-from experiments.launch import provenance
+from experiments.executors import EXECUTORS, Job, execute
+from experiments.io import check_output_folder, provenance, write_atomic
 
 __all__ = [
     "NetworkPoint",
@@ -574,6 +574,7 @@ def _time_unit(
         "time_to_target_s": math.inf, "reached": False, "final_val_loss": math.nan,
         "final_time_s": math.nan, "steps": 0, "inter_bytes_per_step": math.nan,
         "inter_bytes_received_per_step": math.nan, "inter_calls_per_step": math.nan,
+        "diverged": False,
         "intra_bytes_per_step": math.nan,
     }
     run_dir = _unit_dir(out, unit)
@@ -592,10 +593,12 @@ def _time_unit(
     else:
         steps = steps.assign(time_s=steps["wall_time_s"],
                              step_time_s=steps["wall_time_s"].diff().fillna(steps["wall_time_s"]))
+    diverged = _run_status(run_dir) == "diverged"
     ttt = metrics.time_to_target(steps["time_s"], steps["val_loss"], target) \
-        if not math.isnan(target) else math.inf
+        if not (math.isnan(target) or diverged) else math.inf
     evals = steps.dropna(subset=["val_loss"])
     row.update(
+        diverged=diverged,
         time_to_target_s=ttt,
         reached=bool(math.isfinite(ttt)),
         final_val_loss=_final_val_loss(run_dir),
@@ -623,6 +626,14 @@ def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulato
         raise ValueError(f"the simulator returned no {sorted(missing)} columns")
     write_atomic(cache, _parquet_bytes(axis))
     return axis
+
+
+def _run_status(run_dir: Path) -> str:
+    """run.json's status: done, or diverged (a finished run whose loss stopped being finite)."""
+    try:
+        return str(json.loads((run_dir / "run.json").read_text()).get("status", "done"))
+    except (OSError, ValueError):
+        return "done"
 
 
 def _final_val_loss(run_dir: Path) -> float:
@@ -674,6 +685,7 @@ def main(args: argparse.Namespace) -> int:
     """Run `flexbench sweep`."""
     cfg = load_config(args.config, args.overrides)
     out = args.out or Path("results") / cfg.name
+    check_output_folder(out, what="sweep folder", must_be_empty=False)  # a sweep resumes in it
     units = units_of(cfg)
     if args.dry_run:
         for u in units:

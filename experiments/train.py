@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -19,23 +18,13 @@ from tqdm import tqdm
 
 import flexdemo
 from experiments.config import RunConfig
+from experiments.runs import RankResult
 from experiments.workloads import Workload, make_workload
 from netsim import Link, Topology, TraceRecorder, shaping
 
-__all__ = ["RankResult", "run_rank", "resolve", "lr_factor"]
+__all__ = ["run_rank", "resolve", "lr_factor"]
 
 _VAL_BATCHES = 8
-
-
-@dataclass
-class RankResult:
-    """What one rank hands back to rank 0 at the end of a run."""
-
-    rank: int
-    config: dict[str, Any]  # the run's config with every default filled in
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    trace: Any = None  # pandas DataFrame from netsim's recorder
-    params: int = 0
 
 
 def resolve(cfg: RunConfig, workload: Workload) -> RunConfig:
@@ -108,24 +97,37 @@ def lr_factor(step: int, total: int, schedule: str, warmup: float) -> float:
 
 
 @torch.no_grad()
-def _evaluate(model: torch.nn.Module, workload: Workload, batches: list) -> float:
+def _evaluate(model: torch.nn.Module, workload: Workload, batches: list,
+              first_bad_step: float) -> tuple[float, float]:
+    """Mean validation loss over ranks, and the first non-finite training step of any rank."""
     model.eval()
     total = sum(workload.loss(model, b).item() for b in batches) / len(batches)
     model.train()
     # Replicas may differ (DiLoCo, none): report the mean over ranks, on the unshaped world group.
-    t = torch.tensor([total], dtype=torch.float64)
-    dist.all_reduce(t)
-    return t.item() / dist.get_world_size()
+    # Divergence is agreed on here too, so that every rank stops at the same step.
+    val = torch.tensor([total], dtype=torch.float64)
+    dist.all_reduce(val)
+    bad = torch.tensor([first_bad_step], dtype=torch.float64)
+    dist.all_reduce(bad, op=dist.ReduceOp.MIN)
+    return val.item() / dist.get_world_size(), bad.item()
 
 
-def run_rank(cfg: RunConfig) -> RankResult:
-    """Train on this rank (process group already initialized); return its records."""
+def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
+             state_dir: str | None = None) -> RankResult:
+    """Train on this rank (process group already initialized); return its records.
+
+    `heartbeat(step)` is called whenever the rank makes progress (the launcher's stall
+    watchdog); `state_dir` is the run's working folder for netsim's shared NIC files. A loss
+    that stops being finite ends the run at the next evaluation, on every rank, with
+    `diverged_step` set.
+    """
+    beat = heartbeat or (lambda step: None)
     rank = dist.get_rank()
     device = _device(cfg)
     workload = make_workload(cfg.workload)
     cfg = resolve(cfg, workload)
     recorder = TraceRecorder(rank)
-    shaping.install(_topology(cfg), mode=cfg.shaping, recorder=recorder)
+    shaping.install(_topology(cfg), mode=cfg.shaping, recorder=recorder, state_dir=state_dir)
     model, opt = _build(cfg, workload, device)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)
@@ -137,6 +139,8 @@ def run_rank(cfg: RunConfig) -> RankResult:
     quiet = rank != 0 or bool(os.environ.get("TQDM_DISABLE"))
     bar = tqdm(total=cfg.steps, desc=cfg.method, unit="step", disable=quiet, dynamic_ncols=True)
     eval_s = 0.0  # evaluation time is excluded from the training clock
+    first_bad = math.inf  # first step whose training loss was not finite on this rank
+    beat(0)
     start = shaping.clock()
     for step in range(1, cfg.steps + 1):
         recorder.begin_step(step)
@@ -148,6 +152,9 @@ def run_rank(cfg: RunConfig) -> RankResult:
         sched.step()
         loss_value = loss.item()
         step_s = shaping.clock() - t0
+        beat(step)
+        if not math.isfinite(loss_value):
+            first_bad = min(first_bad, step)
         recorder.end_step(step)
         now = shaping.clock() - start - eval_s
         # Byte and call counts come from the trace after the run, off the training clock.
@@ -156,13 +163,18 @@ def run_rank(cfg: RunConfig) -> RankResult:
         if step % cfg.eval_every == 0 or step == cfg.steps:
             recorder.begin_step(0)  # evaluation traffic is labeled step 0 and left out
             e0 = shaping.clock()
-            row["val_loss"] = _evaluate(model, workload, val)
+            row["val_loss"], bad = _evaluate(model, workload, val, first_bad)
             eval_s += shaping.clock() - e0
+            beat(step)
             bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{row['val_loss']:.3f}")
+            if math.isfinite(bad) or not math.isfinite(row["val_loss"]):
+                result.diverged_step = int(bad) if math.isfinite(bad) else step
         elif step % 10 == 0:
             bar.set_postfix(loss=f"{loss_value:.3f}")
         result.steps.append(row)
         bar.update(1)
+        if result.diverged_step is not None:
+            break  # all ranks agreed in _evaluate: they stop at this same step
     bar.close()
     result.trace = recorder.frame()
     return result

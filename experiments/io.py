@@ -1,0 +1,109 @@
+"""Files and provenance shared by runs, sweeps and checks: atomic writes, output checks, versions.
+
+Every result file is written atomically (a temp file in the same folder, then a rename), and
+every output path is checked before any work starts, so a bad `--out` costs one sentence, not a
+finished run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from experiments.config import ConfigError
+
+__all__ = ["check_output_file", "check_output_folder", "provenance", "write_atomic"]
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write a file so that readers see the old content or the new one, never a half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _check_creatable(path: Path, what: str) -> None:
+    """The nearest existing ancestor of `path` is a writable folder (so mkdir -p will work)."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{what} {str(path)!r} cannot be created: {str(parent)!r} is a file, "
+                          f"not a folder.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {str(path)!r} cannot be created: {str(parent)!r} is not "
+                          f"writable.")
+
+
+def check_output_folder(out: Path | str, *, what: str = "output folder",
+                        must_be_empty: bool = True) -> Path:
+    """Refuse an output folder that is a file, holds files, or cannot be created; return it."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{what} {str(out)!r} is a file; choose a folder.")
+    if must_be_empty and out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"{what} {str(out)!r} already holds files; choose a new one.")
+    if out.is_dir():
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise ConfigError(f"{what} {str(out)!r} is not writable.")
+    else:
+        _check_creatable(out, what)
+    return out
+
+
+def check_output_file(path: Path | str, *, what: str = "output file") -> Path:
+    """Refuse an output file that is a folder or whose folder cannot be created; return it."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{what} {str(path)!r} is a folder; give a file name.")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{what} {str(path)!r} is not writable.")
+    _check_creatable(path, what)
+    return path
+
+
+def provenance() -> dict[str, Any]:
+    """Versions, git commit (and whether the tree was dirty) and host, for every run and sweep."""
+    import importlib.metadata as md
+
+    versions = {"python": platform.python_version()}
+    for name in ("torch", "pandas", "simpy", "submitit", "flexbench"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "versions": versions,
+        "git_commit": _git("rev-parse", "HEAD") or None,
+        "git_dirty": None if status is None else bool(status),
+        "host": {"name": socket.gethostname(), "platform": platform.platform(),
+                 "cpus": os.cpu_count()},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _git(*args: str) -> str | None:
+    """Output of a git command run beside this package; None outside a checkout."""
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
