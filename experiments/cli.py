@@ -16,7 +16,7 @@ import sys
 
 # name -> (module, one-line help); a module is imported only when its command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("experiments.launch", "train one method on nodes x ranks, write its results"),
+    "run": ("experiments.run_command", "train one method on nodes x ranks, write its results"),
     "simulate": ("experiments.simulate", "replay a run's communication trace on another network"),
     "validate-sim": ("experiments.validate", "compare the cost model with wall-shaped real runs"),
     "sweep": ("experiments.sweep", "methods x networks x seeds: time-to-target-loss"),

@@ -6,8 +6,12 @@ TOML files and `--set key=value` overrides mirror the field names; human units (
 
 from __future__ import annotations
 
+import argparse
+import ast
 import dataclasses
+import inspect
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +31,9 @@ class RunConfig:
     """Everything that defines one training run (method, workload, cluster shape, network)."""
 
     method: str = "flexdemo"
-    """Training scheme: one of METHODS."""
+    """Training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding or none."""
     workload: str = "lm-tiny"
-    """Model and data: one of WORKLOADS."""
+    """Model and data: lm-tiny or vision-tiny."""
     nodes: int = 2
     """Nodes (replicas); the inter-node group has one rank per node."""
     gpus_per_node: int = 2
@@ -166,6 +170,47 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed (string values coerced as from the CLI)."""
         return RunConfig.from_dict({**self.to_dict(), **changes})
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Each dataclass field's docstring (the string literal under it), for --help texts."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for item, after in zip(body, body[1:], strict=False):
+        if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)):
+            docs[item.target.id] = " ".join(str(after.value.value).split())
+    return docs
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One `--name` flag per RunConfig field (typed, documented by the field's docstring).
+
+    Flags default to None, so that `run_arguments` can tell what was given on the command line.
+    """
+    docs = {k: v.replace("%", "%%") for k, v in field_help(RunConfig).items()}  # argparse
+    for f in dataclasses.fields(RunConfig):
+        if f.name in skip or f.name == "extra":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        if kind.startswith("bool"):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help=docs.get(f.name))
+            continue
+        base = kind.split(" ")[0]
+        parser.add_argument(flag, dest=f.name, default=None, metavar=base.upper(),
+                            type=_CLI_TYPES.get(base, str), help=docs.get(f.name))
+
+
+def run_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The RunConfig fields given as flags (see `add_run_arguments`)."""
+    names = [f.name for f in dataclasses.fields(RunConfig)]
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+_CLI_TYPES = {"int": int, "float": float, "str": str}
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:

@@ -1,41 +1,37 @@
-"""`flexbench run`: launch the ranks of one run and write its results atomically.
+"""Launching one run's ranks: spawned on this machine or under torchrun, watched, torn down.
 
 On one machine the launcher spawns nodes x gpus-per-node ranks itself (gloo on CPU, one torch
-thread each; nccl when there are enough GPUs). Under torchrun it runs the rank it is given:
+thread each; nccl when there are enough GPUs). They rendezvous through a file and bind their
+sockets to loopback, report progress to a stall watchdog and hand their records back as files in
+the run's working folder (`experiments.runs`). Under torchrun each process runs the rank it is
+given, and rank 0 gathers the records:
 
-    flexbench run --method flexdemo --nodes 2 --gpus-per-node 2 --steps 300 --out runs/flex
     torchrun --nnodes 2 --nproc-per-node 8 ... -m experiments.cli run --method flexdemo --nodes 2 \\
         --out runs/flex
 
-Results land in OUT only when the run finished: rank 0 builds them in a sibling temp folder and
-renames it. OUT/steps.parquet has one row per step (see docs/interfaces.md), OUT/trace.parquet
-every collective and compute interval of every rank, OUT/run.json the full config, versions, git
-commit and host.
+Results land in OUT only when the run finished; a crash, a stall or a timeout raises RunFailed
+and leaves OUT untouched.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import math
 import os
 import signal
 import socket
-import sys
 import threading
 import time
-import tomllib
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from experiments.config import ConfigError, RunConfig, parse_overrides
+from experiments.config import ConfigError, RunConfig
 from experiments.io import check_output_folder
 from experiments.runs import RunFolder, read_rank_result, write_rank_result, write_run
 from experiments.watchdog import Heartbeat, RankStalled, Watchdog
 
-__all__ = ["launch", "RunFailed", "configure", "main", "load_config"]
+__all__ = ["launch", "RunFailed"]
 
 
 class RunFailed(RuntimeError):
@@ -223,89 +219,3 @@ def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
 def _last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else text
-
-
-def load_config(path: str | None, flags: dict[str, Any], sets: list[str]) -> RunConfig:
-    """Defaults < TOML file (its [run] table or top level) < explicit flags < --set overrides."""
-    data: dict[str, Any] = {}
-    if path:
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as err:
-            raise ConfigError(f"cannot read config {path!r}: {err}") from None
-        table = raw.get("run", raw)
-        if not isinstance(table, dict):
-            raise ConfigError(f"config {path!r}: 'run' must be a table of run settings "
-                              f"([run]), got {table!r}.")
-        data.update(table)
-    data.update({k: v for k, v in flags.items() if v is not None})
-    data.update(parse_overrides(sets))
-    return RunConfig.from_dict(data).validate()
-
-
-_FLAGS = (
-    ("method", str, "training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding, none"),
-    ("workload", str, "lm-tiny or vision-tiny"),
-    ("nodes", int, "number of nodes (replicas)"),
-    ("gpus-per-node", int, "ranks per node (FSDP2 shards across them)"),
-    ("steps", int, "optimizer steps (default: the workload's budget)"),
-    ("lr", float, "learning rate (default: the method's tuned value)"),
-    ("seed", int, "seed for init, data order and random replication"),
-    ("batch-size", int, "per-rank micro-batch"),
-    ("eval-every", int, "steps between validation evaluations"),
-    ("topk", int, "FlexDeMo: DCT coefficients kept per chunk"),
-    ("chunk", int, "FlexDeMo: DCT chunk size"),
-    ("decay", float, "FlexDeMo: momentum decay in [0, 1)"),
-    ("weight-decay", float, "decoupled weight decay"),
-    ("value-dtype", str, "FlexDeMo wire values: bf16 or fp32"),
-    ("diloco-h", int, "DiLoCo inner steps"),
-    ("outer-lr", float, "DiLoCo outer learning rate"),
-    ("outer-momentum", float, "DiLoCo outer momentum"),
-    ("replicate-every", int, "replicate every k-th step"),
-    ("inter-bw", str, "inter-node bandwidth, e.g. 100Mbit, 1Gbit, 25GB/s"),
-    ("inter-lat", str, "inter-node latency, e.g. 10ms, 200us"),
-    ("shaping", str, "off (count only), wall (really wait) or virtual (modeled clock)"),
-    ("backend", str, "auto, gloo or nccl"),
-)
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `flexbench run`."""
-    parser.add_argument("--out", required=True, help="output folder (must be new or empty)")
-    parser.add_argument("--config", help="TOML file with run settings (its [run] table)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any run setting; repeatable")
-    parser.add_argument("--no-sign", dest="sign", action="store_const", const=False,
-                        help="FlexDeMo: do not take sign() of the update")
-    parser.add_argument("--timeout", type=float, help="seconds before the run is stopped")
-    parser.add_argument("--stall-timeout", type=float, dest="stall_timeout",
-                        help="seconds without progress on any rank before the run is stopped "
-                             "(default 90)")
-    for name, kind, help_text in _FLAGS:
-        parser.add_argument(f"--{name}", type=kind, help=help_text)
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run `flexbench run`."""
-    flags = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name, _, _ in _FLAGS}
-    flags["sign"] = args.sign
-    flags["stall_timeout"] = args.stall_timeout
-    cfg = load_config(args.config, flags, args.set)
-    try:
-        out = launch(cfg, args.out, timeout_s=args.timeout)
-    except RunFailed as err:
-        print(f"flexbench run: failed: {err}", file=sys.stderr)
-        return 1
-    if os.environ.get("RANK", "0") != "0":
-        return 0  # under torchrun only rank 0 writes and reports
-    summary = json.loads((out / "run.json").read_text())
-    if summary["status"] == "diverged":
-        print(f"wrote {out}: the run diverged at step {summary['diverged_step']} (the loss "
-              f"stopped being finite); run.json records status 'diverged'")
-        return 0
-    print(
-        f"wrote {out}: final val_loss {summary['final_val_loss']:.4f}, "
-        f"{summary['train_time_s']:.1f} s, "
-        f"{summary['inter_bytes_per_step'] / 1e3:.1f} kB inter-node per step per node"
-    )
-    return 0

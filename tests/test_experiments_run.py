@@ -153,3 +153,19 @@ def test_lr_schedules():
     cosine = [lr_factor(s, 100, "cosine", 0.1) for s in range(100)]
     assert cosine[9] == 1.0 and cosine[-1] == pytest.approx(0.1, abs=1e-3)
     assert all(a >= b for a, b in zip(cosine[9:], cosine[10:], strict=False))
+
+
+def test_every_run_setting_is_a_documented_flag():
+    import argparse
+    import dataclasses
+
+    from experiments.config import add_run_arguments, field_help, run_arguments
+
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    docs = field_help(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        if f.name != "extra":
+            assert docs.get(f.name), f"{f.name} has no docstring"
+    args = parser.parse_args(["--gpus-per-node", "3", "--no-sign", "--stall-timeout", "5"])
+    assert run_arguments(args) == {"gpus_per_node": 3, "sign": False, "stall_timeout": 5.0}
