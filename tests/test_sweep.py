@@ -306,7 +306,9 @@ def test_cli_prints_markdown_summary(
     import experiments.executors as executors
 
     monkeypatch.setattr(executors, "default_launcher", lambda: fake_launch)
-    monkeypatch.setattr(sweep, "_default_simulator", lambda: fake_simulate)
+    import experiments.sweep.score as score
+
+    monkeypatch.setattr(score, "_default_simulator", lambda: fake_simulate)
     out = tmp_path / "res"
     assert cli.main(["sweep", str(config_file), "--out", str(out)]) == 0
     text = capsys.readouterr().out

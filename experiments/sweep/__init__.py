@@ -1,0 +1,43 @@
+"""Sweeps: methods x knobs x seeds trained once each, then timed on every network point.
+
+    flexbench sweep experiments/configs/quick.toml                 # -> results/quick
+    flexbench sweep experiments/configs/quick.toml --set grid.seeds=[0] --out results/q1
+    flexbench sweep experiments/configs/paper.toml --executor slurm
+
+Each (method, knobs, seed) trains for real with shaping off; its communication trace is then
+replayed through netsim's SimPy model for every (inter_bw, inter_lat) point, and each evaluation's
+val_loss is placed on that simulated time axis (for step-synchronous schemes the loss at step t
+does not depend on the network, only the time at which step t ends does). `[[validate]]` points
+also run for real with wall-clock shaping, and the report shows them next to the simulation.
+
+Output folder layout (everything written atomically; a unit is done once its run.json exists):
+    sweep.json            config, its fingerprint, versions, git commit, host, unit states
+    units/<unit>/         one launch() result: steps.parquet, trace.parquet, run.json
+    failed/<unit>.json    the error of a unit that crashed or timed out
+    sim/<unit>/<net>.parquet  cached simulated time axis of one unit at one network point
+    runs.parquet          one row per unit x network point x source ("sim" / "measured")
+    speedups.parquet      per variant, network point and source: time-to-target and speed-up
+                          over hsdp-adamw (median, min, max over seeds)
+    steps.parquet         every unit's per-step rows with their keys and time axes
+
+Modules: `spec` (the sweep file), `plan` (units and their folders), `runner` (running them),
+`score` (timing and scoring: `collect`), `cli` (the command).
+"""
+
+from experiments.sweep.cli import configure, main
+from experiments.sweep.plan import Unit, units_of
+from experiments.sweep.runner import run_sweep
+from experiments.sweep.score import collect
+from experiments.sweep.spec import NetworkPoint, SweepConfig, load_config
+
+__all__ = [
+    "NetworkPoint",
+    "SweepConfig",
+    "Unit",
+    "collect",
+    "configure",
+    "load_config",
+    "main",
+    "run_sweep",
+    "units_of",
+]

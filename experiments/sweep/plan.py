@@ -1,0 +1,133 @@
+"""A sweep's units and its folder: which runs exist, where each lives, and how far it got.
+
+    units/<unit>/         one launch() result: steps.parquet, trace.parquet, run.json
+    failed/<unit>.json    the error of a unit that crashed, stalled or timed out
+
+A unit is done once its run.json exists, failed while its failure record exists, else pending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.config import ConfigError, RunConfig
+from experiments.sweep.spec import NetworkPoint, SweepConfig, network_point, slug
+
+__all__ = ["Unit", "failure_path", "knob_label", "unit_dir", "unit_state", "units_of",
+           "variant_label"]
+
+@dataclass
+class Unit:
+    """One launch(): a training run (shaping off) or a wall-shaped validation run."""
+
+    id: str
+    kind: str
+    method: str
+    knobs: dict[str, Any]
+    seed: int
+    config: RunConfig
+    network: NetworkPoint | None = None
+
+    @property
+    def variant(self) -> str:
+        """Method plus its knob values, e.g. 'flexdemo[topk=16]'; the row label of tables."""
+        return variant_label(self.method, self.knobs)
+
+
+def units_of(cfg: SweepConfig) -> list[Unit]:
+    """Every unit of the sweep: training units first, then validation units."""
+    units: list[Unit] = []
+    by_key: dict[tuple[str, str, int], Unit] = {}
+    for method in cfg.methods:
+        for knobs in _combinations(cfg.knobs.get(method, {})):
+            for seed in cfg.seeds:
+                unit = _unit("train", cfg, method, knobs, seed, None)
+                units.append(unit)
+                by_key[(method, knob_label(knobs), seed)] = unit
+    for i, entry in enumerate(cfg.validate):
+        units.append(_validate_unit(cfg, entry, i, by_key))
+    ids = [u.id for u in units]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"two units share the id {dupes[0]!r}; remove the duplicate entry.")
+    return units
+
+def _combinations(knobs: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    combos: list[dict[str, Any]] = [{}]
+    for name, values in knobs.items():
+        combos = [{**c, name: v} for c in combos for v in values]
+    return combos
+
+def _unit(
+    kind: str,
+    cfg: SweepConfig,
+    method: str,
+    knobs: dict[str, Any],
+    seed: int,
+    network: NetworkPoint | None,
+) -> Unit:
+    label = knob_label(knobs)
+    base = f"{method}{'-' + label if label else ''}-s{seed}"
+    unit_id = slug(base if network is None else f"{base}-{network.slug}")
+    changes: dict[str, Any] = {**cfg.run, **knobs, "method": method, "seed": seed}
+    if network is None:
+        changes.update(shaping="off", inter_bw=None)
+    else:
+        changes.update(shaping="wall", inter_bw=network.inter_bw, inter_lat=network.inter_lat)
+    changes["extra"] = {"sweep": cfg.name, "unit": unit_id, "kind": kind}
+    try:
+        run_cfg = RunConfig.from_dict(changes).validate()
+    except ConfigError as err:
+        raise ConfigError(f"unit {unit_id}: {err}") from None
+    return Unit(unit_id, kind, method, knobs, seed, run_cfg, network)
+
+def _validate_unit(
+    cfg: SweepConfig, entry: dict[str, Any], index: int, trained: dict[tuple[str, str, int], Unit]
+) -> Unit:
+    where = f"validate[{index}]"
+    entry = dict(entry)
+    for key in ("method", "inter_bw", "inter_lat"):
+        if key not in entry:
+            raise ConfigError(f"{where} needs {key!r} (and optionally seed and knob values).")
+    method = entry.pop("method")
+    if method not in cfg.methods:
+        raise ConfigError(f"{where}: method {method!r} is not in grid.methods "
+                          f"({', '.join(cfg.methods)}); validation compares with its trained run.")
+    seed = entry.pop("seed", cfg.seeds[0])
+    network = network_point(str(entry.pop("inter_bw")), str(entry.pop("inter_lat")))
+    grid_knobs = cfg.knobs.get(method, {})
+    knobs = {name: entry.pop(name, values[0]) for name, values in grid_knobs.items()}
+    if entry:
+        raise ConfigError(f"{where}: unknown key {sorted(entry)[0]!r}; allowed: method, seed, "
+                          f"inter_bw, inter_lat{''.join(', ' + k for k in grid_knobs)}.")
+    if (method, knob_label(knobs), seed) not in trained:
+        raise ConfigError(f"{where}: no trained unit for {variant_label(method, knobs)} seed "
+                          f"{seed}; seed and knob values must come from [grid].")
+    return _unit("validate", cfg, method, knobs, seed, network)
+
+def knob_label(knobs: dict[str, Any]) -> str:
+    """Knob values as one label, e.g. 'topk=16,chunk=32'."""
+    return ",".join(f"{k}={v}" for k, v in knobs.items())
+
+def variant_label(method: str, knobs: dict[str, Any]) -> str:
+    """Method plus knob values, e.g. 'flexdemo[topk=16]'."""
+    label = knob_label(knobs)
+    return f"{method}[{label}]" if label else method
+
+def unit_dir(out: Path, unit: Unit) -> Path:
+    """The folder a unit's run is written to."""
+    return out / "units" / unit.id
+
+def failure_path(out: Path, unit: Unit) -> Path:
+    """The failure record of a unit."""
+    return out / "failed" / f"{unit.id}.json"
+
+def unit_state(out: Path, unit: Unit) -> str:
+    """done, failed or pending, from what is on disk."""
+    if (unit_dir(out, unit) / "run.json").exists():
+        return "done"
+    if failure_path(out, unit).exists():
+        return "failed"
+    return "pending"

@@ -1,0 +1,106 @@
+"""Running a sweep: claim the folder, run every pending unit, record states, then collect.
+
+Units run through an executor (`experiments.executors`: one at a time here, or Slurm jobs); a
+unit that fails is recorded and the sweep goes on. Rerunning the same command resumes: done units
+are kept, debris of a killed unit is removed and the unit runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm import tqdm
+
+from experiments.config import ConfigError
+from experiments.executors import Job, execute
+from experiments.io import provenance, write_atomic
+from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
+from experiments.sweep.score import Simulator, collect
+from experiments.sweep.spec import SweepConfig
+
+__all__ = ["run_sweep"]
+
+def run_sweep(
+    cfg: SweepConfig,
+    out: Path,
+    *,
+    executor: str | None = None,
+    launcher: Callable[..., Any] | None = None,
+    simulator: Simulator | None = None,
+    retry_failed: bool = False,
+    resimulate: bool = False,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run every unit not yet done, then time them on all network points; returns runs.parquet."""
+    out = Path(out)
+    units = units_of(cfg)
+    _claim(cfg, out)
+    if resimulate and (out / "sim").exists():
+        # The cached axes are derived data; a changed cost model must recompute them.
+        shutil.rmtree(out / "sim")
+    kind = executor or cfg.executor.get("kind", "local")
+    pending = [u for u in units if unit_state(out, u) == "pending"
+               or (retry_failed and unit_state(out, u) == "failed")]
+    jobs = [Job(u.id, u.config.to_dict(), unit_dir(out, u), failure_path(out, u))
+            for u in pending]
+    params = {k: v for k, v in cfg.executor.items() if k not in ("kind", "folder")}
+    folder = Path(cfg.executor.get("folder", out / "submitit"))
+    bar = tqdm(total=len(jobs), desc=f"sweep {cfg.name}", unit="run", disable=not progress)
+    failures = 0
+    try:
+        results = execute(jobs, kind=kind, timeout_s=cfg.timeout_s, launcher=launcher,
+                          folder=folder, params=params)
+        for result in results:
+            failures += not result.ok
+            bar.update(1)
+            bar.set_postfix_str(f"{result.unit_id} {'ok' if result.ok else 'FAILED'}"
+                                f"{f', {failures} failed' if failures else ''}")
+            if not result.ok:
+                tqdm.write(f"unit {result.unit_id} failed: {result.error}", file=sys.stderr)
+    finally:
+        bar.close()
+        _write_sweep_json(cfg, out, units)
+    return collect(cfg, out, simulator=simulator, progress=progress)
+
+def _claim(cfg: SweepConfig, out: Path) -> None:
+    """Refuse an output folder that holds another sweep; otherwise record this one there."""
+    meta = out / "sweep.json"
+    if meta.exists():
+        try:
+            old = json.loads(meta.read_text())
+        except json.JSONDecodeError:
+            raise ConfigError(f"{meta} is not readable JSON; choose another --out.") from None
+        if old.get("fingerprint") != cfg.fingerprint():
+            raise ConfigError(
+                f"output folder {str(out)!r} holds a different sweep ({old.get('name')!r}, "
+                f"fingerprint {old.get('fingerprint')}, this one {cfg.fingerprint()}); "
+                "choose another --out."
+            )
+        return
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"output folder {str(out)!r} is not empty and holds no sweep.json; "
+                          "choose an empty or new --out.")
+    _write_sweep_json(cfg, out, units_of(cfg))
+
+def _write_sweep_json(cfg: SweepConfig, out: Path, units: list[Unit]) -> None:
+    meta = out / "sweep.json"
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if meta.exists():
+        created = json.loads(meta.read_text()).get("created", created)
+    body = {
+        "name": cfg.name,
+        "fingerprint": cfg.fingerprint(),
+        "config": cfg.raw,
+        "created": created,
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **{k: v for k, v in provenance().items() if k != "created"},
+        "units": {u.id: unit_state(out, u) for u in units},
+    }
+    write_atomic(meta, json.dumps(body, indent=2, default=str))

@@ -1,0 +1,191 @@
+"""Scoring a sweep: every finished unit timed on every network point, then time-to-target.
+
+    sim/<unit>/<net>.parquet  cached simulated time axis of one unit at one network point
+    runs.parquet          one row per unit x network point x source ("sim" / "measured")
+    speedups.parquet      per variant, network point and source: time-to-target and speed-up
+                          over hsdp-adamw (median, min, max over seeds)
+    steps.parquet         every unit's per-step rows with their keys and time axes
+
+A diverged run (run.json status "diverged") and a failed unit count as never reaching the target.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm import tqdm
+
+from experiments import metrics
+from experiments.io import write_atomic
+from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
+from experiments.sweep.spec import NetworkPoint, SweepConfig
+
+__all__ = ["KEY_COLUMNS", "Simulator", "collect", "parquet_bytes"]
+
+Simulator = Callable[..., pd.DataFrame]
+
+KEY_COLUMNS = ["unit", "kind", "method", "variant", "knobs", "seed", "network", "inter_bw",
+               "inter_lat", "inter_bw_bps", "inter_lat_s", "source", "on_grid"]
+
+
+def collect(
+    cfg: SweepConfig,
+    out: Path,
+    *,
+    simulator: Simulator | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Time every finished unit on every network point and write runs.parquet and steps.parquet."""
+    out = Path(out)
+    units = units_of(cfg)
+    simulate = simulator or _default_simulator()
+    train = [u for u in units if u.kind == "train"]
+    target = cfg.target
+    if target is None:
+        finals = pd.DataFrame(
+            [{"method": u.method, "final_val_loss": _final_val_loss(unit_dir(out, u))}
+             for u in train if u.method == metrics.BASELINE and unit_state(out, u) == "done"],
+            columns=["method", "final_val_loss"],
+        )
+        try:
+            target = metrics.default_target(finals)
+        except ValueError as err:
+            tqdm.write(f"warning: {err} Every time-to-target is reported as not reached.",
+                       file=sys.stderr)
+            target = math.nan
+    rows: list[dict[str, Any]] = []
+    step_frames: list[pd.DataFrame] = []
+    work = [(u, net, "sim") for u in train for net in _sim_points(cfg, units, u)]
+    work += [(u, u.network, "measured") for u in units if u.kind == "validate"]
+    for unit, net, source in tqdm(work, desc="timing", unit="point", disable=not progress):
+        on_grid = net in cfg.networks  # validation-only points stay out of the headline table
+        row, steps = _time_unit(out, unit, net, source, target, simulate, on_grid)
+        rows.append(row)
+        if steps is not None:
+            step_frames.append(steps)
+    runs = pd.DataFrame(rows)
+    runs["sweep"] = cfg.name
+    write_atomic(out / "runs.parquet", parquet_bytes(runs))
+    all_steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame()
+    write_atomic(out / "steps.parquet", parquet_bytes(all_steps))
+    table = metrics.speedups(runs, by=("source", "network", "inter_bw_bps", "inter_lat_s"))
+    write_atomic(out / "speedups.parquet", parquet_bytes(table))
+    return runs
+
+def _sim_points(cfg: SweepConfig, units: list[Unit], train: Unit) -> list[NetworkPoint]:
+    """The grid's points plus any validation point of the same method, knobs and seed."""
+    points = list(cfg.networks)
+    for u in units:
+        if (u.kind == "validate" and u.variant == train.variant and u.seed == train.seed
+                and u.network not in points):
+            points.append(u.network)
+    return points
+
+def _time_unit(
+    out: Path,
+    unit: Unit,
+    net: NetworkPoint,
+    source: str,
+    target: float,
+    simulate: Simulator,
+    on_grid: bool,
+) -> tuple[dict[str, Any], pd.DataFrame | None]:
+    """One runs.parquet row (and its per-step rows) for a unit at a network point."""
+    row: dict[str, Any] = {
+        "unit": unit.id, "kind": unit.kind, "method": unit.method, "variant": unit.variant,
+        "knobs": json.dumps(unit.knobs, sort_keys=True), "seed": unit.seed,
+        "network": net.label, "inter_bw": net.inter_bw, "inter_lat": net.inter_lat,
+        "inter_bw_bps": net.inter_bw_bps, "inter_lat_s": net.inter_lat_s, "source": source,
+        "on_grid": on_grid,
+        "status": unit_state(out, unit), "error": None, "target_val_loss": target,
+        "time_to_target_s": math.inf, "reached": False, "final_val_loss": math.nan,
+        "final_time_s": math.nan, "steps": 0, "inter_bytes_per_step": math.nan,
+        "inter_bytes_received_per_step": math.nan, "inter_calls_per_step": math.nan,
+        "diverged": False,
+        "intra_bytes_per_step": math.nan,
+    }
+    run_dir = unit_dir(out, unit)
+    if row["status"] == "failed":
+        row["error"] = json.loads(failure_path(out, unit).read_text()).get("error")
+    if row["status"] != "done":
+        return row, None  # kept as "not reached": a failed run is never dropped
+    steps = pd.read_parquet(run_dir / "steps.parquet").sort_values("step")
+    if source == "sim":
+        try:
+            axis = _simulated_axis(out, unit, net, simulate)
+        except Exception as err:  # a model error at one point must not lose the others
+            row.update(status="sim-failed", error=f"{type(err).__name__}: {err}")
+            return row, None
+        steps = steps.merge(axis[["step", "step_time_s", "time_s"]], on="step", how="left")
+    else:
+        steps = steps.assign(time_s=steps["wall_time_s"],
+                             step_time_s=steps["wall_time_s"].diff().fillna(steps["wall_time_s"]))
+    diverged = _run_status(run_dir) == "diverged"
+    ttt = metrics.time_to_target(steps["time_s"], steps["val_loss"], target) \
+        if not (math.isnan(target) or diverged) else math.inf
+    evals = steps.dropna(subset=["val_loss"])
+    row.update(
+        diverged=diverged,
+        time_to_target_s=ttt,
+        reached=bool(math.isfinite(ttt)),
+        final_val_loss=_final_val_loss(run_dir),
+        final_time_s=float(steps["time_s"].iloc[-1]) if len(steps) else math.nan,
+        steps=int(steps["step"].max()) if len(steps) else 0,
+        evaluations=len(evals),
+        inter_bytes_per_step=float(steps["inter_bytes_sent"].mean()),
+        inter_bytes_received_per_step=float(steps["inter_bytes_received"].mean()),
+        inter_calls_per_step=float(steps["inter_calls"].mean()),
+        intra_bytes_per_step=float(steps["intra_bytes"].mean()),
+    )
+    keys = {k: row[k] for k in KEY_COLUMNS}
+    return row, steps.assign(**keys)
+
+def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulator) -> pd.DataFrame:
+    """The unit's simulated time axis at one network point, cached on disk."""
+    cache = out / "sim" / unit.id / f"{net.slug}.parquet"
+    if cache.exists():
+        return pd.read_parquet(cache)
+    axis = simulate(unit_dir(out, unit), inter_bw_bps=net.inter_bw_bps,
+                    inter_lat_s=net.inter_lat_s)
+    missing = {"step", "step_time_s", "time_s"} - set(axis.columns)
+    if missing:
+        raise ValueError(f"the simulator returned no {sorted(missing)} columns")
+    write_atomic(cache, parquet_bytes(axis))
+    return axis
+
+def _run_status(run_dir: Path) -> str:
+    """run.json's status: done, or diverged (a finished run whose loss stopped being finite)."""
+    try:
+        return str(json.loads((run_dir / "run.json").read_text()).get("status", "done"))
+    except (OSError, ValueError):
+        return "done"
+
+def _final_val_loss(run_dir: Path) -> float:
+    """run.json's final_val_loss, else the last evaluated val_loss in steps.parquet."""
+    try:
+        value = json.loads((run_dir / "run.json").read_text()).get("final_val_loss")
+        if value is not None and math.isfinite(float(value)):
+            return float(value)
+    except (OSError, ValueError, TypeError):
+        pass
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    evals = steps["val_loss"].dropna()
+    return float(evals.iloc[-1]) if len(evals) else math.nan
+
+def _default_simulator() -> Simulator:
+    from experiments.simulate import simulate_run
+
+    return simulate_run
+
+def parquet_bytes(frame: pd.DataFrame) -> bytes:
+    """A frame as Parquet file bytes (for write_atomic)."""
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    return buf.getvalue()

@@ -1,0 +1,243 @@
+"""The sweep file: a typed, validated SweepConfig from TOML and `--set key=value` overrides.
+
+A sweep file has a `[run]` table (any RunConfig setting, the same names as `flexbench run`'s
+flags), a `[grid]` (methods, inter_bw, inter_lat, seeds and per-method `[grid.knobs.METHOD]`), an
+optional `[target]`, `[[validate]]` points and an `[executor]`. Overrides use dotted keys into
+that tree: `--set run.steps=50`, `--set grid.seeds=[0]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from experiments.config import METHODS, ConfigError, RunConfig, parse_overrides
+from experiments.executors import EXECUTORS
+
+__all__ = ["GRID_KEYS", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig", "load_config",
+           "network_point", "parse_config", "slug"]
+
+TOP_KEYS = ("name", "timeout_s", "run", "grid", "target", "validate", "executor")
+
+GRID_KEYS = ("methods", "inter_bw", "inter_lat", "seeds", "knobs")
+
+UNIT_FIELDS = ("method", "seed", "inter_bw", "inter_lat", "shaping", "extra")
+
+
+@dataclass(frozen=True)
+class NetworkPoint:
+    """One inter-node network setting: human labels and the parsed bytes/s and seconds."""
+
+    inter_bw: str
+    inter_lat: str
+    inter_bw_bps: float
+    inter_lat_s: float
+
+    @property
+    def label(self) -> str:
+        """Column header for tables, e.g. '100Mbit / 20ms'."""
+        return f"{self.inter_bw} / {self.inter_lat}"
+
+    @property
+    def slug(self) -> str:
+        """File-name-safe form of the label."""
+        return slug(f"{self.inter_bw}_{self.inter_lat}")
+
+
+@dataclass
+class SweepConfig:
+    """A parsed, validated sweep file (after --set overrides)."""
+
+    name: str
+    run: dict[str, Any]
+    methods: list[str]
+    networks: list[NetworkPoint]
+    seeds: list[int]
+    knobs: dict[str, dict[str, list[Any]]]
+    target: float | None
+    validate: list[dict[str, Any]]
+    timeout_s: float | None
+    executor: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that decides the runs (not where they run, nor how they are scored).
+
+        The target only scores finished runs, so a folder can be re-scored with another one.
+        """
+        body = {k: v for k, v in self.raw.items() if k not in ("executor", "timeout_s", "target")}
+        text = json.dumps(body, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
+    """Read a sweep TOML, apply `--set key=value` overrides, validate; ConfigError on bad input."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep config {str(path)!r} does not exist.")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"sweep config {str(path)!r} is not valid TOML: {err}.") from None
+    raw.setdefault("name", path.stem)
+    for key, value in parse_overrides(list(overrides)).items():
+        _set_dotted(raw, key, _parse_value(value))
+    return parse_config(raw)
+
+def parse_config(raw: dict[str, Any]) -> SweepConfig:
+    """Validate a sweep dict (as read from TOML) into a SweepConfig."""
+    _known("sweep config", raw, TOP_KEYS)
+    name = raw.get("name", "sweep")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise ConfigError(f"name must be letters, digits, '.', '_' or '-', got {name!r}.")
+    run = _table(raw, "run")
+    for key in UNIT_FIELDS:
+        if key in run:
+            raise ConfigError(f"run.{key} is set per unit by the sweep; put it in [grid] instead.")
+    RunConfig.from_dict(run)  # unknown keys and bad types fail here, naming the key
+    grid = _table(raw, "grid")
+    _known("[grid]", grid, GRID_KEYS)
+    methods = _nonempty_list(grid, "methods", str)
+    for method in methods:
+        if method not in METHODS:
+            raise ConfigError(f"unknown method {method!r} in grid.methods; choose from "
+                              f"{', '.join(METHODS)}.")
+    bws = _nonempty_list(grid, "inter_bw", str)
+    lats = _nonempty_list(grid, "inter_lat", str)
+    networks = [network_point(bw, lat) for bw in bws for lat in lats]
+    seeds = _nonempty_list(grid, "seeds", int)
+    knobs = _knobs(grid.get("knobs", {}), methods)
+    target = _target(raw.get("target"))
+    timeout = raw.get("timeout_s")
+    if timeout is not None and (not _is_number(timeout) or timeout <= 0):
+        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout!r}.")
+    executor = _table(raw, "executor")
+    if executor.get("kind", "local") not in EXECUTORS:
+        raise ConfigError(f"unknown executor.kind {executor['kind']!r}; choose one of "
+                          f"{', '.join(EXECUTORS)}.")
+    validate = raw.get("validate", [])
+    if not isinstance(validate, list) or not all(isinstance(v, dict) for v in validate):
+        raise ConfigError("validate must be a list of [[validate]] tables.")
+    cfg = SweepConfig(
+        name=name, run=run, methods=methods, networks=networks, seeds=seeds, knobs=knobs,
+        target=target, validate=validate, timeout_s=timeout, executor=executor, raw=raw,
+    )
+    from experiments.sweep.plan import units_of  # plan builds on this module
+
+    units = units_of(cfg)  # builds and validates every unit's RunConfig
+    if target is None and "hsdp-adamw" not in methods:
+        raise ConfigError("without [target] val_loss the target comes from hsdp-adamw; add "
+                          "'hsdp-adamw' to grid.methods or set target.val_loss.")
+    if not units:
+        raise ConfigError("the sweep grid is empty.")
+    return cfg
+
+def _parse_value(text: str) -> Any:
+    """A --set value as TOML ('[0, 1]', '50', 'true', '"x"'); anything else is a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {part!r} is not a table.")
+        node = child
+    node[parts[-1]] = value
+
+def _known(where: str, table: dict[str, Any], allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"unknown key {key!r} in {where}; allowed: {', '.join(allowed)}.")
+
+def _table(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"[{key}] must be a table, got {value!r}.")
+    return value
+
+def _nonempty_list(grid: dict[str, Any], key: str, kind: type) -> list[Any]:
+    value = grid.get(key)
+    if value is None:
+        raise ConfigError(f"grid.{key} is missing; give a non-empty list.")
+    if not isinstance(value, list):
+        value = [value]  # a single value is a one-point axis
+    if not value:
+        raise ConfigError(f"grid.{key} is empty; give at least one value.")
+    for item in value:
+        if not isinstance(item, kind) or isinstance(item, bool):
+            raise ConfigError(f"grid.{key} takes {kind.__name__} values, got {item!r}.")
+    if len(set(map(str, value))) != len(value):
+        raise ConfigError(f"grid.{key} lists a value twice: {value!r}.")
+    return list(value)
+
+def network_point(bw: str, lat: str) -> NetworkPoint:
+    from netsim.units import parse_bandwidth, parse_latency
+
+    try:
+        bps = parse_bandwidth(bw)
+    except ValueError as err:
+        raise ConfigError(f"inter_bw {bw!r} does not parse: {err}") from None
+    try:
+        lat_s = parse_latency(lat)
+    except ValueError as err:
+        raise ConfigError(f"inter_lat {lat!r} does not parse: {err}") from None
+    return NetworkPoint(bw, lat, float(bps), float(lat_s))
+
+def _knobs(table: Any, methods: list[str]) -> dict[str, dict[str, list[Any]]]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"grid.knobs must be a table of [grid.knobs.<method>], got {table!r}.")
+    fields = {f.name for f in dataclasses.fields(RunConfig)} - set(UNIT_FIELDS)
+    out: dict[str, dict[str, list[Any]]] = {}
+    for method, knobs in table.items():
+        if method not in METHODS:
+            raise ConfigError(f"grid.knobs.{method}: unknown method {method!r}; choose from "
+                              f"{', '.join(METHODS)}.")
+        if method not in methods:
+            continue  # knobs of a method dropped from the grid (e.g. by --set) are moot
+        if not isinstance(knobs, dict):
+            raise ConfigError(f"grid.knobs.{method} must be a table, got {knobs!r}.")
+        out[method] = {}
+        for name, values in knobs.items():
+            if name not in fields:
+                raise ConfigError(f"grid.knobs.{method}.{name} is not a run setting; known: "
+                                  f"{', '.join(sorted(fields))}.")
+            values = values if isinstance(values, list) else [values]
+            if not values:
+                raise ConfigError(f"grid.knobs.{method}.{name} is empty; give at least one value.")
+            out[method][name] = values
+    return out
+
+def _target(table: Any) -> float | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"[target] must be a table with val_loss, got {table!r}.")
+    _known("[target]", table, ("val_loss",))
+    value = table.get("val_loss")
+    if value is None:
+        return None
+    if not _is_number(value) or not math.isfinite(value):
+        raise ConfigError(f"target.val_loss must be a number, got {value!r}.")
+    return float(value)
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of `text`."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text)
