@@ -284,7 +284,7 @@ def load_config(path: str | None, flags: dict[str, Any], sets: list[str]) -> Run
 
 _FLAGS = (
     ("method", str, "training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding, none"),
-    ("workload", str, "lm-tiny or vision-tiny"),
+    ("workload", str, "lm-tiny, lm-small, vision-tiny, or your own as module.path:factory"),
     ("nodes", int, "number of nodes (replicas)"),
     ("gpus-per-node", int, "ranks per node (FSDP2 shards across them)"),
     ("steps", int, "optimizer steps (default: the workload's budget)"),
