@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments import config, workloads
+from experiments import config, sweep, workloads
 from experiments.cli import main
 from experiments.config import ConfigError, RunConfig
 from experiments.workloads import WORKLOAD_NAMES, make_workload
@@ -71,6 +71,10 @@ def test_own_workload_runs_through_the_cli(tmp_path: Path) -> None:
     steps = pd.read_parquet(out / "steps.parquet")
     assert list(steps["step"]) == [1, 2] and steps["val_loss"].notna().all()
     assert (steps["inter_bytes_sent"] > 0).all()
+    # simulate reads the run folder only: it replays any workload's trace.
+    sim = tmp_path / "sim.csv"
+    assert main(["simulate", str(out), "--inter-bw", "10Mbit", "--out", str(sim)]) == 0
+    assert len(pd.read_csv(sim)) == 2
 
 
 @pytest.mark.parametrize(("name", "message"), [
@@ -113,6 +117,11 @@ def test_the_protocol_accepts_a_built_in_through_its_import_path() -> None:
     builtin = make_workload("vision-tiny")
     via_path = make_workload("experiments.workloads:_vision_tiny")
     RunConfig(workload="experiments.workloads:_vision_tiny").validate()
+    # A sweep takes the same import path in its [run] table (here as an override).
+    cfg = sweep.load_config(ROOT / "experiments" / "configs" / "quick.toml",
+                            ["run.workload=experiments.workloads:_vision_tiny"])
+    assert {u.config.workload for u in sweep.units_of(cfg)} == {
+        "experiments.workloads:_vision_tiny"}
     batch = builtin.batch(2, 1, 4, seed=0)
     torch.manual_seed(0)
     model = builtin.model()
