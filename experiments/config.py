@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none")
-WORKLOADS = ("lm-tiny", "vision-tiny")
+WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual")
 SCHEDULES = ("constant", "warmup", "cosine")
 VALUE_DTYPES = ("bf16", "fp32")
@@ -33,7 +33,7 @@ class RunConfig:
     method: str = "flexdemo"
     """Training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding or none."""
     workload: str = "lm-tiny"
-    """Model and data: lm-tiny or vision-tiny."""
+    """Model and data: lm-tiny, lm-small, vision-tiny, or your own factory as "module.path:attr"."""
     nodes: int = 2
     """Nodes (replicas); the inter-node group has one rank per node."""
     gpus_per_node: int = 2
@@ -98,7 +98,7 @@ class RunConfig:
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{f.name} must be a finite number, got {value}.")
         _choice("method", self.method, METHODS)
-        _choice("workload", self.workload, WORKLOADS)
+        _workload(self.workload)
         _choice("shaping", self.shaping, SHAPING_MODES)
         _choice("schedule", self.schedule, SCHEDULES)
         if not 0.0 <= self.warmup < 1.0:
@@ -251,6 +251,18 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}.")
+
+
+def _workload(name: Any) -> None:
+    if name in WORKLOADS:
+        return
+    if not (isinstance(name, str) and ":" in name):
+        raise ConfigError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)} or "
+                          "give your own as module.path:factory.")
+    # Imports torch and the user's module, so only for import paths; checked once per process.
+    from experiments.workloads import check_workload
+
+    check_workload(name)
 
 
 def _at_least(name: str, value: Any, low: int) -> None:

@@ -1,8 +1,15 @@
-"""Workloads: a model, its data and its default budget, all offline and small.
+"""Workloads: a model, its data and its default budget, all offline.
 
-- `lm-tiny`: a byte-level decoder-only transformer trained on the Python standard library's own
-  source (it ships with every interpreter), fixed file order, last 10% held out for validation.
+- `lm-tiny`: a byte-level decoder-only transformer (0.87M parameters) trained on the Python
+  standard library's own source (it ships with every interpreter), fixed file order, last 10%
+  held out for validation.
+- `lm-small`: the same model class at GPU size (38M parameters, 256-byte context) on a larger
+  slice of the same corpus (the standard library's source tree, 16 MB).
 - `vision-tiny`: a small CNN on scikit-learn's bundled 8x8 digits images.
+- `my_pkg.my_module:make_workload`: your own. ``make_workload`` is called with no arguments and
+  returns an object that follows `Workload` (below); `make_workload(name)` here resolves it and
+  says in one sentence what is missing. It is called once where the config is validated and once
+  in every rank, so keep it cheap (read local files, load big data lazily in ``batch``).
 
 Every rank draws its own micro-batch for step t from a generator seeded by (seed, step, rank), so a
 run is reproducible and the global batch is the concatenation of the ranks' batches.
@@ -10,28 +17,74 @@ run is reproducible and the global batch is the concatenation of the ranks' batc
 
 from __future__ import annotations
 
+import functools
 import gzip
+import importlib
 import importlib.util
 import math
 import sysconfig
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["Workload", "make_workload", "WORKLOAD_NAMES", "TinyGPT", "TinyCNN"]
+from experiments.config import ConfigError
 
-WORKLOAD_NAMES = ("lm-tiny", "vision-tiny")
+__all__ = ["Workload", "BuiltinWorkload", "make_workload", "check_workload", "WORKLOAD_NAMES",
+           "TinyGPT", "TinyCNN"]
 
 # Bytes of stdlib source used by lm-tiny: enough text for a few hundred steps without repeats.
 _LM_CORPUS_BYTES = 2_000_000
+# lm-small reads the whole source tree (about 20-30 MB on a full CPython install) up to this cap.
+_LM_SMALL_CORPUS_BYTES = 16_000_000
+# TinyGPT sizes of the language-model workloads.
+_GPT_SIZES = {
+    "lm-tiny": {"dim": 128, "n_layer": 4, "n_head": 4},
+    "lm-small": {"dim": 512, "n_layer": 12, "n_head": 8},
+}
+
+
+class Workload(Protocol):
+    """What a run needs from a workload; built-in or yours, `make_workload` checks these."""
+
+    default_steps: int
+    """Optimizer steps when the run does not say."""
+    default_batch_size: int
+    """Per-rank micro-batch when the run does not say."""
+    default_eval_every: int
+    """Steps between validation evaluations when the run does not say."""
+
+    def model(self) -> nn.Module:
+        """A freshly initialized model (the caller seeds torch first so all ranks agree)."""
+        ...
+
+    def batch(self, step: int, rank: int, batch_size: int, seed: int) -> tuple[torch.Tensor, ...]:
+        """Training micro-batch of one rank at one step, a function of its arguments only."""
+        ...
+
+    def val_batches(self, n: int, batch_size: int) -> list[tuple[torch.Tensor, ...]]:
+        """The same n validation batches on every rank and in every run."""
+        ...
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Scalar mean loss of the model on one batch (what backward() is called on)."""
+        ...
+
+
+_PROTOCOL_METHODS = ("model", "batch", "val_batches", "loss")
+_PROTOCOL_DEFAULTS = ("default_steps", "default_batch_size", "default_eval_every")
+_PROTOCOL_TEXT = ("model(), batch(step, rank, batch_size, seed), val_batches(n, batch_size), "
+                  "loss(model, batch) and the positive integers default_steps, "
+                  "default_batch_size, default_eval_every")
 
 
 @dataclass
-class Workload:
-    """A model factory, a batch sampler and the defaults of one workload."""
+class BuiltinWorkload:
+    """The built-in workloads: a model factory, a batch sampler and the defaults."""
 
     name: str
     default_steps: int
@@ -40,12 +93,15 @@ class Workload:
     train_data: torch.Tensor
     val_data: torch.Tensor
     seq_len: int = 0
+    """Context length of a language model; 0 for the image classifier."""
     n_classes: int = 0
+    gpt: dict[str, int] = field(default_factory=dict)
+    """TinyGPT sizes (dim, n_layer, n_head) of a language model."""
 
     def model(self) -> nn.Module:
         """A freshly initialized model (caller seeds torch first so all ranks agree)."""
-        if self.name == "lm-tiny":
-            return TinyGPT(vocab=256, seq_len=self.seq_len, dim=128, n_layer=4, n_head=4)
+        if self.seq_len:
+            return TinyGPT(vocab=256, seq_len=self.seq_len, **self.gpt)
         return TinyCNN(n_classes=self.n_classes)
 
     def batch(self, step: int, rank: int, batch_size: int, seed: int) -> tuple[torch.Tensor, ...]:
@@ -65,7 +121,7 @@ class Workload:
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
     def _sample(self, data: torch.Tensor, batch_size: int, gen: torch.Generator):
-        if self.name == "lm-tiny":
+        if self.seq_len:
             starts = torch.randint(0, data.numel() - self.seq_len - 1, (batch_size,), generator=gen)
             window = starts[:, None] + torch.arange(self.seq_len + 1)
             tokens = data[window].long()  # (B, T+1)
@@ -75,24 +131,93 @@ class Workload:
         return images.view(-1, 1, 8, 8), labels
 
 
+def _language_model(name: str, text: torch.Tensor, seq_len: int, steps: int, batch_size: int,
+                    eval_every: int) -> BuiltinWorkload:
+    split = int(0.9 * text.numel())
+    return BuiltinWorkload(
+        name, default_steps=steps, default_batch_size=batch_size, default_eval_every=eval_every,
+        train_data=text[:split], val_data=text[split:], seq_len=seq_len, gpt=_GPT_SIZES[name],
+    )
+
+
+def _lm_tiny() -> BuiltinWorkload:
+    return _language_model("lm-tiny", _stdlib_text(_LM_CORPUS_BYTES), seq_len=64, steps=300,
+                           batch_size=16, eval_every=25)
+
+
+def _lm_small() -> BuiltinWorkload:
+    text = _stdlib_text(_LM_SMALL_CORPUS_BYTES, recursive=True)
+    return _language_model("lm-small", text, seq_len=256, steps=2000, batch_size=16,
+                           eval_every=100)
+
+
+def _vision_tiny() -> BuiltinWorkload:
+    table = _digits_table()
+    table[:, :-1] /= 16.0  # pixel values 0..16 -> [0, 1]
+    split = 1500  # fixed split: the file's order is fixed
+    return BuiltinWorkload(
+        "vision-tiny", default_steps=200, default_batch_size=32, default_eval_every=20,
+        train_data=table[:split], val_data=table[split:], n_classes=10,
+    )
+
+
+_BUILTIN: dict[str, Callable[[], BuiltinWorkload]] = {
+    "lm-tiny": _lm_tiny, "lm-small": _lm_small, "vision-tiny": _vision_tiny,
+}
+WORKLOAD_NAMES = tuple(_BUILTIN)
+
+
 def make_workload(name: str) -> Workload:
-    """Load the data of a named workload (cheap: local files only)."""
-    if name == "lm-tiny":
-        text = _stdlib_text(_LM_CORPUS_BYTES)
-        split = int(0.9 * text.numel())
-        return Workload(
-            name, default_steps=300, default_batch_size=16, default_eval_every=25,
-            train_data=text[:split], val_data=text[split:], seq_len=64,
-        )
-    if name == "vision-tiny":
-        table = _digits_table()
-        table[:, :-1] /= 16.0  # pixel values 0..16 -> [0, 1]
-        split = 1500  # fixed split: the file's order is fixed
-        return Workload(
-            name, default_steps=200, default_batch_size=32, default_eval_every=20,
-            train_data=table[:split], val_data=table[split:], n_classes=10,
-        )
-    raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOAD_NAMES)}.")
+    """The workload a name stands for: a built-in one, or what a ``module:factory`` path returns.
+
+    Raises ConfigError, in one sentence naming what is missing, when the name is unknown, the
+    module or attribute does not exist, or the object lacks part of the `Workload` protocol.
+    """
+    workload = _factory(name)()
+    _check_protocol(name, workload)
+    return workload
+
+
+@functools.lru_cache(maxsize=32)
+def check_workload(name: str) -> None:
+    """Raise ConfigError unless `make_workload(name)` works; a process checks each name once."""
+    if name not in _BUILTIN:  # built-in ones read local files and are tested
+        make_workload(name)
+
+
+def _factory(name: str) -> Callable[[], Any]:
+    """The zero-argument callable that builds the named workload."""
+    if name in _BUILTIN:
+        return _BUILTIN[name]
+    module_name, sep, attr = name.partition(":")
+    if not (sep and module_name and attr):
+        raise ConfigError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOAD_NAMES)} "
+                          "or give your own as module.path:factory.")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"workload {name!r}: cannot import module {module_name!r} ({err}); "
+                          "install it or put its folder on PYTHONPATH.") from None
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"workload {name!r}: module {module_name!r} has no attribute "
+                              f"{attr!r}.")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigError(f"workload {name!r} is a {type(target).__name__}, not a factory: it "
+                          "must be callable with no arguments and return a workload.")
+    return target
+
+
+def _check_protocol(name: str, workload: Any) -> None:
+    missing = [f"{m}()" for m in _PROTOCOL_METHODS if not callable(getattr(workload, m, None))]
+    for attr in _PROTOCOL_DEFAULTS:
+        value = getattr(workload, attr, None)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            missing.append(attr)
+    if missing:
+        raise ConfigError(f"workload {name!r} returned a {type(workload).__name__} without "
+                          f"{', '.join(missing)}; a workload has {_PROTOCOL_TEXT}.")
 
 
 def _digits_table() -> torch.Tensor:
@@ -109,12 +234,15 @@ def _digits_table() -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32)
 
 
-def _stdlib_text(limit: int) -> torch.Tensor:
-    """Bytes of the standard library's top-level .py files in sorted order, as uint8."""
+def _stdlib_text(limit: int, recursive: bool = False) -> torch.Tensor:
+    """Bytes of the standard library's .py files in sorted path order, as uint8.
+
+    Top-level files only by default (lm-tiny); ``recursive`` walks the packages too.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
     chunks: list[bytes] = []
     total = 0
-    for path in sorted(root.glob("*.py")):
+    for path in _stdlib_files(root, recursive):
         data = path.read_bytes()
         chunks.append(data)
         total += len(data)
@@ -124,6 +252,15 @@ def _stdlib_text(limit: int) -> torch.Tensor:
     if len(blob) < 100_000:
         raise RuntimeError(f"found only {len(blob)} bytes of Python source under {root}.")
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+
+
+def _stdlib_files(root: Path, recursive: bool) -> list[Path]:
+    """The .py files under the stdlib folder, without installed third-party packages."""
+    if not recursive:
+        return sorted(root.glob("*.py"))
+    packages = [d for d in root.iterdir()
+                if d.is_dir() and d.name not in ("site-packages", "dist-packages")]
+    return sorted([*root.glob("*.py"), *(p for d in packages for p in d.rglob("*.py"))])
 
 
 def _mix(*values: int) -> int:

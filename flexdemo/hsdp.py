@@ -1,12 +1,20 @@
-"""HSDP wiring: the 2-D (replicate, shard) device mesh and FSDP2 applied block by block."""
+"""HSDP wiring: the 2-D (replicate, shard) device mesh and FSDP2 applied block by block.
+
+`parallelize` takes models it did not write: it finds the repeated blocks (a ModuleList,
+ModuleDict or Sequential of same-class layers anywhere in the model) or takes the user's list or
+predicate, keeps tied parameters in the root's group and refuses, before touching the model, what
+FSDP2 cannot shard.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 MESH_DIMS = ("replicate", "shard")
 
@@ -40,15 +48,36 @@ def build_mesh(nodes: int, per_node: int, device_type: str = "cpu",
                                  mesh_dim_names=MESH_DIMS)
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.ModuleList):
-        return [b for b in blocks if any(True for _ in b.parameters())]
-    return [c for c in model.children() if any(True for _ in c.parameters())]
+BlockSpec = Iterable[nn.Module] | Callable[[str, nn.Module], bool] | None
+"""Which submodules get their own FSDP2 group: found (None), listed, or picked by a predicate."""
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, inter_all_reduce: bool = True) -> nn.Module:
-    """Apply FSDP2 to each block with parameters, then to the root.
+def find_blocks(model: nn.Module, blocks: BlockSpec = None) -> list[tuple[str, nn.Module]]:
+    """The (name, module) pairs ``parallelize`` shards one by one, inner before outer.
+
+    ``blocks=None`` looks for repeated blocks anywhere in the model: the children of a
+    ``ModuleList``, ``ModuleDict`` or ``Sequential`` that holds two or more parameterized children
+    of one class (a transformer's layers, a ResNet stage). Everything else, tied embeddings
+    included, stays in the root's group. A list of modules or a ``predicate(name, module)`` picks
+    the blocks instead, as torchtitan's model files do. Raises ValueError, naming the module and
+    the reason, on anything FSDP2 cannot shard; the model is only read.
+    """
+    _check_root(model)
+    owners = _param_owners(model)
+    if blocks is None:
+        # Automatic: a block that shares a parameter with the rest of the model is left to the
+        # root, so both uses of the parameter live in one FSDP group.
+        found = [(n, m) for n, m in _repeated_blocks(model) if not _tied_outside(n, m, owners)]
+    else:
+        found = _given_blocks(model, blocks)
+        for name, module in found:
+            _refuse_ties(name, module, owners)
+    return _inner_first(model, found)
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, inter_all_reduce: bool = True, *,
+                blocks: BlockSpec = None) -> nn.Module:
+    """Apply FSDP2 to each block (see ``find_blocks``), then to the root.
 
     ``inter_all_reduce=True`` is HSDP on the 2-D mesh: reduce-scatter inside the node, then
     all-reduce across nodes. ``inter_all_reduce=False`` (the FlexDeMo family, which replicates
@@ -57,12 +86,130 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, inter_all_reduce: bool = Tru
     FSDP2's own switch, ``set_requires_all_reduce(False)``, is meant for gradient accumulation:
     it holds the reduce-scattered gradient back from ``.grad`` until a step with the all-reduce
     on, so the optimizer would never see it.
+
+    The blocks are chosen and checked before the first ``fully_shard`` call, so a ValueError
+    leaves the model as it was.
     """
+    plan = find_blocks(model, blocks)
     target = mesh if inter_all_reduce else mesh[MESH_DIMS[1]]
-    for block in _blocks(model):
+    for _, block in plan:
         fully_shard(block, mesh=target)
     fully_shard(model, mesh=target)
     return model
+
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+
+
+def _has_params(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def _has_forward(module: nn.Module) -> bool:
+    # FSDP2 hooks forward; it refuses ModuleList, ModuleDict and any container without one.
+    return type(module).forward is not nn.Module.forward
+
+
+def _check_root(model: nn.Module) -> None:
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"parallelize needs an nn.Module, got {type(model).__name__}.")
+    if not _has_forward(model):
+        raise ValueError(f"cannot shard a {type(model).__name__} as the model: it has no forward "
+                         "for FSDP2 to hook; pass the module that runs it.")
+    for name, module in model.named_modules():
+        if isinstance(module, FSDPModule):
+            where = f"its submodule {name!r}" if name else "it"
+            raise ValueError(f"the model is already parallelized ({where} is an FSDP module); "
+                             "build a fresh model and call parallelize once.")
+
+
+def _child_name(parent: str, child: str) -> str:
+    return f"{parent}.{child}" if parent else child
+
+
+def _inside(name: str, prefix: str) -> bool:
+    """Whether module ``name`` is ``prefix`` or nested in it."""
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Children of the outermost containers of two or more parameterized modules of one class."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():  # parents before children
+        if not isinstance(module, _CONTAINERS) or any(_inside(name, n) for n, _ in found):
+            continue
+        kids = [(_child_name(name, k), c) for k, c in module.named_children() if _has_params(c)]
+        if len(kids) >= 2 and len({type(c) for _, c in kids}) == 1:
+            found.extend(kids)
+    return found
+
+
+def _given_blocks(model: nn.Module, blocks: BlockSpec) -> list[tuple[str, nn.Module]]:
+    """The user's blocks by name, checked one by one."""
+    if isinstance(blocks, nn.ModuleList | nn.ModuleDict):
+        # blocks=model.layers means its children, whichever container holds them.
+        blocks = list(blocks.values() if isinstance(blocks, nn.ModuleDict) else blocks)
+    if callable(blocks) and not isinstance(blocks, nn.Module):
+        chosen = [(n, m) for n, m in model.named_modules() if n and blocks(n, m)]
+    elif isinstance(blocks, Iterable) and not isinstance(blocks, str | nn.Module):
+        names = {id(m): n for n, m in model.named_modules()}
+        chosen = []
+        for i, module in enumerate(blocks):
+            if id(module) not in names:
+                raise ValueError(f"blocks[{i}] ({type(module).__name__}) is not a submodule of "
+                                 "the model.")
+            chosen.append((names[id(module)], module))
+    else:
+        raise ValueError("blocks must be a list of the model's submodules or a "
+                         f"predicate(name, module) -> bool, got {type(blocks).__name__}.")
+    for name, module in chosen:
+        if not name:
+            raise ValueError("blocks lists the model itself, which parallelize always shards "
+                             "last; leave it out.")
+        if not _has_forward(module):
+            raise ValueError(f"cannot shard block {name!r}: a {type(module).__name__} has no "
+                             "forward for FSDP2 to hook; list its children instead.")
+    unique = {id(m): (n, m) for n, m in chosen}
+    return [(n, m) for n, m in unique.values() if _has_params(m)]
+
+
+def _param_owners(model: nn.Module) -> dict[int, list[str]]:
+    """Every qualified name of every parameter, tied ones under all their names."""
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name)
+    return owners
+
+
+def _tied_outside(name: str, block: nn.Module, owners: dict[int, list[str]]) -> str | None:
+    """A name outside ``block`` under which one of its parameters is also used, if any."""
+    for param in block.parameters():
+        for other in owners[id(param)]:
+            if not _inside(other, name):
+                return other
+    return None
+
+
+def _refuse_ties(name: str, block: nn.Module, owners: dict[int, list[str]]) -> None:
+    other = _tied_outside(name, block, owners)
+    if other is not None:
+        raise ValueError(f"cannot shard block {name!r} on its own: one of its parameters is tied "
+                         f"to {other!r} outside it; leave it out of blocks so the tied "
+                         "parameter stays in the root's group.")
+
+
+def _inner_first(model: nn.Module,
+                 found: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """Blocks in post-order: a nested block is sharded before the block that holds it."""
+    order: dict[int, int] = {}
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            visit(child)
+        order.setdefault(id(module), len(order))
+
+    visit(model)
+    return sorted(found, key=lambda item: order[id(item[1])])
 
 
 def replicate_group(mesh: DeviceMesh) -> dist.ProcessGroup:
