@@ -43,7 +43,7 @@ class AdamWBase:
 
     name = "adamw"
 
-    def __init__(self, shards: list[torch.Tensor], betas: tuple[float, float], eps: float):
+    def __init__(self, shards: list[torch.Tensor], betas: tuple[float, float], eps: float) -> None:
         self.betas, self.eps = betas, eps
         self.exp_avg = [torch.zeros_like(s) for s in shards]
         self.exp_avg_sq = [torch.zeros_like(s) for s in shards]

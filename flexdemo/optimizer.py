@@ -82,7 +82,7 @@ class FlexDeMo(torch.optim.Optimizer):
         base: str | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-    ):
+    ) -> None:
         """Build the optimizer around ``replicator`` (an object, or a name of ``REPLICATORS``).
 
         Args:

@@ -16,7 +16,8 @@ class BlockGroup:
     DeMo's parameter-space delta up to rounding and saves one inverse transform per step.
     """
 
-    def __init__(self, c1: int, c2: int, topk: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, c1: int, c2: int, topk: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         self.c1, self.c2 = c1, c2
         self.k = clamp_topk(topk, c1 * c2)
         # (shard index, its layout, first block, end block) of each member.
