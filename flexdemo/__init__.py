@@ -5,26 +5,44 @@ Usage on N nodes × G ranks (one process per rank, process group already initial
     mesh = build_mesh(N, G)                                  # ("replicate", "shard")
     parallelize(model, mesh, inter_all_reduce=method_uses_inter_all_reduce(method))
     opt = build_optimizer(method, model, mesh, lr=DEFAULT_LR[method], topk=32, chunk=64)
-    loss.backward(); opt.step(); opt.last_step_comm          # bytes/calls on the inter-node group
+    loss.backward(); opt.step()
 
-or directly ``FlexDeMo(model.parameters(), lr=..., replication_group=replicate_group(mesh))``.
+or directly::
+
+    opt = FlexDeMo(model.parameters(), lr=1e-3, replicator=DeMoReplicator(topk=32, chunk=64),
+                   base="sign", replication_group=replicate_group(mesh))
+    opt.step(); opt.last_step_comm                           # bytes/calls on the inter-node group
+
+Where things live: ``optimizer.py`` (FlexDeMo), ``bases.py`` (sign-SGD and AdamW steps),
+``replicators/`` (one module per family), ``dct.py`` and ``chunking.py`` (the transform),
+``codec.py`` (top-k and index wire format), ``wire.py`` (the bucket and byte counts),
+``methods.py`` (method name -> replicator and base), ``hsdp.py`` (mesh and FSDP2).
 Only torch is imported here.
 """
 
+from .bases import BASES
 from .chunking import BlockLayout, largest_divisor_at_most, matrix_shape
 from .codec import index_dtype, mean_decode, topk_encode
-from .dct import dct_blocks, dct_chunked, dct_matrix, idct_blocks, idct_chunked
+from .dct import dct_chunked, dct_matrix, idct_chunked
 from .hsdp import build_mesh, parallelize, replicate_group, shard_group
 from .methods import (
     DEFAULT_LR,
     METHODS,
-    HSDPAdamW,
     build_optimizer,
     method_uses_inter_all_reduce,
     method_uses_sharding,
 )
-from .optimizer import BASES, FlexDeMo, local_tensor
-from .replicators import REPLICATORS, Replicator
+from .optimizer import FlexDeMo, local_tensor
+from .replicators import (
+    REPLICATORS,
+    DeMoReplicator,
+    DiLoCoReplicator,
+    FullReplicator,
+    NoReplicator,
+    RandomReplicator,
+    Replicator,
+    StridingReplicator,
+)
 from .wire import CommStats, all_gather_bytes, all_reduce_bytes, pack, plan_bucket, unpack
 
 __all__ = [
@@ -33,18 +51,21 @@ __all__ = [
     "METHODS",
     "REPLICATORS",
     "BlockLayout",
-    "HSDPAdamW",
     "CommStats",
+    "DeMoReplicator",
+    "DiLoCoReplicator",
     "FlexDeMo",
+    "FullReplicator",
+    "NoReplicator",
+    "RandomReplicator",
     "Replicator",
+    "StridingReplicator",
     "all_gather_bytes",
     "all_reduce_bytes",
     "build_mesh",
     "build_optimizer",
-    "dct_blocks",
     "dct_chunked",
     "dct_matrix",
-    "idct_blocks",
     "idct_chunked",
     "index_dtype",
     "largest_divisor_at_most",

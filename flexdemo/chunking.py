@@ -62,23 +62,10 @@ class BlockLayout:
         """Number of blocks."""
         return (self.rows // self.c1) * (self.cols // self.c2)
 
-    @property
-    def block_numel(self) -> int:
-        """Number of coefficients in one block."""
-        return self.c1 * self.c2
-
     def blocks_view(self, t: torch.Tensor) -> torch.Tensor:
         """Strided (blocks_r, blocks_c, c1, c2) view of ``t`` as blocks (no copy)."""
         m = t.reshape(self.rows // self.c1, self.c1, self.cols // self.c2, self.c2)
         return m.permute(0, 2, 1, 3)
-
-    def to_blocks(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy ``t`` into contiguous (num_blocks, c1, c2) blocks, into ``out`` when given."""
-        if out is None:
-            out = torch.empty(self.num_blocks, self.c1, self.c2, dtype=t.dtype, device=t.device)
-        out.view(self.rows // self.c1, self.cols // self.c2, self.c1, self.c2).copy_(
-            self.blocks_view(t))
-        return out
 
     def from_blocks(self, blocks: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Copy (num_blocks, c1, c2) ``blocks`` back into the natural layout of ``out``."""

@@ -25,27 +25,6 @@ def dct_matrix(n: int, dtype: torch.dtype = torch.float32,
     return basis
 
 
-def dct_blocks(x: torch.Tensor) -> torch.Tensor:
-    """2-D orthonormal DCT-II of every (c1 × c2) block of a (num_blocks, c1, c2) batch."""
-    nb, c1, c2 = x.shape
-    right = dct_matrix(c2, x.dtype, x.device)
-    # One large GEMM over all rows of all blocks for the column transform.
-    y = (x.reshape(nb * c1, c2) @ right.T).view(nb, c1, c2)
-    if c1 == 1:
-        return y
-    return torch.matmul(dct_matrix(c1, x.dtype, x.device), y)
-
-
-def idct_blocks(x: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`dct_blocks` (the basis is orthonormal, so the transpose)."""
-    nb, c1, c2 = x.shape
-    right = dct_matrix(c2, x.dtype, x.device)
-    y = (x.reshape(nb * c1, c2) @ right).view(nb, c1, c2)
-    if c1 == 1:
-        return y
-    return torch.matmul(dct_matrix(c1, x.dtype, x.device).T, y)
-
-
 def _chunked(x: torch.Tensor, c1: int, c2: int, inverse: bool, scratch: torch.Tensor | None,
              out: torch.Tensor | None, scale: float = 1.0) -> torch.Tensor:
     rows, cols = x.shape

@@ -1,4 +1,4 @@
-"""FlexDeMo: decoupled-momentum optimizer over a sharding group and a replication group."""
+"""FlexDeMo: an optimizer handed a replicator, over (hybrid) sharded parameters."""
 
 from __future__ import annotations
 
@@ -7,19 +7,10 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from .replicators import (
-    REPLICATORS,
-    DeMoReplicator,
-    DiLoCoReplicator,
-    FullReplicator,
-    NoReplicator,
-    RandomReplicator,
-    Replicator,
-    StridingReplicator,
-)
+from ._checks import check, float_dtype, in_unit_interval, int_at_least
+from .bases import make_base
+from .replicators import REPLICATORS, Replicator
 from .wire import CommStats
-
-BASES = ("sign", "adamw")
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -33,150 +24,102 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
 def _group_size(group: dist.ProcessGroup | None) -> int:
     if not (dist.is_available() and dist.is_initialized()):
         return 1
     return dist.get_world_size(group)
 
 
+def _from_reference(replicator: Replicator | str, topk: int | None, chunk: int | None,
+                    decay: float | None, value_dtype: torch.dtype | None) -> Replicator:
+    """The replicator the reference-compatible keywords describe."""
+    given = {"compression_topk": topk, "compression_chunk": chunk, "compression_decay": decay,
+             "value_dtype": value_dtype}
+    if isinstance(replicator, Replicator):
+        for key, value in given.items():
+            check(value is None, f"{key}={value!r} only applies with a replicator name; "
+                                 "set it on the replicator object instead.")
+        return replicator
+    check(replicator in REPLICATORS,
+          f"replicator={replicator!r} is unknown; use one of {', '.join(REPLICATORS)}.")
+    if topk is not None:
+        int_at_least("compression_topk", topk, 1)
+    if chunk is not None:
+        int_at_least("compression_chunk", chunk, 1)
+    if decay is not None:
+        in_unit_interval("compression_decay", decay, closed_low=True, closed_high=False)
+    if value_dtype is not None:
+        float_dtype("value_dtype", value_dtype)
+    return REPLICATORS[replicator].from_reference(topk=topk, chunk=chunk, decay=decay,
+                                                  value_dtype=value_dtype)
+
+
 class FlexDeMo(torch.optim.Optimizer):
     """Decoupled Momentum (DeMo) and its DeToNATION relatives on (hybrid) sharded parameters.
 
-    Each step works on the local shard of every parameter: the selected replicator exchanges
-    (part of) the gradient or momentum with the other replicas over ``replication_group`` in one
-    bucketed collective, then sign-SGD or AdamW applies the result with decoupled weight decay.
-    ``last_step_comm`` and ``comm_totals`` count the bytes and calls on the replication group.
+    ``FlexDeMo(params, lr, replicator=DeMoReplicator(topk=32, chunk=64), base="sign")``: each
+    step works on the local shard of every parameter. On the steps its schedule says, the
+    replicator exchanges (part of) the gradient or momentum with the other replicas over
+    ``replication_group``; the base step (sign-SGD or AdamW, decoupled weight decay) applies
+    the result. ``last_step_comm`` and ``comm_totals`` count the bytes and calls the
+    replicator put on the replication group (what netsim records, in the optimizer's terms).
     """
 
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict],
         lr: float = 1e-3,
-        compression_topk: int = 32,
-        compression_chunk: int = 64,
-        compression_decay: float = 0.999,
+        compression_topk: int | None = None,
+        compression_chunk: int | None = None,
+        compression_decay: float | None = None,
         weight_decay: float = 0.0,
         sign: bool | None = None,
-        replicator: str = "demo",
-        value_dtype: torch.dtype = torch.bfloat16,
+        replicator: Replicator | str = "demo",
+        value_dtype: torch.dtype | None = None,
         sharding_group: dist.ProcessGroup | None = None,
         replication_group: dist.ProcessGroup | None = None,
         *,
         base: str | None = None,
-        replicate_every: int = 1,
-        skip_every: int | None = None,
-        compression_rate: float = 0.1,
-        seed: int = 42,
-        sync_every: int = 50,
-        outer_lr: float = 0.7,
-        outer_momentum: float = 0.9,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-    ):
-        """Build the optimizer; ``sign``/``base`` default to sign-SGD (AdamW, no sign, for diloco).
+    ) -> None:
+        """Build the optimizer around ``replicator`` (an object, or a name of ``REPLICATORS``).
 
         Args:
             params: parameters (plain tensors or FSDP2 DTensors) or parameter groups.
-            replicator: one of ``REPLICATORS``.
-            value_dtype: dtype of the coefficient values on the wire (float32 reproduces DeMo).
-            sharding_group: the intra-node group FSDP2 shards over (informational; FSDP2 does
-                the intra-node reduce-scatter). None: parameters are not sharded.
+            compression_topk / compression_chunk / compression_decay / value_dtype: the
+                reference call's knobs; only with a replicator name, which they configure.
+            sign: take the sign of the update before the base step (default: the replicator's).
+            sharding_group: accepted for the reference call and unused: FSDP2 does the
+                intra-node reduce-scatter before the optimizer sees the gradients.
             replication_group: the inter-node group (one rank per node). None: the default group.
-            replicate_every / skip_every: replicate only on steps divisible by
-                ``replicate_every`` and not by ``skip_every``; other steps fold the gradient into
-                the replicator's momentum (if it keeps one) and step on the local gradient.
-            compression_rate / seed: fraction of rows (random) or chunks (striding) sent.
-            sync_every / outer_lr / outer_momentum: DiLoCo's H and outer Nesterov SGD.
+            base: "sign" (SGD) or "adamw"; default: the replicator's.
+            betas / eps: AdamW's, for ``base="adamw"``.
         """
-        _check(replicator in REPLICATORS,
-               f"replicator={replicator!r} is unknown; use one of {', '.join(REPLICATORS)}.")
-        _check(isinstance(lr, (int, float)) and lr >= 0, f"lr={lr!r} must be a number >= 0.")
-        _check(isinstance(compression_topk, int) and compression_topk > 0,
-               f"compression_topk={compression_topk!r} must be a positive integer.")
-        _check(isinstance(compression_chunk, int) and compression_chunk > 0,
-               f"compression_chunk={compression_chunk!r} must be a positive integer.")
-        _check(0.0 <= compression_decay < 1.0,
-               f"compression_decay={compression_decay!r} must lie in [0, 1).")
-        _check(weight_decay >= 0, f"weight_decay={weight_decay!r} must be >= 0.")
-        _check(isinstance(value_dtype, torch.dtype) and value_dtype.is_floating_point,
-               f"value_dtype={value_dtype!r} must be a floating-point torch.dtype.")
-        base = base if base is not None else ("adamw" if replicator == "diloco" else "sign")
-        _check(base in BASES, f"base={base!r} is unknown; use one of {', '.join(BASES)}.")
-        sign = sign if sign is not None else replicator != "diloco"
-        _check(isinstance(replicate_every, int) and replicate_every >= 1,
-               f"replicate_every={replicate_every!r} must be an integer >= 1.")
-        _check(skip_every is None or (isinstance(skip_every, int) and skip_every >= 1),
-               f"skip_every={skip_every!r} must be None or an integer >= 1.")
-        _check(0.0 < compression_rate <= 1.0,
-               f"compression_rate={compression_rate!r} must lie in (0, 1].")
-        _check(isinstance(sync_every, int) and sync_every >= 1,
-               f"sync_every={sync_every!r} must be an integer >= 1.")
-        _check(outer_lr > 0, f"outer_lr={outer_lr!r} must be > 0.")
-        _check(0.0 <= outer_momentum < 1.0,
-               f"outer_momentum={outer_momentum!r} must lie in [0, 1).")
-        _check(0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0,
-               f"betas={betas!r} must both lie in [0, 1).")
-
-        defaults = {"lr": lr, "weight_decay": weight_decay}
-        super().__init__(params, defaults)
-        self.sign, self.base, self.betas, self.eps = sign, base, betas, eps
-        self.replicator_name = replicator
-        self.replicate_every, self.skip_every = replicate_every, skip_every
-        self.sharding_group = sharding_group
+        del sharding_group  # see the docstring
+        rep = _from_reference(replicator, compression_topk, compression_chunk,
+                              compression_decay, value_dtype)
+        check(isinstance(lr, (int, float)) and lr >= 0, f"lr={lr!r} must be a number >= 0.")
+        check(weight_decay >= 0, f"weight_decay={weight_decay!r} must be >= 0.")
+        check(0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0,
+              f"betas={betas!r} must both lie in [0, 1).")
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+        self.sign = rep.default_sign if sign is None else sign
+        self.replicator = rep
         self.replication_group = replication_group
         self.replicas = _group_size(replication_group)
-
-        self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        shards = [local_tensor(p.detach()) for p in self._params]
-        self.replicator = self._make_replicator(
-            replicator, compression_topk, compression_chunk, compression_decay, value_dtype,
-            compression_rate, seed, sync_every, outer_lr, outer_momentum)
-        self.replicator.setup(shards, replication_group, self.replicas)
-        if base == "adamw":
-            self._exp_avg = [torch.zeros_like(s) for s in shards]
-            self._exp_avg_sq = [torch.zeros_like(s) for s in shards]
+        shards = [local_tensor(p.detach()) for p in self._trainable()]
+        self.base = make_base(rep.default_base if base is None else base, shards, betas, eps)
+        rep.setup(shards, replication_group, self.replicas)
         self.steps = 0
-        self.base_steps = 0
         self.last_step_comm = CommStats().as_dict()
         self.comm_totals = CommStats()
 
-    @staticmethod
-    def _make_replicator(name: str, topk: int, chunk: int, decay: float,
-                         value_dtype: torch.dtype, rate: float, seed: int, sync_every: int,
-                         outer_lr: float, outer_momentum: float) -> Replicator:
-        if name == "demo":
-            return DeMoReplicator(topk, chunk, decay, value_dtype)
-        if name == "full":
-            return FullReplicator()
-        if name == "none":
-            return NoReplicator()
-        if name == "random":
-            return RandomReplicator(decay, rate, seed)
-        if name == "striding":
-            return StridingReplicator(decay, rate, chunk)
-        return DiLoCoReplicator(sync_every, outer_lr, outer_momentum)
+    def _trainable(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
 
-    def _replicates(self, step: int) -> bool:
-        if self.replicator_name == "diloco":
-            return True  # DiLoCo runs on its own sync_every clock.
-        if step % self.replicate_every != 0:
-            return False
-        return self.skip_every is None or step % self.skip_every != 0
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """Replicate the gradients as configured and update the local parameter shards."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.steps += 1
-        stats = CommStats()
+    def _gather(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float], list[float]]:
+        """Local shards, their gradients, learning rates and weight decays, in setup order."""
         shards, grads, lrs, wds = [], [], [], []
         for group in self.param_groups:
             for p in group["params"]:
@@ -189,71 +132,57 @@ class FlexDeMo(torch.optim.Optimizer):
                              else torch.zeros_like(shard))
                 lrs.append(group["lr"])
                 wds.append(group["weight_decay"])
-        replicating = self._replicates(self.steps)
+        return shards, grads, lrs, wds
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Replicate as the replicator's schedule says and update the local parameter shards."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.steps += 1
+        stats = CommStats()
+        shards, grads, lrs, wds = self._gather()
+        replicating = self.replicator.replicates_on(self.steps)
         if replicating:
             updates = self.replicator.replicate(grads, lrs, stats)
         else:
-            self.replicator.accumulate(grads, lrs)
-            updates = grads
-        self._apply(shards, updates, lrs, wds, replicating and self.replicator.owns_updates)
-        self.replicator.after_update(shards, lrs, stats)
+            updates = self.replicator.accumulate(grads, lrs)
+        if self.sign:
+            # In place only on the replicator's own buffers, never on a user's .grad.
+            owned = replicating and self.replicator.owns_updates
+            updates = [u.sign_() if owned else u.sign() for u in updates]
+        self.base.apply(shards, updates, lrs, wds)
+        if replicating:
+            self.replicator.after_update(shards, stats)
         self.last_step_comm = stats.as_dict()
         self.comm_totals.add(stats.bytes_sent, stats.bytes_received, stats.calls)
         return loss
 
-    def _apply(self, shards: list[torch.Tensor], updates: list[torch.Tensor], lrs: list[float],
-               wds: list[float], owned: bool) -> None:
-        self.base_steps += 1
-        b1, b2 = self.betas
-        for i, (p, u, lr, wd) in enumerate(zip(shards, updates, lrs, wds, strict=True)):
-            if p.numel() == 0:
-                continue
-            if self.sign:
-                # In place only on the replicator's own buffers, never on a user's .grad.
-                u = u.sign_() if owned else u.sign()
-            if wd != 0.0:
-                p.mul_(1.0 - lr * wd)
-            if self.base == "sign":
-                p.add_(u, alpha=-lr)
-                continue
-            m, v = self._exp_avg[i], self._exp_avg_sq[i]
-            m.mul_(b1).add_(u, alpha=1.0 - b1)
-            v.mul_(b2).addcmul_(u, u, value=1.0 - b2)
-            bias1 = 1.0 - b1 ** self.base_steps
-            bias2 = 1.0 - b2 ** self.base_steps
-            denom = (v.sqrt() / bias2 ** 0.5).add_(self.eps)
-            p.addcdiv_(m, denom, value=-lr / bias1)
-
     def state_dict(self) -> dict:
-        """Everything needed to resume: hyper-parameters, momentum (delta), counters."""
+        """Everything needed to resume: hyper-parameters, replicator and base state, counters."""
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-        state = {"param_groups": groups, "steps": self.steps, "base_steps": self.base_steps,
-                 "replicator_name": self.replicator_name,
-                 "replicator": self.replicator.state_dict(),
-                 "comm_totals": self.comm_totals.as_dict()}
-        if self.base == "adamw":
-            state["exp_avg"] = [t.clone() for t in self._exp_avg]
-            state["exp_avg_sq"] = [t.clone() for t in self._exp_avg_sq]
-        return state
+        return {"param_groups": groups, "steps": self.steps,
+                "replicator_name": self.replicator.name,
+                "replicator": self.replicator.state_dict(), "base": self.base.state_dict(),
+                "comm_totals": self.comm_totals.as_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore a :meth:`state_dict` saved by an optimizer of the same configuration."""
         name = state_dict.get("replicator_name")
-        _check(name == self.replicator_name,
-               f"state_dict comes from replicator {name!r} but this optimizer uses "
-               f"{self.replicator_name!r}.")
-        _check(len(state_dict["param_groups"]) == len(self.param_groups),
-               f"state_dict has {len(state_dict['param_groups'])} parameter groups but this "
-               f"optimizer has {len(self.param_groups)}.")
+        check(name == self.replicator.name,
+              f"state_dict comes from replicator {name!r} but this optimizer uses "
+              f"{self.replicator.name!r}.")
+        check(len(state_dict["param_groups"]) == len(self.param_groups),
+              f"state_dict has {len(state_dict['param_groups'])} parameter groups but this "
+              f"optimizer has {len(self.param_groups)}.")
         for group, saved in zip(self.param_groups, state_dict["param_groups"], strict=True):
             group.update(saved)
         self.steps = int(state_dict["steps"])
-        self.base_steps = int(state_dict["base_steps"])
         self.replicator.load_state_dict(state_dict["replicator"])
+        self.base.load_state_dict(state_dict["base"])
         totals = state_dict["comm_totals"]
         self.comm_totals = CommStats(totals["bytes_sent"], totals["bytes_received"],
                                      totals["calls"])
-        if self.base == "adamw":
-            for dst, src in zip(self._exp_avg + self._exp_avg_sq,
-                                state_dict["exp_avg"] + state_dict["exp_avg_sq"], strict=True):
-                dst.copy_(src)
+

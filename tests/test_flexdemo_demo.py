@@ -6,7 +6,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from flexdemo import FlexDeMo, build_optimizer, dct_matrix, largest_divisor_at_most
+from flexdemo import (
+    DeMoReplicator,
+    DiLoCoReplicator,
+    FlexDeMo,
+    RandomReplicator,
+    StridingReplicator,
+    build_optimizer,
+    dct_matrix,
+    largest_divisor_at_most,
+)
 from tests.dist_utils import run_ranks
 
 LR, DECAY, TOPK, CHUNK = 0.01, 0.9, 5, 6
@@ -109,8 +118,8 @@ def _check_byte_accounting(rank, world):
     assert opt.last_step_comm == {"bytes_sent": 784, "bytes_received": 784, "calls": 1}
     # Replicate every 2nd step, skip every 3rd: steps 2 and 4 communicate, 1, 3, 6 do not.
     model = _model()
-    opt = FlexDeMo(model.parameters(), lr=LR, compression_topk=TOPK, compression_chunk=CHUNK,
-                   replicate_every=2, skip_every=6)
+    opt = FlexDeMo(model.parameters(), lr=LR, replicator=DeMoReplicator(
+        topk=TOPK, chunk=CHUNK, replicate_every=2, skip_every=6))
     calls = []
     for step in range(6):
         _backward(model, step, rank)
@@ -123,19 +132,21 @@ def _check_byte_accounting(rank, world):
 
 
 CHECKPOINT_CASES = [
-    ("demo", {"compression_topk": TOPK, "compression_chunk": CHUNK}),
-    ("demo", {"base": "adamw", "sign": False, "replicate_every": 2}),
-    ("random", {"compression_rate": 0.3}),
-    ("striding", {"compression_rate": 0.3, "compression_chunk": 4}),
-    ("diloco", {"sync_every": 2}),
-    ("full", {}),
+    ("demo", lambda: {"compression_topk": TOPK, "compression_chunk": CHUNK}),
+    ("demo", lambda: {"replicator": DeMoReplicator(replicate_every=2), "base": "adamw",
+                      "sign": False}),
+    ("random", lambda: {"replicator": RandomReplicator(rate=0.3)}),
+    ("striding", lambda: {"replicator": StridingReplicator(rate=0.3, chunk=4)}),
+    ("diloco", lambda: {"replicator": DiLoCoReplicator(diloco_h=2)}),
+    ("full", lambda: {}),
 ]
 
 
 def _check_checkpoint_round_trip(rank, world):
-    for replicator, kwargs in CHECKPOINT_CASES:
+    for replicator, make in CHECKPOINT_CASES:
+        kwargs = {"replicator": replicator, **make()}
         model = _model()
-        opt = FlexDeMo(model.parameters(), lr=LR, replicator=replicator, **kwargs)
+        opt = FlexDeMo(model.parameters(), lr=LR, **kwargs)
         for step in range(3):
             _backward(model, step, rank)
             opt.step()
@@ -146,7 +157,7 @@ def _check_checkpoint_round_trip(rank, world):
             opt.step()
         resumed = _model(seed=123)
         resumed.load_state_dict(saved_model)
-        opt2 = FlexDeMo(resumed.parameters(), lr=0.5, replicator=replicator, **kwargs)
+        opt2 = FlexDeMo(resumed.parameters(), lr=0.5, **{"replicator": replicator, **make()})
         opt2.load_state_dict(saved_opt)
         assert opt2.param_groups[0]["lr"] == LR
         for step in range(3, 7):

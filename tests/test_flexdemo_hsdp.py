@@ -59,7 +59,7 @@ def _replicas_identical(model, mesh):
     return True
 
 
-KNOBS = {"topk": 3, "chunk": 4, "H": 2, "rate": 0.5, "value_dtype": torch.float32}
+KNOBS = {"topk": 3, "chunk": 4, "diloco_h": 2, "rate": 0.5, "value_dtype": torch.float32}
 
 
 def _check_replicators(rank, mesh):
@@ -104,6 +104,8 @@ def _check_hsdp_adamw(rank, mesh):
     assert method_uses_inter_all_reduce("hsdp-adamw")
     model = parallelize(Net(), mesh, inter_all_reduce=True)
     opt = build_optimizer("hsdp-adamw", model, mesh, lr=LR)
+    # Plain AdamW: FSDP2's all-reduce is what crosses nodes (netsim counts it in a run).
+    assert type(opt) is torch.optim.AdamW
     plain = Net()
     ref = torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=0.0)
     world = NODES * PER_NODE
@@ -112,11 +114,7 @@ def _check_hsdp_adamw(rank, mesh):
     try:
         for step in range(3):
             _train_step(model, opt, step, rank)
-            # all-reduce over 2 ranks moves its n input bytes each way: 2(p-1)/p · n = n.
-            assert opt.last_step_comm == {"bytes_sent": counter.bytes,
-                                          "bytes_received": counter.bytes,
-                                          "calls": counter.calls}, (opt.last_step_comm, counter)
-            assert counter.calls == 3  # blocks[0], blocks[1], root (head)
+            assert counter.calls == 3 and counter.bytes > 0  # blocks[0], blocks[1], root (head)
             counter.calls = counter.bytes = 0
             _reference_step(plain, ref, step, world)
     finally:

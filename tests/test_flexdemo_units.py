@@ -9,12 +9,14 @@ import torch
 from flexdemo import (
     METHODS,
     BlockLayout,
+    DeMoReplicator,
+    DiLoCoReplicator,
     FlexDeMo,
+    RandomReplicator,
+    StridingReplicator,
     build_optimizer,
-    dct_blocks,
     dct_chunked,
     dct_matrix,
-    idct_blocks,
     idct_chunked,
     index_dtype,
     largest_divisor_at_most,
@@ -53,32 +55,35 @@ def test_largest_divisor():
     assert largest_divisor_at_most(30, 7) == 6
 
 
+def _blocks(x: torch.Tensor, lay: BlockLayout) -> torch.Tensor:
+    """(num_blocks, c1, c2) copy of ``x`` cut into blocks, row-major by block."""
+    m = x.reshape(lay.rows // lay.c1, lay.c1, lay.cols // lay.c2, lay.c2)
+    return m.permute(0, 2, 1, 3).reshape(-1, lay.c1, lay.c2)
+
+
 @pytest.mark.parametrize("shape,chunk", [((10, 12), 6), ((7,), 3), ((9, 15), 5), ((30,), 64),
                                          ((4, 3, 5), 6), ((12, 20), 64)])
-def test_block_dct_round_trip_and_per_block_transform(shape, chunk):
+def test_chunked_dct_is_the_per_block_transform_and_round_trips(shape, chunk):
     torch.manual_seed(0)
     x = torch.randn(shape, dtype=torch.float64)
     lay = BlockLayout.for_shape(shape, chunk)
-    blocks = lay.to_blocks(x)
-    coeffs = dct_blocks(blocks)
-    # Block (0, 0) transformed by hand: C1 @ B @ C2^T.
-    b0 = x.reshape(lay.rows, lay.cols)[:lay.c1, :lay.c2]
-    want = dct_matrix(lay.c1, torch.float64) @ b0 @ dct_matrix(lay.c2, torch.float64).T
-    assert torch.allclose(coeffs[0], want, atol=1e-12)
-    back = lay.from_blocks(idct_blocks(coeffs), torch.empty_like(x))
-    assert torch.allclose(back, x, atol=1e-12)
-    # Orthonormal: energy is preserved.
-    assert torch.allclose(coeffs.pow(2).sum(), x.pow(2).sum())
-    # The natural-layout transform puts the same coefficients where the blocks sit.
     natural = dct_chunked(x.reshape(lay.rows, lay.cols), lay.c1, lay.c2)
-    assert torch.allclose(lay.to_blocks(natural), coeffs, atol=1e-12)
+    # Every block transformed by hand: C1 @ B @ C2^T, where the natural layout puts it.
+    c1, c2 = dct_matrix(lay.c1, torch.float64), dct_matrix(lay.c2, torch.float64)
+    want = c1 @ _blocks(x, lay) @ c2.T
+    assert torch.allclose(_blocks(natural, lay), want, atol=1e-12)
+    # Orthonormal: energy is preserved, and the inverse gives x back.
+    assert torch.allclose(natural.pow(2).sum(), x.pow(2).sum())
     assert torch.allclose(idct_chunked(natural, lay.c1, lay.c2), x.reshape(lay.rows, lay.cols),
                           atol=1e-12)
+    # from_blocks is the inverse of the cut.
+    back = lay.from_blocks(_blocks(x, lay), torch.empty(lay.rows, lay.cols, dtype=x.dtype))
+    assert torch.equal(back, x.reshape(lay.rows, lay.cols))
 
 
 def test_chunk_sizes_are_largest_divisors():
     lay = BlockLayout.for_shape((10, 12), 6)
-    assert (lay.c1, lay.c2, lay.num_blocks, lay.block_numel) == (5, 6, 4, 30)
+    assert (lay.c1, lay.c2, lay.num_blocks) == (5, 6, 4)
     lay = BlockLayout.for_shape((30,), 7)
     assert (lay.c1, lay.c2, lay.num_blocks) == (1, 6, 5)
 
@@ -157,8 +162,7 @@ def _tiny():
     ({"compression_decay": -0.1}, "compression_decay=-0.1"),
     ({"replicator": "gossip"}, "replicator='gossip'"),
     ({"base": "lion"}, "base='lion'"),
-    ({"replicate_every": 0}, "replicate_every=0"),
-    ({"compression_rate": 0.0}, "compression_rate=0.0"),
+    ({"replicator": DeMoReplicator(), "compression_topk": 8}, "compression_topk=8"),
 ])
 def test_bad_input_is_one_clear_value_error(kwargs, needle):
     with pytest.raises(ValueError, match="^" + needle.replace("(", r"\(") ) as err:
@@ -166,11 +170,39 @@ def test_bad_input_is_one_clear_value_error(kwargs, needle):
     assert str(err.value).count(".") >= 1 and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("make,needle", [
+    (lambda: DeMoReplicator(topk=0), "topk=0"),
+    (lambda: DeMoReplicator(decay=1.0), "decay=1.0"),
+    (lambda: DeMoReplicator(value_dtype=torch.int8), "value_dtype=torch.int8"),
+    (lambda: DeMoReplicator(replicate_every=0), "replicate_every=0"),
+    (lambda: DeMoReplicator(skip_every=0), "skip_every=0"),
+    (lambda: RandomReplicator(rate=0.0), "rate=0.0"),
+    (lambda: StridingReplicator(chunk=0), "chunk=0"),
+    (lambda: DiLoCoReplicator(diloco_h=0), "diloco_h=0"),
+    (lambda: DiLoCoReplicator(outer_lr=0.0), "outer_lr=0.0"),
+    (lambda: DiLoCoReplicator(outer_momentum=1.0), "outer_momentum=1.0"),
+])
+def test_replicators_check_their_own_knobs(make, needle):
+    with pytest.raises(ValueError, match="^" + needle) as err:
+        make()
+    assert "\n" not in str(err.value)
+
+
+def test_schedules_belong_to_the_replicators():
+    every2 = DeMoReplicator(replicate_every=2, skip_every=6)
+    assert [every2.replicates_on(s) for s in range(1, 7)] == [False, True, False, True, False,
+                                                              False]
+    diloco = DiLoCoReplicator(diloco_h=3)
+    assert [diloco.replicates_on(s) for s in range(1, 7)] == [False, False, True] * 2
+    opt = FlexDeMo(_tiny().parameters(), lr=0.1, replicator=DiLoCoReplicator())
+    assert (opt.base.name, opt.sign) == ("adamw", False)  # DiLoCo's inner optimizer
+
+
 def test_diloco_inner_steps_are_plain_adamw_even_with_sign_knob():
-    opt = build_optimizer("diloco", _tiny(), None, lr=0.1, sign=True)
-    assert (opt.base, opt.sign) == ("adamw", False)
-    opt = build_optimizer("demo", _tiny(), None, lr=0.1)
-    assert (opt.base, opt.sign) == ("sign", True)
+    opt = build_optimizer("diloco", _tiny(), None, lr=0.1, sign=True, diloco_h=7)
+    assert (opt.base.name, opt.sign, opt.replicator.diloco_h) == ("adamw", False, 7)
+    opt = build_optimizer("demo", _tiny(), None, lr=0.1, topk=5)
+    assert (opt.base.name, opt.sign, opt.replicator.topk) == ("sign", True, 5)
 
 
 def test_unknown_method_is_rejected():
@@ -192,10 +224,11 @@ def test_single_replica_sends_nothing_and_applies_whole_momentum():
         assert torch.allclose(p.detach(), b - 0.01 * g.sign(), atol=1e-6)
 
 
-@pytest.mark.parametrize("replicator", ["demo", "random", "striding", "diloco"])
+@pytest.mark.parametrize("replicator", [DeMoReplicator, RandomReplicator, StridingReplicator,
+                                        lambda: DiLoCoReplicator(diloco_h=2)])
 def test_state_dict_survives_torch_save_with_weights_only(replicator):
     model = _tiny()
-    opt = FlexDeMo(model.parameters(), lr=0.01, replicator=replicator, sync_every=2)
+    opt = FlexDeMo(model.parameters(), lr=0.01, replicator=replicator())
     for _ in range(3):
         model.zero_grad()
         model(torch.randn(4, 12)).pow(2).sum().backward()
@@ -204,7 +237,7 @@ def test_state_dict_survives_torch_save_with_weights_only(replicator):
     torch.save(opt.state_dict(), buf)
     buf.seek(0)
     loaded = torch.load(buf, weights_only=True)
-    fresh = FlexDeMo(_tiny().parameters(), lr=0.5, replicator=replicator, sync_every=2)
+    fresh = FlexDeMo(_tiny().parameters(), lr=0.5, replicator=replicator())
     fresh.load_state_dict(loaded)
     assert fresh.steps == 3 and fresh.param_groups[0]["lr"] == 0.01
     for a, b in zip(_flat_tensors(fresh.state_dict()), _flat_tensors(opt.state_dict()),

@@ -1,0 +1,38 @@
+"""Replicators: how the shard gradients of one replica are exchanged with the other replicas.
+
+One class per scheme, each owning its knobs and its schedule (``replicates_on(step)``):
+
+- ``demo.py``: :class:`DeMoReplicator`, top-k DCT coefficients of a decoupled momentum
+  (``blocks.py`` holds its batched block transform and momentum).
+- ``dense.py``: :class:`FullReplicator` (average everything), :class:`NoReplicator` (nothing).
+- ``partial.py``: :class:`RandomReplicator`, :class:`StridingReplicator`: part of a
+  parameter-space momentum.
+- ``diloco.py``: :class:`DiLoCoReplicator`, local steps and a periodic outer Nesterov step.
+
+A new scheme is one subclass of :class:`Replicator` (``base.py``) and one entry in ``REPLICATORS``.
+"""
+
+from __future__ import annotations
+
+from .base import Replicator
+from .demo import DeMoReplicator
+from .dense import FullReplicator, NoReplicator
+from .diloco import DiLoCoReplicator
+from .partial import RandomReplicator, StridingReplicator
+
+# Name -> class, for the reference-compatible ``FlexDeMo(..., replicator="demo")``.
+REPLICATORS: dict[str, type[Replicator]] = {
+    cls.name: cls for cls in (DeMoReplicator, FullReplicator, NoReplicator, RandomReplicator,
+                              StridingReplicator, DiLoCoReplicator)
+}
+
+__all__ = [
+    "REPLICATORS",
+    "DeMoReplicator",
+    "DiLoCoReplicator",
+    "FullReplicator",
+    "NoReplicator",
+    "RandomReplicator",
+    "Replicator",
+    "StridingReplicator",
+]

@@ -1,0 +1,107 @@
+"""The replicator interface: what the optimizer calls, and the schedule every replicator owns."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+from .._checks import check, int_at_least
+from ..wire import CommStats, all_reduce_bytes
+
+Group = dist.ProcessGroup | None
+
+
+class Replicator:
+    """Turns local shard gradients into the updates every replica applies; subclass per scheme.
+
+    The optimizer hands a replicator its local shards once (:meth:`setup`), then on every step
+    asks :meth:`replicates_on`; on those steps it calls :meth:`replicate` before the base step
+    and :meth:`after_update` after it, on the others :meth:`accumulate`. Every collective goes
+    over ``group`` (one rank per node) and is recorded in the ``CommStats`` it is handed.
+    A new scheme is one subclass: set ``name``, override the hooks it needs.
+
+    Args:
+        replicate_every: replicate only on steps divisible by this.
+        skip_every: and never on steps divisible by this (None: skip none).
+    """
+
+    name: ClassVar[str] = "base"
+    # The base step and whether it takes the sign of the update, when the optimizer is not told.
+    default_base: ClassVar[str] = "sign"
+    default_sign: ClassVar[bool] = True
+    # True when replicate() returns the replicator's own buffers (the optimizer may then take
+    # the sign in place); False when it may return the user's .grad tensors.
+    owns_updates: ClassVar[bool] = False
+
+    def __init__(self, replicate_every: int = 1, skip_every: int | None = None) -> None:
+        int_at_least("replicate_every", replicate_every, 1)
+        check(skip_every is None or (isinstance(skip_every, int) and skip_every >= 1),
+              f"skip_every={skip_every!r} must be None or an integer >= 1.")
+        self.replicate_every, self.skip_every = replicate_every, skip_every
+        self.group: Group = None
+        self.ranks = 1
+
+    @classmethod
+    def from_reference(cls, *, topk: int | None = None, chunk: int | None = None,
+                       decay: float | None = None,
+                       value_dtype: torch.dtype | None = None) -> Replicator:
+        """Build from the reference call's ``compression_*`` knobs (those this scheme has)."""
+        return cls()
+
+    def replicates_on(self, step: int) -> bool:
+        """Whether the 1-based optimizer step ``step`` communicates."""
+        if step % self.replicate_every != 0:
+            return False
+        return self.skip_every is None or step % self.skip_every != 0
+
+    def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
+        """Allocate state for the local shards ``params`` replicated over ``ranks`` ranks."""
+        self.group = group
+        self.ranks = ranks
+
+    def replicate(self, grads: list[torch.Tensor], lrs: list[float],
+                  stats: CommStats) -> list[torch.Tensor]:
+        """Return the update each shard applies on a replicating step."""
+        raise NotImplementedError
+
+    def accumulate(self, grads: list[torch.Tensor], lrs: list[float]) -> list[torch.Tensor]:
+        """Fold a step without replication into the local state; return the local update."""
+        return grads
+
+    def after_update(self, params: list[torch.Tensor], stats: CommStats) -> None:
+        """Hook run after the base step of a replicating step (DiLoCo's outer step lives here)."""
+
+    def state_dict(self) -> dict:
+        """Tensors and counters needed to resume exactly."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def _all_reduce_mean_flat(self, flat: torch.Tensor, stats: CommStats) -> torch.Tensor:
+        # gloo has no AVG reduction: sum, then divide.
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        n = all_reduce_bytes(flat.numel() * flat.element_size(), self.ranks)
+        stats.add(n, n)
+        return flat.div_(self.ranks)
+
+    def _all_reduce_mean(self, tensors: list[torch.Tensor],
+                         stats: CommStats) -> list[torch.Tensor]:
+        """Average ``tensors`` over the replicas in one bucketed all-reduce."""
+        if self.ranks == 1 or not tensors:
+            return tensors
+        flat = self._all_reduce_mean_flat(torch.cat([t.reshape(-1) for t in tensors]), stats)
+        return [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]), tensors,
+                                              strict=True)]
+
+
+def copy_state(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """Copy saved tensors into live state, refusing a state saved over other parameters."""
+    if len(dst) != len(src):
+        raise ValueError(f"state holds {len(src)} tensors but this optimizer has {len(dst)}; "
+                         "load a state_dict saved by an optimizer over the same parameters.")
+    for d, s in zip(dst, src, strict=True):
+        d.copy_(s)
+

@@ -1,0 +1,30 @@
+"""The two ends of the scale: average everything (full) or nothing (none)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..wire import CommStats
+from .base import Replicator
+
+
+class FullReplicator(Replicator):
+    """Average the full shard gradient over the replicas with one bucketed all-reduce."""
+
+    name = "full"
+
+    def replicate(self, grads: list[torch.Tensor], lrs: list[float],
+                  stats: CommStats) -> list[torch.Tensor]:
+        """The replicas' mean gradient."""
+        return self._all_reduce_mean(grads, stats)
+
+
+class NoReplicator(Replicator):
+    """Keep every replica on its own gradients: no inter-node traffic."""
+
+    name = "none"
+
+    def replicate(self, grads: list[torch.Tensor], lrs: list[float],
+                  stats: CommStats) -> list[torch.Tensor]:
+        """The local gradient, unchanged."""
+        return grads

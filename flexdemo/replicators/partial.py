@@ -1,0 +1,185 @@
+"""Replicators that average a chosen part of a parameter-space momentum: random rows, strides."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._checks import in_unit_interval, int_at_least
+from ..chunking import largest_divisor_at_most, matrix_shape
+from ..wire import CommStats
+from .base import Group, Replicator, copy_state
+
+Selection = list[torch.Tensor | None]  # per shard: the rows to send (None: an empty shard)
+
+
+class _DeltaReplicator(Replicator):
+    """Shared steps: decay and add into ``delta``, send the selected rows, remove them."""
+
+    owns_updates = True
+
+    def __init__(self, rate: float = 0.1, decay: float = 0.999, replicate_every: int = 1,
+                 skip_every: int | None = None) -> None:
+        super().__init__(replicate_every, skip_every)
+        in_unit_interval("rate", rate, closed_low=False, closed_high=True)
+        in_unit_interval("decay", decay, closed_low=True, closed_high=False)
+        self.rate, self.decay = rate, decay
+
+    @classmethod
+    def from_reference(cls, *, topk: int | None = None, chunk: int | None = None,
+                       decay: float | None = None,
+                       value_dtype: torch.dtype | None = None) -> Replicator:
+        """Build from the reference call's ``compression_decay``."""
+        return cls() if decay is None else cls(decay=decay)
+
+    def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
+        """Allocate the momentum."""
+        super().setup(params, group, ranks)
+        self.delta = [torch.zeros_like(p) for p in params]
+
+    def accumulate(self, grads: list[torch.Tensor], lrs: list[float]) -> list[torch.Tensor]:
+        """delta <- decay * delta + lr * grad; step on the local gradient."""
+        for d, g, lr in zip(self.delta, grads, lrs, strict=True):
+            d.mul_(self.decay).add_(g, alpha=lr)
+        return grads
+
+    def _rows(self, d: torch.Tensor) -> torch.Tensor:
+        """2-D view of ``d`` whose rows are the units this replicator selects from."""
+        raise NotImplementedError
+
+    def _selection(self) -> Selection:
+        """This step's rows per shard; the same on every replica."""
+        raise NotImplementedError
+
+    def replicate(self, grads: list[torch.Tensor], lrs: list[float],
+                  stats: CommStats) -> list[torch.Tensor]:
+        """Average the selected rows of delta over the replicas; they are the update."""
+        self.accumulate(grads, lrs)
+        if self.ranks == 1:
+            out = [d.clone() for d in self.delta]
+            for d in self.delta:
+                d.zero_()
+            return out
+        chosen = self._selection()
+        parts = [self._rows(d)[rows].reshape(-1)
+                 for d, rows in zip(self.delta, chosen, strict=True) if rows is not None]
+        out = [torch.zeros_like(d) for d in self.delta]
+        if not parts:
+            return out
+        flat = self._all_reduce_mean_flat(torch.cat(parts), stats)
+        offset = 0
+        for d, o, rows in zip(self.delta, out, chosen, strict=True):
+            if rows is None:
+                continue
+            view = self._rows(d)
+            n = rows.numel() * view.shape[1]
+            self._rows(o)[rows] = flat[offset:offset + n].view(rows.numel(), view.shape[1])
+            view[rows] = 0.0  # remove what was sent
+            offset += n
+        return out
+
+    def state_dict(self) -> dict:
+        """The momentum."""
+        return {"delta": [d.clone() for d in self.delta]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the momentum."""
+        copy_state(self.delta, state["delta"])
+
+
+class RandomReplicator(_DeltaReplicator):
+    """Average a seeded random subset (``rate``) of the rows of delta each step.
+
+    Every replica draws from the same ``seed``, so all pick the same rows.
+    """
+
+    name = "random"
+
+    def __init__(self, rate: float = 0.1, decay: float = 0.999, seed: int = 42,
+                 replicate_every: int = 1, skip_every: int | None = None) -> None:
+        super().__init__(rate, decay, replicate_every, skip_every)
+        self.seed = seed
+
+    def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
+        """Allocate the momentum and seed the row draws."""
+        super().setup(params, group, ranks)
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    def _rows(self, d: torch.Tensor) -> torch.Tensor:
+        return d.view(matrix_shape(d.shape))
+
+    def _selection(self) -> Selection:
+        sizes = [matrix_shape(d.shape)[0] if d.numel() else 0 for d in self.delta]
+        # One draw per step shared by all shards, so replicas with equal shapes pick equal rows.
+        scores = torch.rand(max(sizes, default=0), generator=self.generator)
+        picks: dict[int, torch.Tensor] = {}
+        out: Selection = []
+        for n in sizes:
+            if n == 0:
+                out.append(None)
+                continue
+            if n not in picks:
+                m = max(1, int(self.rate * n))
+                rows = torch.topk(scores[:n], m, largest=False).indices.sort().values
+                picks[n] = rows.to(self.delta[0].device)
+            out.append(picks[n])
+        return out
+
+    def state_dict(self) -> dict:
+        """The momentum and the generator's position."""
+        return {**super().state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the momentum and the generator's position."""
+        super().load_state_dict(state)
+        self.generator.set_state(state["generator"])
+
+
+class StridingReplicator(_DeltaReplicator):
+    """Average a rotating, evenly strided subset (``rate``) of the ``chunk`` chunks of delta."""
+
+    name = "striding"
+
+    def __init__(self, rate: float = 0.1, decay: float = 0.999, chunk: int = 64,
+                 replicate_every: int = 1, skip_every: int | None = None) -> None:
+        super().__init__(rate, decay, replicate_every, skip_every)
+        int_at_least("chunk", chunk, 1)
+        self.chunk = chunk
+        self.counter = 0
+
+    @classmethod
+    def from_reference(cls, *, topk: int | None = None, chunk: int | None = None,
+                       decay: float | None = None,
+                       value_dtype: torch.dtype | None = None) -> Replicator:
+        """Build from the reference call's ``compression_decay`` and ``compression_chunk``."""
+        given = {"decay": decay, "chunk": chunk}
+        return cls(**{k: v for k, v in given.items() if v is not None})
+
+    def _rows(self, d: torch.Tensor) -> torch.Tensor:
+        n = largest_divisor_at_most(d.numel(), self.chunk)
+        return d.view(n, -1)
+
+    def _selection(self) -> Selection:
+        out: Selection = []
+        for d in self.delta:
+            if d.numel() == 0:
+                out.append(None)
+                continue
+            n = self._rows(d).shape[0]
+            m = max(1, int(self.rate * n))
+            stride = math.ceil(n / m)
+            # Shifting the comb by one each step visits every chunk within `stride` steps.
+            offset = self.counter % stride
+            out.append(torch.unique((offset + torch.arange(m) * stride) % n).to(d.device))
+        self.counter += 1
+        return out
+
+    def state_dict(self) -> dict:
+        """The momentum and the comb's position."""
+        return {**super().state_dict(), "counter": self.counter}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the momentum and the comb's position."""
+        super().load_state_dict(state)
+        self.counter = int(state["counter"])
