@@ -15,7 +15,7 @@ from netsim import (
     collective_volume,
     ring_all_gather_time,
     ring_all_reduce_time,
-    shaping,
+    ring_nic_share,
     simulate,
 )
 from netsim.trace import load_trace
@@ -295,5 +295,5 @@ def test_world_group_all_gather_puts_a_rings_bytes_on_each_nic():
         assert got == pytest.approx(nic_bytes / 1e7, rel=0.01)
     # Shaping books each rank's wire bytes times the ring's share; a node's two ranks together
     # must book exactly the crossing edge's bytes.
-    share = shaping.ring_nic_share([0, 1, 2, 3], topo)
+    share = ring_nic_share([0, 1, 2, 3], topo)
     assert 2 * share * collective_volume("all_gather", 4, n).bytes_sent == nic_bytes
