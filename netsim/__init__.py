@@ -12,7 +12,15 @@ from netsim.costs import (
 )
 from netsim.model import MODEL_NOTE, SharedLink, simulate
 from netsim.topology import Link, Topology, ring_nic_share
-from netsim.trace import EVAL, TRACE_COLUMNS, TRAIN, TraceRecorder, load_trace, save_trace, validate_trace
+from netsim.trace import (
+    EVAL,
+    TRACE_COLUMNS,
+    TRAIN,
+    TraceRecorder,
+    load_trace,
+    save_trace,
+    validate_trace,
+)
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_size
 
 __all__ = [

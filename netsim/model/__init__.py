@@ -11,8 +11,8 @@ Assumptions (also returned in the result's attrs["note"]):
 - Compute between a rank's collectives (gaps in its trace where it was not blocked in wait()) is
   the per-step compute; it is scaled by compute_scale and divided by the node's speed. Explicit
   "compute" rows are informational: the gaps already hold them. Only the "train" phase is
-  replayed (evaluation is left out), and traffic outside a step's begin/end span is left out. A warm-up step is replayed like any other; drop
-  it from the trace to leave it out.
+  replayed (evaluation is left out), and traffic outside a step's begin/end span is left out.
+  A warm-up step is replayed like any other; drop it from the trace to leave it out.
 - Payload sizes and the per-step program are kept from the recorded run when nodes, accelerators
   or steps grow (weak scaling); steps beyond the recording cycle through the recorded steps.
 - Inter-node groups with one rank per node that span all recorded nodes span all target nodes;

@@ -48,7 +48,7 @@ Step = Delay | InterOp | IntraOp | Wait
 
 
 class Cluster:
-    """One process per (speed class, position), NICs per class (and position when per-accelerator)."""
+    """One process per (speed class, position); NICs per class, or per position per-accelerator."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""A processor-shared link for the SimPy model: every flow in flight gets an equal bandwidth share."""
+"""A processor-shared link for the SimPy model: flows in flight share its bandwidth equally."""
 
 from __future__ import annotations
 
