@@ -40,7 +40,7 @@ def _two_rank_modes(rank: int, world: int, port: int, out: str) -> None:
     results = {}
     for mode in ("off", "wall", "virtual"):
         rec = TraceRecorder(rank)
-        shaping.install(topo, mode, rec, state_dir=out)
+        shaping.install(topo, mode, rec, run_dir=out)
         group = dist.new_group([0, 1], backend=shaping.BACKEND)
         dist.barrier()
         clock0, wall0 = shaping.clock(), time.perf_counter()
@@ -103,7 +103,7 @@ def _four_ranks(rank: int, world: int, port: int, out: str) -> None:
     _init(rank, world, port)
     topo = Topology.from_strings(2, 2, "80Mbit", "0ms")  # 2 nodes x 2, one NIC per node
     rec = TraceRecorder(rank)
-    shaping.install(topo, "wall", rec, state_dir=out)
+    shaping.install(topo, "wall", rec, run_dir=out)
     shards = [dist.new_group(r, backend=shaping.BACKEND) for r in ([0, 1], [2, 3])]
     reps = [dist.new_group(r, backend=shaping.BACKEND) for r in ([0, 2], [1, 3])]
     shard, rep = shards[rank // 2], reps[rank % 2]
