@@ -175,6 +175,8 @@ def write_run(cfg: RunConfig, results: list, folder: Path) -> None:
     """steps.parquet, trace.parquet and run.json from every rank's RankResult."""
     import pandas as pd
 
+    from netsim.trace import TRAIN
+
     cfg = RunConfig.from_dict(results[0].config)
     per_rank = pd.concat(
         [pd.DataFrame(r.steps).assign(rank=r.rank) for r in results], ignore_index=True
@@ -186,7 +188,7 @@ def write_run(cfg: RunConfig, results: list, folder: Path) -> None:
         step_s=("step_s", "max"),
     ).reset_index()
     trace = pd.concat([r.trace for r in results if r.trace is not None], ignore_index=True)
-    trace = trace[trace["step"] > 0]  # step 0 holds evaluation traffic
+    trace = trace[trace["phase"] == TRAIN]  # evaluation traffic is its own phase
     comm = _comm_per_step(trace)
     steps = steps.merge(comm, on="step", how="left").fillna(
         {c: 0.0 for c in comm.columns if c != "step"}

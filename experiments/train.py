@@ -20,7 +20,7 @@ from tqdm import tqdm
 import flexdemo
 from experiments.config import RunConfig
 from experiments.workloads import Workload, make_workload
-from netsim import Link, Topology, TraceRecorder, shaping
+from netsim import EVAL, Link, Topology, TraceRecorder, shaping
 
 __all__ = ["RankResult", "run_rank", "resolve", "lr_factor"]
 
@@ -154,7 +154,7 @@ def run_rank(cfg: RunConfig) -> RankResult:
         row = {"step": step, "wall_time_s": now, "loss": loss_value, "val_loss": math.nan,
                "step_s": step_s}
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            recorder.begin_step(0)  # evaluation traffic is labeled step 0 and left out
+            recorder.set_phase(EVAL)  # evaluation traffic is its own phase, left out
             e0 = shaping.clock()
             row["val_loss"] = _evaluate(model, workload, val)
             eval_s += shaping.clock() - e0

@@ -297,3 +297,34 @@ def test_world_group_all_gather_puts_a_rings_bytes_on_each_nic():
     # must book exactly the crossing edge's bytes.
     share = ring_nic_share([0, 1, 2, 3], topo)
     assert 2 * share * collective_volume("all_gather", 4, n).bytes_sent == nic_bytes
+
+
+def test_eval_phase_is_recorded_apart_and_never_replayed(tmp_path):
+    topo = Topology.from_strings(2, 1, "80Mbit", "0ms")
+    trace = make_trace(topo, steps=2)
+    frames = []
+    for rank in range(2):
+        now = [10.0]
+        rec = TraceRecorder(rank, topo, clock=lambda now=now: now[0])
+        rec.begin_step(1)
+        rec.end_step(1)
+        rec.set_phase("eval")  # evaluation after step 1: same step number, its own phase
+        row = rec.record_collective("all_reduce", [0, 1], True, "ring", 8, 8, 8, now[0])
+        rec.complete(row, now[0], now[0] + 5.0)
+        frames.append(rec.frame().query("phase == 'eval'"))
+        assert rec.step_summary(1)["inter_calls"] == 0  # training figures leave eval out
+    with_eval = pd.concat([trace, *frames], ignore_index=True)
+    assert set(with_eval["phase"]) == {"train", "eval"}
+    expected = simulate(trace, topo)
+    pd.testing.assert_frame_equal(simulate(with_eval, topo), expected)
+    # Traces written before the phase column labelled evaluation traffic as step 0.
+    legacy = pd.concat(
+        [trace.assign(step=trace["step"] + 1), *(f.assign(step=0) for f in frames)]
+    ).drop(columns="phase")
+    legacy.to_parquet(tmp_path / "trace.parquet")
+    back = load_trace(tmp_path / "trace.parquet")
+    assert (back.loc[back["step"] == 0, "phase"] == "eval").all()
+    assert (back.loc[back["step"] > 0, "phase"] == "train").all()
+    assert simulate(back, topo)["time_s"].tolist() == expected["time_s"].tolist()
+    with pytest.raises(ValueError, match="phase"):
+        TraceRecorder(0).set_phase("")
