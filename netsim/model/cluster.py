@@ -78,6 +78,7 @@ class Cluster:
             self.nics = {c: SharedLink(self.env, bw) for c in range(len(self.classes))}
         self.rendezvous: dict[tuple, list] = {}
         self.step_end: list[float] = []
+        self._volumes: dict[int, tuple[int, CollectiveVolume]] = {}  # spec id -> (p, volume)
         self.compiled = {slot: self._compile(program) for slot, program in programs.items()}
 
     # -- compiling programs for the target topology -------------------------------------------
@@ -96,6 +97,18 @@ class Cluster:
                     f"topology's {t.accelerators_per_node} accelerators per node."
                 )
         return spec.size
+
+    def _volume(self, spec_id: int) -> tuple[int, CollectiveVolume]:
+        """Target group size and per-rank volume of a spec (computed once per spec)."""
+        if spec_id not in self._volumes:
+            spec = self.specs[spec_id]
+            p = self._group_size(spec)
+            rooted = spec.op in ("gather", "scatter")
+            volume = collective_volume(
+                spec.op, p, spec.nbytes, spec.algorithm or None, is_root=rooted
+            )
+            self._volumes[spec_id] = (p, volume)
+        return self._volumes[spec_id]
 
     def _compile(self, program: list[Item]) -> list[Step]:
         """Resolve a program for this topology: intra ops become delays or meetings, delays merge.
@@ -120,9 +133,7 @@ class Cluster:
     def _compile_issue(self, out: list[Step], item: Issue, following: Item | None) -> bool:
         """Append the steps of one issued op; True if it became a plain delay (drop its wait)."""
         spec = self.specs[item.spec]
-        p = self._group_size(spec)
-        rooted = spec.op in ("gather", "scatter")
-        volume = collective_volume(spec.op, p, spec.nbytes, spec.algorithm or None, is_root=rooted)
+        p, volume = self._volume(item.spec)
         if spec.inter:
             out.append(InterOp(item.op, item.spec, volume))
             return False
@@ -229,17 +240,21 @@ class Cluster:
         env = self.env
         for s in range(n_steps):
             pending: dict[int, simpy.Event] = {}
+            # Hot loop: records are unpacked positionally, which is cheaper than by field name.
             for item in self.compiled.get((j % g_rec, s % self.n_recorded), []):
                 kind = type(item)
                 if kind is Delay:
-                    yield env.timeout(item.compute_s * factor + item.fixed_s)
+                    compute_s, fixed_s = item
+                    yield env.timeout(compute_s * factor + fixed_s)
                 elif kind is InterOp:
-                    pending[item.op] = self._launch(self.specs[item.spec], item.volume, j, counters)
+                    op, spec, volume = item
+                    pending[op] = self._launch(self.specs[spec], volume, j, counters)
                 elif kind is IntraOp:
-                    pending[item.op] = (
-                        env.timeout(item.seconds)
-                        if item.spec is None
-                        else self._launch_intra(self.specs[item.spec], item.seconds, c, j, counters)
+                    op, spec, seconds = item
+                    pending[op] = (
+                        env.timeout(seconds)
+                        if spec is None
+                        else self._launch_intra(self.specs[spec], seconds, c, j, counters)
                     )
                 elif item.op in pending:
                     yield pending.pop(item.op)

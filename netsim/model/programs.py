@@ -70,14 +70,9 @@ class Programs(NamedTuple):
     n_steps: int
 
 
-class _Point(NamedTuple):
-    """A moment in a rank's step: an op is issued (is_wait 0) or waited on (is_wait 1)."""
-
-    time: float
-    is_wait: int
-    row: int
-    spec: int
-    end: float
+# A moment in a rank's step, as a plain tuple (built ~10^5 times per replay, so no NamedTuple):
+# (time, is_wait: 0 issue / 1 wait, row, spec id or -1, end), sorted by time, issues first.
+_Point = tuple[float, int, int, int, float]
 
 
 def _classify(group: str, recorded: Topology) -> tuple[str, frozenset, int, float]:
@@ -108,22 +103,21 @@ class _SpecCatalog:
         self.specs: list[OpSpec] = []
         self._ids: dict[tuple, int] = {}
         self._groups: dict[str, tuple[str, frozenset, int, float]] = {}
+        self._rows: dict[tuple, int] = {}  # (group, op, algorithm, bytes, inter) -> spec id
 
-    def spec_id(self, cols: dict[str, list], r: int) -> int:
-        """The spec id of the collective in row r."""
-        group = str(cols["group"][r])
+    def spec_id(self, group: str, op: str, algorithm: str, nbytes: int, inter: bool) -> int:
+        """The spec id of a collective as the trace row names it."""
+        row_key = (group, op, algorithm, nbytes, inter)
+        found = self._rows.get(row_key)
+        if found is None:
+            found = self._rows[row_key] = self._intern(*row_key)
+        return found
+
+    def _intern(self, group: str, op: str, algorithm: str, nbytes: int, inter: bool) -> int:
         if group not in self._groups:
             self._groups[group] = _classify(group, self.recorded)
         scope, positions, size, share = self._groups[group]
-        key = (
-            cols["op"][r],
-            cols["algorithm"][r],
-            int(cols["bytes"][r]),
-            bool(cols["inter"][r]),
-            scope,
-            positions,
-            size,
-        )
+        key = (op, algorithm, int(nbytes), bool(inter), scope, positions, size)
         if key not in self._ids:
             self._ids[key] = len(self.specs)
             self.specs.append(OpSpec(*key, share))
@@ -179,20 +173,23 @@ def _points(
     cols: dict[str, list], i: int, j: int, span: tuple[float, float] | None, catalog: _SpecCatalog
 ) -> list[_Point]:
     """Issue and wait moments of the block's collectives inside the step span, in time order."""
-    points = []
+    kinds, starts, ends, waits, groups = (
+        cols["kind"], cols["start_s"], cols["end_s"], cols["wait_s"], cols["group"]
+    )  # fmt: skip
+    ops, algorithms, sizes, inters = cols["op"], cols["algorithm"], cols["bytes"], cols["inter"]
+    points: list[_Point] = []
     for r in range(i, j):
-        start, end = cols["start_s"][r], cols["end_s"][r]
-        if cols["kind"][r] != "collective":
+        if kinds[r] != "collective":
             continue
+        start, end, wait = starts[r], ends[r], waits[r]
         # Traffic outside the step's span is not part of the step's program.
         if span is not None and not span[0] <= start <= span[1]:
             continue
-        spec = catalog.spec_id(cols, r)
-        wait = cols["wait_s"][r]
+        spec = catalog.spec_id(str(groups[r]), ops[r], algorithms[r], sizes[r], inters[r])
         wait = start if wait != wait else wait
         end = wait if end != end else end
-        points.append(_Point(start, 0, r, spec, end))
-        points.append(_Point(wait, 1, r, -1, end))
+        points.append((start, 0, r, spec, end))
+        points.append((wait, 1, r, -1, end))
     points.sort()
     return points
 
@@ -210,15 +207,15 @@ def _program(
     """A block's points as a program: compute fills the gaps in which the rank was not blocked."""
     program: list[Item] = []
     cursor, finish = span
-    for point in points:
-        if point.time > cursor:
-            program.append(Compute(point.time - cursor))
-            cursor = point.time
-        if point.is_wait:
-            program.append(Wait(point.row))
-            cursor = max(cursor, point.end)
+    for time, is_wait, row, spec, end in points:
+        if time > cursor:
+            program.append(Compute(time - cursor))
+            cursor = time
+        if is_wait:
+            program.append(Wait(row))
+            cursor = max(cursor, end)
         else:
-            program.append(Issue(point.row, point.spec, own[occurrence[point.row]]))
+            program.append(Issue(row, spec, own[occurrence[row]]))
     if finish > cursor:
         program.append(Compute(finish - cursor))
     return program
