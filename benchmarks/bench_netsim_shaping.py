@@ -64,7 +64,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     plain = dist.new_group([0, 1])
     for bandwidth, nbytes, reps in THROUGHPUT:
         topo = Topology.from_strings(2, 1, bandwidth, "0ms")
-        shaping.install(topo, "wall", TraceRecorder(rank), state_dir=out)
+        shaping.install(topo, "wall", TraceRecorder(rank), run_dir=out)
         group = dist.new_group([0, 1], backend=shaping.BACKEND)
         median, best = _time_op(group, nbytes, reps)
         configured = parse_bandwidth(bandwidth)
@@ -76,7 +76,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     baseline = _time_op(plain, 4, 20)[0]
     for latency in LATENCY:
         topo = Topology.from_strings(2, 1, "10Gbit", latency)
-        shaping.install(topo, "wall", TraceRecorder(rank), state_dir=out)
+        shaping.install(topo, "wall", TraceRecorder(rank), run_dir=out)
         group = dist.new_group([0, 1], backend=shaping.BACKEND)
         # The real op runs inside the modeled window, so the whole elapsed time is the latency.
         median, best = _time_op(group, 4, 10)

@@ -144,7 +144,7 @@ def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: boo
     try:
         from experiments.train import run_rank
 
-        result = run_rank(cfg, heartbeat=heartbeat.beat, state_dir=str(folder.work))
+        result = run_rank(cfg, heartbeat=heartbeat.beat, run_dir=str(folder.work))
         write_rank_result(result, folder.work)
         dist.barrier()  # leave together: no rank tears down while a peer still talks to it
     finally:
@@ -176,10 +176,12 @@ def _teardown() -> None:
 
     from netsim import shaping
 
-    shaping.uninstall()
     if dist.is_initialized():
         dist.destroy_process_group()
-    gc.collect()  # the model, mesh and optimizer form cycles that hold group references
+    shaping.uninstall()  # shuts down and drops netsim's wrapped gloo/nccl backends
+    # gloo's threads end only when the last reference to a group goes; the model, mesh and
+    # optimizer of the finished run form cycles that still hold some.
+    gc.collect()
 
 
 def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:

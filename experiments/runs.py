@@ -19,6 +19,7 @@ from typing import Any
 
 from experiments.config import ConfigError, RunConfig
 from experiments.io import check_output_folder, provenance
+from netsim.trace import TRAIN
 
 __all__ = ["RankResult", "RunFolder", "read_rank_result", "write_rank_result", "write_run"]
 
@@ -140,7 +141,7 @@ def write_run(results: list[RankResult], folder: Path) -> dict[str, Any]:
         step_s=("step_s", "max"),
     ).reset_index()
     trace = pd.concat([r.trace for r in results if r.trace is not None], ignore_index=True)
-    trace = trace[trace["step"] > 0]  # step 0 holds evaluation traffic
+    trace = trace[trace["phase"] == TRAIN]  # evaluation traffic is measured apart
     comm = _comm_per_step(trace)
     steps = steps.merge(comm, on="step", how="left").fillna(
         {c: 0.0 for c in comm.columns if c != "step"}

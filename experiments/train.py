@@ -20,7 +20,7 @@ import flexdemo
 from experiments.config import RunConfig
 from experiments.runs import RankResult
 from experiments.workloads import Workload, make_workload
-from netsim import Link, Topology, TraceRecorder, shaping
+from netsim import EVAL, Link, Topology, TraceRecorder, shaping
 
 __all__ = ["run_rank", "resolve", "lr_factor"]
 
@@ -113,11 +113,11 @@ def _evaluate(model: torch.nn.Module, workload: Workload, batches: list,
 
 
 def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
-             state_dir: str | None = None) -> RankResult:
+             run_dir: str | None = None) -> RankResult:
     """Train on this rank (process group already initialized); return its records.
 
     `heartbeat(step)` is called whenever the rank makes progress (the launcher's stall
-    watchdog); `state_dir` is the run's working folder for netsim's shared NIC files. A loss
+    watchdog); `run_dir` is the run's working folder for netsim's shared NIC files. A loss
     that stops being finite ends the run at the next evaluation, on every rank, with
     `diverged_step` set.
     """
@@ -127,7 +127,7 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
     workload = make_workload(cfg.workload)
     cfg = resolve(cfg, workload)
     recorder = TraceRecorder(rank)
-    shaping.install(_topology(cfg), mode=cfg.shaping, recorder=recorder, state_dir=state_dir)
+    shaping.install(_topology(cfg), mode=cfg.shaping, recorder=recorder, run_dir=run_dir)
     model, opt = _build(cfg, workload, device)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)
@@ -161,7 +161,7 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
         row = {"step": step, "wall_time_s": now, "loss": loss_value, "val_loss": math.nan,
                "step_s": step_s}
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            recorder.begin_step(0)  # evaluation traffic is labeled step 0 and left out
+            recorder.set_phase(EVAL)  # evaluation traffic is its own phase, left out
             e0 = shaping.clock()
             row["val_loss"], bad = _evaluate(model, workload, val, first_bad)
             eval_s += shaping.clock() - e0

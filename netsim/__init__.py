@@ -11,14 +11,23 @@ from netsim.costs import (
     ring_reduce_scatter_time,
 )
 from netsim.model import MODEL_NOTE, SharedLink, simulate
-from netsim.topology import Link, Topology
-from netsim.trace import TRACE_COLUMNS, TraceRecorder, load_trace, save_trace, validate_trace
+from netsim.topology import Link, Topology, ring_nic_share
+from netsim.trace import (
+    EVAL,
+    TRACE_COLUMNS,
+    TRAIN,
+    TraceRecorder,
+    load_trace,
+    save_trace,
+    validate_trace,
+)
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_size
 
 __all__ = [
     "shaping",
     "Link",
     "Topology",
+    "ring_nic_share",
     "parse_bandwidth",
     "parse_latency",
     "parse_size",
@@ -35,6 +44,8 @@ __all__ = [
     "MODEL_NOTE",
     "TraceRecorder",
     "TRACE_COLUMNS",
+    "TRAIN",
+    "EVAL",
     "load_trace",
     "save_trace",
     "validate_trace",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from netsim.units import parse_bandwidth, parse_latency
 
-__all__ = ["Link", "Topology", "NIC_MODES"]
+__all__ = ["Link", "Topology", "NIC_MODES", "ring_nic_share"]
 
 NIC_MODES = ("per-node", "per-accelerator")
 
@@ -167,3 +167,23 @@ class Topology:
         per_node = self.accelerators_per_node if per_node is None else per_node
         speeds = (self.node_speed + (1.0,) * max(0, nodes - self.nodes))[:nodes] if nodes else ()
         return replace(self, nodes=nodes, accelerators_per_node=per_node, node_speed=speeds)
+
+
+def ring_nic_share(ranks: Iterable[int], topology: Topology, per: str = "rank") -> float:
+    """Share of a ring collective's wire bytes that crosses NICs, per group rank or per node.
+
+    A ring over the sorted ranks crosses node boundaries on c of its p edges. Averaged over the
+    group's ranks, c/p of a rank's bytes go through its node's NIC (what shaping books per rank);
+    per node of the group, a NIC carries c/nodes of one rank's wire bytes (what the model sends
+    through a node's NIC). One rank per node gives 1.0 either way; a group inside one node, 0.0.
+    """
+    if per not in ("rank", "node"):
+        raise ValueError(f'ring_nic_share per={per!r} is not known; use "rank" or "node".')
+    ordered = sorted(int(r) for r in ranks)
+    if len(ordered) < 2:
+        return 0.0
+    crossing = sum(
+        topology.node_of(a) != topology.node_of(b)
+        for a, b in zip(ordered, ordered[1:] + ordered[:1], strict=True)
+    )
+    return crossing / (len(ordered) if per == "rank" else len(topology.nodes_of(ordered)))

@@ -5,6 +5,10 @@ from wait_s, returned at end_s); kind "compute": an explicit compute interval; k
 between begin_step and end_step. Times are seconds on the recorder's clock (the shaping clock when
 shaping is installed, so wall or virtual time). A combined trace is the concatenation of all ranks'
 frames.
+
+Every row carries a `phase`: "train" for the training loop, "eval" (or another name) for traffic
+that must never be mixed into the training figures, such as evaluation. Traces written before the
+column existed labelled evaluation traffic as step 0; `validate_trace` reads them that way.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from netsim.topology import Topology
 __all__ = [
     "TRACE_COLUMNS",
     "KINDS",
+    "TRAIN",
+    "EVAL",
     "TraceRecorder",
     "empty_trace",
     "validate_trace",
@@ -52,8 +58,11 @@ TRACE_COLUMNS: dict[str, str] = {
     "wait_s": "float64",
     "end_s": "float64",
     "modeled_s": "float64",
+    "phase": "object",
 }
 KINDS = ("compute", "collective", "step")
+TRAIN = "train"  # the training loop: the only phase the model replays and the runs count
+EVAL = "eval"  # evaluation: recorded, but kept out of training figures
 _REQUIRED = (
     "rank",
     "step",
@@ -96,6 +105,7 @@ class TraceRecorder:
         self._t0 = time.perf_counter()
         self.clock: Callable[[], float] = clock or (lambda: time.perf_counter() - self._t0)
         self.step = 0
+        self.phase = TRAIN
         self._step_start: float | None = None
         self._rows: list[dict] = []
         self._lock = threading.Lock()
@@ -129,16 +139,24 @@ class TraceRecorder:
                 "wait_s": math.nan,
                 "end_s": math.nan,
                 "modeled_s": math.nan,
+                "phase": self.phase,
             }
             full.update(row)
             self._seq += 1
             self._rows.append(full)
         return full
 
-    def begin_step(self, step: int) -> None:
-        """Start step `step`: later records carry this step number."""
+    def begin_step(self, step: int, phase: str = TRAIN) -> None:
+        """Start step `step` of `phase`: later records carry this step number and phase."""
+        self.set_phase(phase)
         self.step = int(step)
         self._step_start = self.clock()
+
+    def set_phase(self, phase: str) -> None:
+        """Label later records with `phase` (e.g. "eval" after a training step), step unchanged."""
+        if not isinstance(phase, str) or not phase:
+            raise ValueError(f'trace phase {phase!r} must be a non-empty name such as "eval".')
+        self.phase = phase
 
     def end_step(self, step: int) -> None:
         """Close step `step`, recording its span as a kind="step" row."""
@@ -193,7 +211,7 @@ class TraceRecorder:
             row["wait_s"], row["end_s"], row["modeled_s"] = float(wait), float(end), float(modeled)
 
     def step_summary(self, step: int) -> dict[str, float]:
-        """Inter-node bytes sent/received and calls, and intra-node bytes, for one step."""
+        """Inter-node bytes sent/received and calls, and intra-node bytes, of one training step."""
         out = {
             "inter_bytes_sent": 0.0,
             "inter_bytes_received": 0.0,
@@ -202,7 +220,7 @@ class TraceRecorder:
         }
         with self._lock:
             for row in self._rows:
-                if row["step"] != step or row["kind"] != "collective":
+                if row["step"] != step or row["kind"] != "collective" or row["phase"] != TRAIN:
                     continue
                 if row["inter"]:
                     out["inter_bytes_sent"] += row["bytes_sent"]
@@ -250,8 +268,22 @@ def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"trace is missing the columns {missing}; see netsim.trace.TRACE_COLUMNS.")
     if df.empty:
         raise ValueError("trace has no rows; record at least one step before simulating.")
-    df = df.copy()
-    # Hand-made traces may lack the derived columns; fill them the way the recorder does.
+    df = _fill_derived(df.copy())
+    bad_kinds = set(df["kind"].unique()) - set(KINDS)
+    if bad_kinds:
+        raise ValueError(
+            f"trace has unknown kinds {sorted(map(str, bad_kinds))}; allowed: {KINDS}."
+        )
+    try:
+        df = df[list(TRACE_COLUMNS)].astype(TRACE_COLUMNS)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"trace columns do not have the schema's types ({err}).") from None
+    _check_times(df)
+    return df
+
+
+def _fill_derived(df: pd.DataFrame) -> pd.DataFrame:
+    """Fill the columns hand-made and older traces may lack, the way the recorder would."""
     if "node" not in df.columns:
         df["node"] = df["rank"]
     if "local" not in df.columns:
@@ -263,15 +295,14 @@ def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("wait_s", "modeled_s"):
         if col not in df.columns:
             df[col] = math.nan
-    bad_kinds = set(df["kind"].unique()) - set(KINDS)
-    if bad_kinds:
-        raise ValueError(
-            f"trace has unknown kinds {sorted(map(str, bad_kinds))}; allowed: {KINDS}."
-        )
-    try:
-        df = df[list(TRACE_COLUMNS)].astype(TRACE_COLUMNS)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"trace columns do not have the schema's types ({err}).") from None
+    if "phase" not in df.columns:
+        # Before the phase column, evaluation traffic was recorded as step 0.
+        df["phase"] = [EVAL if s == 0 else TRAIN for s in df["step"]]
+    return df
+
+
+def _check_times(df: pd.DataFrame) -> None:
+    """Raise ValueError for rows whose times, ranks or sizes cannot be right."""
     timed = df["kind"] != "collective"
     if df.loc[timed, ["start_s", "end_s"]].isna().any().any():
         raise ValueError("trace has compute or step rows without start_s/end_s times.")
@@ -283,7 +314,6 @@ def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
         raise ValueError("trace has rows whose end_s is before start_s.")
     if (df["rank"] < 0).any() or (df["bytes"] < 0).any():
         raise ValueError("trace has negative ranks or byte counts.")
-    return df
 
 
 def load_trace(path: str | os.PathLike) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from netsim import (
     collective_volume,
     ring_all_gather_time,
     ring_all_reduce_time,
-    shaping,
+    ring_nic_share,
     simulate,
 )
 from netsim.trace import load_trace
@@ -295,5 +295,36 @@ def test_world_group_all_gather_puts_a_rings_bytes_on_each_nic():
         assert got == pytest.approx(nic_bytes / 1e7, rel=0.01)
     # Shaping books each rank's wire bytes times the ring's share; a node's two ranks together
     # must book exactly the crossing edge's bytes.
-    share = shaping.ring_nic_share([0, 1, 2, 3], topo)
+    share = ring_nic_share([0, 1, 2, 3], topo)
     assert 2 * share * collective_volume("all_gather", 4, n).bytes_sent == nic_bytes
+
+
+def test_eval_phase_is_recorded_apart_and_never_replayed(tmp_path):
+    topo = Topology.from_strings(2, 1, "80Mbit", "0ms")
+    trace = make_trace(topo, steps=2)
+    frames = []
+    for rank in range(2):
+        now = [10.0]
+        rec = TraceRecorder(rank, topo, clock=lambda now=now: now[0])
+        rec.begin_step(1)
+        rec.end_step(1)
+        rec.set_phase("eval")  # evaluation after step 1: same step number, its own phase
+        row = rec.record_collective("all_reduce", [0, 1], True, "ring", 8, 8, 8, now[0])
+        rec.complete(row, now[0], now[0] + 5.0)
+        frames.append(rec.frame().query("phase == 'eval'"))
+        assert rec.step_summary(1)["inter_calls"] == 0  # training figures leave eval out
+    with_eval = pd.concat([trace, *frames], ignore_index=True)
+    assert set(with_eval["phase"]) == {"train", "eval"}
+    expected = simulate(trace, topo)
+    pd.testing.assert_frame_equal(simulate(with_eval, topo), expected)
+    # Traces written before the phase column labelled evaluation traffic as step 0.
+    legacy = pd.concat(
+        [trace.assign(step=trace["step"] + 1), *(f.assign(step=0) for f in frames)]
+    ).drop(columns="phase")
+    legacy.to_parquet(tmp_path / "trace.parquet")
+    back = load_trace(tmp_path / "trace.parquet")
+    assert (back.loc[back["step"] == 0, "phase"] == "eval").all()
+    assert (back.loc[back["step"] > 0, "phase"] == "train").all()
+    assert simulate(back, topo)["time_s"].tolist() == expected["time_s"].tolist()
+    with pytest.raises(ValueError, match="phase"):
+        TraceRecorder(0).set_phase("")

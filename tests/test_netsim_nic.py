@@ -4,7 +4,7 @@ import pytest
 
 from netsim import Topology
 from netsim.nic import Timeline
-from netsim.shaping import ring_nic_share
+from netsim.topology import ring_nic_share
 
 
 def test_two_handles_on_one_file_queue_behind_each_other(tmp_path):

@@ -1,9 +1,12 @@
 """Shaping real gloo process groups: results, byte counts, delays, NIC sharing, virtual clock."""
 
+import gc
 import json
 import os
 import socket
+import subprocess
 import time
+import weakref
 
 import pandas as pd
 import pytest
@@ -13,6 +16,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
 
 from netsim import Topology, TraceRecorder, shaping, simulate
+from netsim.shaping import run_dir
 
 
 def _free_port() -> int:
@@ -40,7 +44,7 @@ def _two_rank_modes(rank: int, world: int, port: int, out: str) -> None:
     results = {}
     for mode in ("off", "wall", "virtual"):
         rec = TraceRecorder(rank)
-        shaping.install(topo, mode, rec, state_dir=out)
+        shaping.install(topo, mode, rec, run_dir=out)
         group = dist.new_group([0, 1], backend=shaping.BACKEND)
         dist.barrier()
         clock0, wall0 = shaping.clock(), time.perf_counter()
@@ -103,7 +107,7 @@ def _four_ranks(rank: int, world: int, port: int, out: str) -> None:
     _init(rank, world, port)
     topo = Topology.from_strings(2, 2, "80Mbit", "0ms")  # 2 nodes x 2, one NIC per node
     rec = TraceRecorder(rank)
-    shaping.install(topo, "wall", rec, state_dir=out)
+    shaping.install(topo, "wall", rec, run_dir=out)
     shards = [dist.new_group(r, backend=shaping.BACKEND) for r in ([0, 1], [2, 3])]
     reps = [dist.new_group(r, backend=shaping.BACKEND) for r in ([0, 2], [1, 3])]
     shard, rep = shards[rank // 2], reps[rank % 2]
@@ -179,3 +183,103 @@ def test_four_ranks_results_byte_counts_and_shared_nic(tmp_path):
         )
         assert modeled[0] == pytest.approx(0.1, abs=0.03)
         assert modeled[1] == pytest.approx(0.2, abs=0.03)
+
+
+def _gloo_threads() -> int:
+    """Threads of gloo backends alive in this process (named pt_gloo_runloop, gloo_tcp_loop)."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{task}/comm").read())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return sum("gloo" in name for name in names)
+
+
+def _close_releases(rank: int, world: int, port: int, out: str) -> None:
+    _init(rank, world, port)
+    topo = Topology.from_strings(2, 1, "800Mbit", "0ms")
+    before = _gloo_threads()
+    shaper = shaping.install(topo, "wall", TraceRecorder(rank))  # default run folder
+    group = dist.new_group([0, 1], backend=shaping.BACKEND)
+    dist.all_reduce(torch.ones(10), group=group)
+    folder = shaper.run_dir.path(shaper.run_token())
+    inners = [weakref.ref(inner) for _, inner in group._inners.values()]
+    res = {"folder": str(folder), "folder_existed": folder.is_dir(), "owned": shaper.run_dir.owned}
+    res["threads_added"] = _gloo_threads() - before
+    dist.barrier()  # nobody closes while a peer still runs an op on the group
+    shaping.uninstall()
+    gc.collect()
+    res["groups_left"] = len(shaper.groups())
+    res["inners_alive"] = sum(ref() is not None for ref in inners)
+    res["installed"] = shaping.is_installed()
+    try:
+        dist.all_reduce(torch.ones(1), group=group)
+        res["after_close"] = "ran"
+    except ValueError as err:
+        res["after_close"] = str(err)
+    dist.barrier()
+    res["folder_exists_after"] = folder.exists()
+    dist.destroy_process_group()
+    # gloo's shutdown() does not join its threads: they end when the last holder of the group
+    # lets go. Nothing of netsim's may be that holder, so dropping the caller's handle suffices.
+    del group
+    gc.collect()
+    res["gloo_threads_left"] = _gloo_threads()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
+        json.dump(res, fh)
+
+
+@pytest.mark.timeout(120)
+def test_uninstall_releases_every_inner_group_and_the_run_folder(tmp_path):
+    results = _spawn(_close_releases, 2, tmp_path)
+    for res in results:
+        assert res["folder_existed"] and not res["folder_exists_after"]
+        assert res["threads_added"] > 0  # the wrapped gloo backend runs threads ...
+        assert res["gloo_threads_left"] == 0  # ... which end once the group's holders let go
+        assert res["groups_left"] == 0 and res["inners_alive"] == 0
+        assert not res["installed"]
+        assert "was closed" in res["after_close"]
+    assert results[0]["folder"] == results[1]["folder"]  # one node: both ranks shared it
+    assert sorted(r["owned"] for r in results) == [False, True]  # one made it and removed it
+
+
+def _write_owner(folder, host, pid):
+    folder.mkdir()
+    (folder / "owner").write_text(f"{host} {pid}\n")
+
+
+def test_stale_run_folders_of_dead_owners_are_cleaned_at_the_next_start(tmp_path):
+    host = socket.gethostname()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    _write_owner(tmp_path / f"{run_dir.PREFIX}dead", host, dead.pid)
+    _write_owner(tmp_path / f"{run_dir.PREFIX}alive", host, os.getpid())
+    _write_owner(tmp_path / f"{run_dir.PREFIX}elsewhere", "another-host", dead.pid)
+    (tmp_path / f"{run_dir.PREFIX}young").mkdir()  # between mkdir and its owner file
+    old = tmp_path / f"{run_dir.PREFIX}ownerless"
+    old.mkdir()
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    (tmp_path / "netsim-other").mkdir()  # not ours by name
+    shaper = shaping.Shaper(Topology.from_strings(2, 1), "off")
+    shaper.run_dir = run_dir.RunDir(base=tmp_path)  # a start that cleans tmp_path
+    left = sorted(p.name.removeprefix(run_dir.PREFIX) for p in tmp_path.iterdir())
+    assert left == ["alive", "elsewhere", "netsim-other", "young"]
+
+
+def test_explicit_run_folder_is_used_and_left_to_its_maker(tmp_path, monkeypatch):
+    folder = tmp_path / "run"
+    monkeypatch.setenv(shaping.ENV_VAR, str(folder))
+    explicit = run_dir.RunDir()
+    assert explicit.path("token") == folder and folder.is_dir() and not explicit.owned
+    explicit.close()
+    assert folder.is_dir()  # the launcher made it, the launcher removes it
+    monkeypatch.delenv(shaping.ENV_VAR)
+    default = run_dir.RunDir(base=tmp_path)
+    made = default.path("abc")
+    assert made.name == f"{run_dir.PREFIX}abc" and default.owned
+    assert (made / "owner").read_text().split() == [socket.gethostname(), str(os.getpid())]
+    joiner = run_dir.RunDir(base=tmp_path)
+    assert joiner.path("abc") == made and not joiner.owned
+    default.close()
+    assert not made.exists()

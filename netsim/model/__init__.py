@@ -1,0 +1,30 @@
+"""SimPy cluster model: replay a recorded trace on any topology and predict per-step times.
+
+How it scales: nodes that run at the same speed behave identically, so the model runs one SimPy
+process per (node speed class, accelerator position) instead of one per rank, and one NIC per
+speed class (per class and position with nic="per-accelerator"). A collective is one rendezvous
+of its member processes followed by its latency steps and a processor-shared transfer of its
+wire bytes over the NICs; ring phases are aggregated analytically. Cost therefore grows with
+steps x accelerators_per_node x speed classes x events per step, and not with the node count.
+
+Assumptions (also returned in the result's attrs["note"]):
+- Compute between a rank's collectives (gaps in its trace where it was not blocked in wait()) is
+  the per-step compute; it is scaled by compute_scale and divided by the node's speed. Explicit
+  "compute" rows are informational: the gaps already hold them. Only the "train" phase is
+  replayed (evaluation is left out), and traffic outside a step's begin/end span is left out.
+  A warm-up step is replayed like any other; drop it from the trace to leave it out.
+- Payload sizes and the per-step program are kept from the recorded run when nodes, accelerators
+  or steps grow (weak scaling); steps beyond the recording cycle through the recorded steps.
+- Inter-node groups with one rank per node that span all recorded nodes span all target nodes;
+  groups of all ranks span all target ranks; intra-node ops start when their node's members
+  have all arrived and then take their closed-form time (or, with intra="recorded", the time
+  their last-arriving member recorded, which holds no wait for peers).
+
+Where things live: `programs` turns a trace into typed per-step programs, `cluster` compiles and
+replays them in SimPy over `shared_link.SharedLink` NICs, `replay.simulate` ties them together.
+"""
+
+from netsim.model.replay import MODEL_NOTE, simulate
+from netsim.model.shared_link import SharedLink
+
+__all__ = ["SharedLink", "simulate", "MODEL_NOTE"]

@@ -1,0 +1,279 @@
+"""The SimPy side of the model: one process per (node speed class, accelerator position).
+
+Programs are first compiled for the target topology into few, cheap steps (`Delay`, `InterOp`,
+`IntraOp`, `Wait`); a collective is a rendezvous of its member processes, then its latency steps
+and a processor-shared transfer of its wire bytes over the NICs (`SharedLink`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Generator
+from typing import NamedTuple
+
+import simpy
+
+from netsim.costs import CollectiveVolume, collective_volume
+from netsim.model.programs import Compute, Issue, Item, OpSpec, Wait
+from netsim.model.shared_link import SharedLink
+from netsim.topology import Topology
+
+__all__ = ["Cluster", "Delay", "InterOp", "IntraOp", "Step"]
+
+
+class Delay(NamedTuple):
+    """A timeout of compute_s * (compute_scale / node speed) + fixed_s."""
+
+    compute_s: float
+    fixed_s: float
+
+
+class InterOp(NamedTuple):
+    """Issue inter-node collective `op` of spec `spec`, moving `volume` per rank."""
+
+    op: int
+    spec: int
+    volume: CollectiveVolume
+
+
+class IntraOp(NamedTuple):
+    """Issue intra-node op `op` lasting `seconds`; with a spec it starts when its members meet."""
+
+    op: int
+    spec: int | None
+    seconds: float
+
+
+Step = Delay | InterOp | IntraOp | Wait
+
+
+class Cluster:
+    """One process per (speed class, position); NICs per class, or per position per-accelerator."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        recorded: Topology,
+        programs: dict[tuple[int, int], list[Item]],
+        specs: list[OpSpec],
+        n_recorded: int,
+        compute_scale: float,
+        intra: str = "model",
+    ) -> None:
+        self.env = simpy.Environment()
+        self.topo = topology
+        self.recorded = recorded
+        self.specs = specs
+        self.n_recorded = n_recorded
+        self.compute_scale = compute_scale
+        self.intra = intra
+        self.classes = sorted(set(topology.node_speed))  # class c runs at speed classes[c]
+        g = topology.accelerators_per_node
+        bw = topology.inter.effective_bandwidth
+        if topology.nic == "per-accelerator":
+            self.nics = {
+                (c, j): SharedLink(self.env, bw) for c in range(len(self.classes)) for j in range(g)
+            }
+        else:
+            self.nics = {c: SharedLink(self.env, bw) for c in range(len(self.classes))}
+        self.rendezvous: dict[tuple, list] = {}
+        self.step_end: list[float] = []
+        self._volumes: dict[int, tuple[int, CollectiveVolume]] = {}  # spec id -> (p, volume)
+        self.compiled = {slot: self._compile(program) for slot, program in programs.items()}
+
+    # -- compiling programs for the target topology -------------------------------------------
+    def _group_size(self, spec: OpSpec) -> int:
+        t, r = self.topo, self.recorded
+        if spec.scope == "replicate":
+            return t.nodes
+        if spec.scope == "world":
+            return t.world_size
+        if spec.scope == "intra":
+            if spec.size == r.accelerators_per_node:
+                return t.accelerators_per_node
+            if spec.size > t.accelerators_per_node:
+                raise ValueError(
+                    f"the trace has intra-node groups of {spec.size} ranks, more than the target "
+                    f"topology's {t.accelerators_per_node} accelerators per node."
+                )
+        return spec.size
+
+    def _volume(self, spec_id: int) -> tuple[int, CollectiveVolume]:
+        """Target group size and per-rank volume of a spec (computed once per spec)."""
+        if spec_id not in self._volumes:
+            spec = self.specs[spec_id]
+            p = self._group_size(spec)
+            rooted = spec.op in ("gather", "scatter")
+            volume = collective_volume(
+                spec.op, p, spec.nbytes, spec.algorithm or None, is_root=rooted
+            )
+            self._volumes[spec_id] = (p, volume)
+        return self._volumes[spec_id]
+
+    def _compile(self, program: list[Item]) -> list[Step]:
+        """Resolve a program for this topology: intra ops become delays or meetings, delays merge.
+
+        Folding keeps SimPy events per step few, which keeps replay fast.
+        """
+        out: list[Step] = []
+        waited_at_once: set[int] = set()
+        for n, item in enumerate(program):
+            if type(item) is Compute:
+                self._add_delay(out, item.seconds, 0.0)
+            elif type(item) is Issue:
+                following = program[n + 1] if n + 1 < len(program) else None
+                if self._compile_issue(out, item, following):
+                    waited_at_once.add(item.op)
+            elif item.op in waited_at_once:
+                waited_at_once.discard(item.op)
+            else:
+                out.append(item)
+        return out
+
+    def _compile_issue(self, out: list[Step], item: Issue, following: Item | None) -> bool:
+        """Append the steps of one issued op; True if it became a plain delay (drop its wait)."""
+        spec = self.specs[item.spec]
+        p, volume = self._volume(item.spec)
+        if spec.inter:
+            out.append(InterOp(item.op, item.spec, volume))
+            return False
+        seconds = item.recorded_s if self.intra == "recorded" else volume.time(self.topo.intra)
+        if p > 1:
+            # A real collective holds every member until the last one arrives; a plain delay
+            # would let a node's positions drift a step apart, and the one ahead would then use
+            # the shared NIC alone while the other is still behind.
+            out.append(IntraOp(item.op, item.spec, seconds))
+            return False
+        if type(following) is Wait and following.op == item.op:
+            self._add_delay(out, 0.0, seconds)
+            return True
+        out.append(IntraOp(item.op, None, seconds))
+        return False
+
+    @staticmethod
+    def _add_delay(out: list[Step], compute: float, fixed: float) -> None:
+        if out and type(out[-1]) is Delay:
+            last = out[-1]
+            out[-1] = Delay(last.compute_s + compute, last.fixed_s + fixed)
+        else:
+            out.append(Delay(compute, fixed))
+
+    # -- meetings and transfers ---------------------------------------------------------------
+    def _nic(self, c: int, j: int) -> SharedLink:
+        return self.nics[(c, j)] if self.topo.nic == "per-accelerator" else self.nics[c]
+
+    def _members(self, spec: OpSpec, j: int) -> tuple[tuple, int]:
+        """Rendezvous key and member count of an inter-node op issued at position j."""
+        n_classes = len(self.classes)
+        g, g_rec = self.topo.accelerators_per_node, self.recorded.accelerators_per_node
+        if spec.scope == "replicate":
+            return ("rep", j), n_classes
+        if spec.scope == "world":
+            return ("world",), n_classes * g
+        count = sum(1 for jj in range(g) if jj % g_rec in spec.positions)
+        return ("other", spec.positions), n_classes * count
+
+    def _meet(self, key: tuple, n_members: int, counters: dict) -> list:
+        """Count one arrival at the next meeting of `key`: [arrived, done event, longest time]."""
+        occurrence = counters[key]
+        counters[key] += 1
+        entry = self.rendezvous.setdefault((key, occurrence), [0, self.env.event(), 0.0])
+        entry[0] += 1
+        if entry[0] == n_members:
+            del self.rendezvous[(key, occurrence)]
+        return entry
+
+    def _launch(
+        self, spec: OpSpec, volume: CollectiveVolume, j: int, counters: dict
+    ) -> simpy.Event:
+        key, n_members = self._members(spec, j)
+        entry = self._meet(key, n_members, counters)
+        if entry[0] == n_members:
+            self.env.process(self._collective(spec, volume, j, entry[1]))
+        return entry[1]
+
+    def _intra_members(self, spec: OpSpec, c: int, j: int) -> tuple[tuple, int]:
+        """Rendezvous key and member count of an intra-node op issued by process (c, j)."""
+        g, g_rec = self.topo.accelerators_per_node, self.recorded.accelerators_per_node
+        if spec.size == g_rec:
+            return ("intra", c), g  # whole-node groups grow with the node
+        # Smaller groups repeat in blocks of the recorded node size when nodes grow.
+        block = j // g_rec
+        span = range(block * g_rec, min(g, (block + 1) * g_rec))
+        members = sum(1 for jj in span if jj % g_rec in spec.positions)
+        return ("intra", c, block, spec.positions), members
+
+    def _launch_intra(
+        self, spec: OpSpec, seconds: float, c: int, j: int, counters: dict
+    ) -> simpy.Event:
+        key, n_members = self._intra_members(spec, c, j)
+        entry = self._meet(key, n_members, counters)
+        entry[2] = max(entry[2], seconds)
+        if entry[0] == n_members:
+            done = entry[1]
+            timer = self.env.timeout(entry[2])
+            timer.callbacks.append(lambda _event: done.succeed())
+        return entry[1]
+
+    def _collective(
+        self, spec: OpSpec, volume: CollectiveVolume, j: int, done: simpy.Event
+    ) -> Generator:
+        yield self.env.timeout(volume.latency_steps * self.topo.inter.latency)
+        nbytes = max(volume.bytes_sent, volume.bytes_received)
+        flows = []
+        for c in range(len(self.classes)):
+            if spec.scope == "replicate":
+                flows.append(self._nic(c, j).transfer(nbytes))
+            elif spec.scope == "world":
+                # Ring over sorted ranks: each node has one edge leaving it, from its last rank.
+                flows.append(self._nic(c, self.topo.accelerators_per_node - 1).transfer(nbytes))
+            else:
+                flows.append(self._nic(c, j).transfer(nbytes * spec.nic_share))
+        yield self.env.all_of(flows)
+        done.succeed()
+
+    # -- the processes ------------------------------------------------------------------------
+    def _rank(self, c: int, j: int, n_steps: int) -> Generator:
+        factor = self.compute_scale / self.classes[c]
+        g_rec = self.recorded.accelerators_per_node
+        counters: dict = defaultdict(int)
+        env = self.env
+        for s in range(n_steps):
+            pending: dict[int, simpy.Event] = {}
+            # Hot loop: records are unpacked positionally, which is cheaper than by field name.
+            for item in self.compiled.get((j % g_rec, s % self.n_recorded), []):
+                kind = type(item)
+                if kind is Delay:
+                    compute_s, fixed_s = item
+                    yield env.timeout(compute_s * factor + fixed_s)
+                elif kind is InterOp:
+                    op, spec, volume = item
+                    pending[op] = self._launch(self.specs[spec], volume, j, counters)
+                elif kind is IntraOp:
+                    op, spec, seconds = item
+                    pending[op] = (
+                        env.timeout(seconds)
+                        if spec is None
+                        else self._launch_intra(self.specs[spec], seconds, c, j, counters)
+                    )
+                elif item.op in pending:
+                    yield pending.pop(item.op)
+            # Ops never waited on in the trace still finish within their step.
+            yield env.all_of(list(pending.values()))
+            if len(self.step_end) <= s:
+                self.step_end.append(env.now)
+            else:
+                self.step_end[s] = max(self.step_end[s], env.now)
+
+    def run(self, n_steps: int) -> list[float]:
+        """Replay n_steps on every process; returns when each step ended (the slowest process)."""
+        for c in range(len(self.classes)):
+            for j in range(self.topo.accelerators_per_node):
+                self.env.process(self._rank(c, j, n_steps))
+        self.env.run()
+        if self.rendezvous:
+            raise ValueError(
+                "the trace's collectives do not pair up across nodes (some ranks issue ops the "
+                "others never do); check that the trace holds every rank of the run."
+            )
+        return self.step_end

@@ -1,0 +1,266 @@
+"""From a recorded trace to per-step programs: what each accelerator position computes and issues.
+
+A program is the list of one rank's step as the model replays it: `Compute` gaps, `Issue` of a
+collective (named by its `OpSpec`) and `Wait` for an issued one. Programs are built per (recorded
+accelerator position, recorded step); nodes share node 0's structure with the median compute.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import pandas as pd
+
+from netsim.topology import Topology, ring_nic_share
+
+__all__ = ["OpSpec", "Compute", "Issue", "Wait", "Item", "Programs", "build_programs"]
+
+# Plain lists of these columns: iterating pandas row by row costs ~10 us per row, far too slow.
+_COLUMNS = (
+    "rank", "step", "kind", "op", "group", "inter", "algorithm", "bytes", "start_s", "wait_s",
+    "end_s",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One collective of a program: what it is and which model processes meet for it."""
+
+    op: str
+    algorithm: str
+    nbytes: int
+    inter: bool
+    scope: str  # "replicate", "world", "other" (inter) or "intra"
+    positions: frozenset  # recorded accelerator positions taking part (inter "other")
+    size: int  # group size for non-scaling groups
+    nic_share: float  # bytes through one node's NIC per rank's wire bytes
+
+
+class Compute(NamedTuple):
+    """Compute between collectives, in recorded seconds."""
+
+    seconds: float
+
+
+class Issue(NamedTuple):
+    """Issue collective `op` (a row id unique in the rank's step) of spec `spec`."""
+
+    op: int
+    spec: int
+    recorded_s: float  # the op's own duration, for simulate(intra="recorded")
+
+
+class Wait(NamedTuple):
+    """Block until the issued collective `op` has finished."""
+
+    op: int
+
+
+Item = Compute | Issue | Wait
+
+
+class Programs(NamedTuple):
+    """Programs per (recorded position, recorded step index), their op specs and the step count."""
+
+    by_slot: dict[tuple[int, int], list[Item]]
+    specs: list[OpSpec]
+    n_steps: int
+
+
+# A moment in a rank's step, as a plain tuple (built ~10^5 times per replay, so no NamedTuple):
+# (time, is_wait: 0 issue / 1 wait, row, spec id or -1, end), sorted by time, issues first.
+_Point = tuple[float, int, int, int, float]
+
+
+def _classify(group: str, recorded: Topology) -> tuple[str, frozenset, int, float]:
+    """Scope, recorded positions, size and NIC share of a trace group such as "0,2"."""
+    ranks = [int(r) for r in group.split(",")]
+    if max(ranks) >= recorded.world_size:
+        raise ValueError(
+            f"trace group {group!r} names ranks beyond the {recorded.world_size} ranks present; "
+            f"the trace must hold every rank of the run."
+        )
+    nodes = {recorded.node_of(r) for r in ranks}
+    locals_ = frozenset(recorded.local_of(r) for r in ranks)
+    if len(nodes) == 1:
+        return "intra", locals_, len(ranks), 1.0
+    share = ring_nic_share(ranks, recorded, per="node")
+    if len(locals_) == 1 and len(nodes) == len(ranks) == recorded.nodes:
+        return "replicate", locals_, len(ranks), 1.0
+    if len(ranks) == recorded.world_size:
+        return "world", locals_, len(ranks), share
+    return "other", locals_, len(ranks), share
+
+
+class _SpecCatalog:
+    """Interns the OpSpecs of a trace, so equal collectives share one spec id."""
+
+    def __init__(self, recorded: Topology) -> None:
+        self.recorded = recorded
+        self.specs: list[OpSpec] = []
+        self._ids: dict[tuple, int] = {}
+        self._groups: dict[str, tuple[str, frozenset, int, float]] = {}
+        self._rows: dict[tuple, int] = {}  # (group, op, algorithm, bytes, inter) -> spec id
+
+    def spec_id(self, group: str, op: str, algorithm: str, nbytes: int, inter: bool) -> int:
+        """The spec id of a collective as the trace row names it."""
+        row_key = (group, op, algorithm, nbytes, inter)
+        found = self._rows.get(row_key)
+        if found is None:
+            found = self._rows[row_key] = self._intern(*row_key)
+        return found
+
+    def _intern(self, group: str, op: str, algorithm: str, nbytes: int, inter: bool) -> int:
+        if group not in self._groups:
+            self._groups[group] = _classify(group, self.recorded)
+        scope, positions, size, share = self._groups[group]
+        key = (op, algorithm, int(nbytes), bool(inter), scope, positions, size)
+        if key not in self._ids:
+            self._ids[key] = len(self.specs)
+            self.specs.append(OpSpec(*key, share))
+        return self._ids[key]
+
+
+def _own_durations(cols: dict[str, list]) -> tuple[dict[tuple, float], list[tuple | None]]:
+    """Each op's own duration (its last-arriving member's span) and each row's op occurrence.
+
+    The other members' recorded spans also hold their wait for that peer, which the model's
+    rendezvous already accounts for. Members issue a group's ops in the same order, so (group,
+    step, k-th call) names one op.
+    """
+    own: dict[tuple, float] = {}
+    calls: dict[tuple, int] = defaultdict(int)
+    occurrence: list[tuple | None] = [None] * len(cols["rank"])
+    for r, kind in enumerate(cols["kind"]):
+        if kind != "collective":
+            continue
+        key = (cols["rank"][r], cols["step"][r], str(cols["group"][r]))
+        op = (key[2], key[1], calls[key])
+        calls[key] += 1
+        occurrence[r] = op
+        start, wait, end = cols["start_s"][r], cols["wait_s"][r], cols["end_s"][r]
+        wait = start if wait != wait else wait  # NaN: never waited on
+        span = max(0.0, (wait if end != end else end) - start)
+        own[op] = min(own.get(op, span), span)
+    return own, occurrence
+
+
+def _blocks(cols: dict[str, list]) -> Iterator[tuple[int, int]]:
+    """Row ranges [i, j) of one (rank, step) each, in a frame sorted by rank, step, seq."""
+    ranks, steps, n = cols["rank"], cols["step"], len(cols["rank"])
+    i = 0
+    while i < n:
+        j = i
+        while j < n and ranks[j] == ranks[i] and steps[j] == steps[i]:
+            j += 1
+        yield i, j
+        i = j
+
+
+def _step_span(cols: dict[str, list], i: int, j: int) -> tuple[float, float] | None:
+    """The (begin, finish) of the block's kind="step" row, if it has one."""
+    span = None
+    for r in range(i, j):
+        if cols["kind"][r] == "step":
+            span = (cols["start_s"][r], cols["end_s"][r])
+    return span
+
+
+def _points(
+    cols: dict[str, list], i: int, j: int, span: tuple[float, float] | None, catalog: _SpecCatalog
+) -> list[_Point]:
+    """Issue and wait moments of the block's collectives inside the step span, in time order."""
+    kinds, starts, ends, waits, groups = (
+        cols["kind"], cols["start_s"], cols["end_s"], cols["wait_s"], cols["group"]
+    )  # fmt: skip
+    ops, algorithms, sizes, inters = cols["op"], cols["algorithm"], cols["bytes"], cols["inter"]
+    points: list[_Point] = []
+    for r in range(i, j):
+        if kinds[r] != "collective":
+            continue
+        start, end, wait = starts[r], ends[r], waits[r]
+        # Traffic outside the step's span is not part of the step's program.
+        if span is not None and not span[0] <= start <= span[1]:
+            continue
+        spec = catalog.spec_id(str(groups[r]), ops[r], algorithms[r], sizes[r], inters[r])
+        wait = start if wait != wait else wait
+        end = wait if end != end else end
+        points.append((start, 0, r, spec, end))
+        points.append((wait, 1, r, -1, end))
+    points.sort()
+    return points
+
+
+def _fallback_span(cols: dict[str, list], i: int, j: int) -> tuple[float, float]:
+    """A step without a step row spans its rows' earliest start to latest end."""
+    times = [cols["start_s"][r] for r in range(i, j)]
+    times += [cols["end_s"][r] for r in range(i, j) if cols["end_s"][r] == cols["end_s"][r]]
+    return min(times), max(times)
+
+
+def _program(
+    points: list[_Point], span: tuple[float, float], own: dict, occurrence: list
+) -> list[Item]:
+    """A block's points as a program: compute fills the gaps in which the rank was not blocked."""
+    program: list[Item] = []
+    cursor, finish = span
+    for time, is_wait, row, spec, end in points:
+        if time > cursor:
+            program.append(Compute(time - cursor))
+            cursor = time
+        if is_wait:
+            program.append(Wait(row))
+            cursor = max(cursor, end)
+        else:
+            program.append(Issue(row, spec, own[occurrence[row]]))
+    if finish > cursor:
+        program.append(Compute(finish - cursor))
+    return program
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def _merge_nodes(per_rank: dict[tuple[int, int, int], list[Item]]) -> dict:
+    """One program per position and step: node 0's structure, compute = median over the nodes."""
+    by_slot: dict[tuple[int, int], list] = defaultdict(list)
+    for (pos, s, node), program in per_rank.items():
+        by_slot[(pos, s)].append((node, program))
+    merged: dict[tuple[int, int], list[Item]] = {}
+    for slot, entries in by_slot.items():
+        entries.sort(key=lambda e: e[0])
+        base = entries[0][1]
+        same = [p for _, p in entries if len(p) == len(base)]
+        if len(same) > 1:
+            base = [
+                Compute(_median([p[k].seconds for p in same if type(p[k]) is Compute]))
+                if type(item) is Compute
+                else item
+                for k, item in enumerate(base)
+            ]
+        merged[slot] = base
+    return merged
+
+
+def build_programs(df: pd.DataFrame, recorded: Topology) -> Programs:
+    """Per (recorded position, recorded step index): the program the model replays."""
+    steps = sorted(df["step"].unique())
+    step_index = {s: i for i, s in enumerate(steps)}
+    df = df.sort_values(["rank", "step", "seq"], kind="stable")
+    cols = {c: df[c].tolist() for c in _COLUMNS}
+    own, occurrence = _own_durations(cols)
+    catalog = _SpecCatalog(recorded)
+    per_rank: dict[tuple[int, int, int], list[Item]] = {}
+    for i, j in _blocks(cols):
+        rank, step = cols["rank"][i], cols["step"][i]
+        span = _step_span(cols, i, j)
+        points = _points(cols, i, j, span, catalog)
+        program = _program(points, span or _fallback_span(cols, i, j), own, occurrence)
+        per_rank[(recorded.local_of(rank), step_index[step], recorded.node_of(rank))] = program
+    return Programs(_merge_nodes(per_rank), catalog.specs, len(steps))
