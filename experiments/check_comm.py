@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 import tempfile
@@ -24,6 +25,8 @@ from typing import Any
 
 from experiments.config import METHODS, RunConfig
 from experiments.io import write_atomic
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FIGURES", "SETTINGS", "compare", "configure", "main", "measure", "render"]
 
@@ -55,7 +58,7 @@ def measure(methods: Iterable[str], settings: dict[str, Any]) -> dict[str, dict[
             try:
                 out = launch(cfg, Path(tmp) / method, timeout_s=600)
             except Exception as err:  # reported as a missing method by compare()
-                tqdm.write(f"{method}: run failed: {err}", file=sys.stderr)
+                log.warning("%s: run failed: %s", method, err)
                 continue
             steps = pd.read_parquet(Path(out) / "steps.parquet")
             found[method] = {name: float(steps[name].mean()) for name in FIGURES}
@@ -180,7 +183,7 @@ def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
         write_atomic(args.baseline, json.dumps(body, indent=2, sort_keys=False) + "\n")
         rows, _ = compare({}, current)
         print(render(rows))
-        print(f"baseline written to {args.baseline}")
+        log.info("baseline written to %s", args.baseline)
         return 0
     expected = baseline["methods"]
     if args.methods is not None:  # an explicit subset is compared on that subset only

@@ -14,6 +14,8 @@ import argparse
 import importlib
 import sys
 
+from experiments.logs import configure_logging
+
 # name -> (module, one-line help); a module is imported only when its command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("experiments.run_command", "train one method on nodes x ranks, write its results"),
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    configure_logging()
     try:
         return int(importlib.import_module(args._module).main(args) or 0)
     except ValueError as err:  # ConfigError and netsim's unit errors: one sentence, exit 2

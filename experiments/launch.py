@@ -28,6 +28,7 @@ from typing import Any
 
 from experiments.config import ConfigError, RunConfig
 from experiments.io import check_output_folder
+from experiments.logs import configure_logging
 from experiments.runs import RunFolder, read_rank_result, write_rank_result, write_run
 from experiments.watchdog import Heartbeat, RankStalled, Watchdog
 
@@ -134,6 +135,7 @@ def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: boo
     os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
     torch.set_num_threads(cfg.threads_per_rank)
     _quiet_tqdm_internals()
+    configure_logging(rank)
     if quiet:
         os.environ["TQDM_DISABLE"] = "1"
     heartbeat = Heartbeat(folder.progress(rank))
@@ -196,6 +198,7 @@ def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
             f"torchrun world size {world} is not divisible by --nodes {cfg.nodes}."
         )
     cfg = cfg.replace(gpus_per_node=world // cfg.nodes)
+    configure_logging(int(os.environ["RANK"]))
     is_writer = int(os.environ["RANK"]) == 0
     check_output_folder(folder.out)  # on every rank: a refusal must not leave peers waiting
     if is_writer:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from experiments.io import check_output_file, write_atomic
 from experiments.metrics import time_to_target
 from netsim import Link, Topology, parse_bandwidth, parse_latency
 from netsim.model import simulate
+
+log = logging.getLogger(__name__)
 
 __all__ = ["simulate_run", "read_run", "loss_on_time_axis", "configure", "main"]
 
@@ -135,9 +138,9 @@ def main(args: argparse.Namespace) -> int:
           f"at {args.inter_bw}, {args.inter_lat}: total {sim['time_s'].iloc[-1]:.2f} s, "
           f"median step {sim['step_time_s'].median() * 1e3:.1f} ms -> {out}")
     if sim.attrs.get("note"):
-        print(f"model: {sim.attrs['note']}")
+        log.info("model: %s", sim.attrs["note"])
     if scale != 1.0:
-        print(f"compute scaled by {scale:.4g} relative to the recording machine")
+        log.info("compute scaled by %.4g relative to the recording machine", scale)
     target = args.target if args.target is not None else meta.get("final_val_loss")
     if target is not None and not (isinstance(target, float) and math.isnan(target)):
         curve = loss_on_time_axis(steps, sim)
@@ -147,6 +150,7 @@ def main(args: argparse.Namespace) -> int:
         if (args.nodes or cfg["nodes"], args.gpus_per_node or cfg["gpus_per_node"]) != (
             cfg["nodes"], cfg["gpus_per_node"]
         ):
-            print("  (assumes the recorded run's loss per step also holds on the larger cluster)")
+            log.info("(assumes the recorded run's loss per step also holds on the larger "
+                     "cluster)")
     return 0
 

@@ -8,8 +8,8 @@ are kept, debris of a killed unit is removed and the unit runs again.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +24,8 @@ from experiments.io import provenance, write_atomic
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.score import Simulator, collect
 from experiments.sweep.spec import SweepConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = ["run_sweep"]
 
@@ -63,7 +65,7 @@ def run_sweep(
             bar.set_postfix_str(f"{result.unit_id} {'ok' if result.ok else 'FAILED'}"
                                 f"{f', {failures} failed' if failures else ''}")
             if not result.ok:
-                tqdm.write(f"unit {result.unit_id} failed: {result.error}", file=sys.stderr)
+                log.warning("unit %s failed: %s", result.unit_id, result.error)
     finally:
         bar.close()
         _write_sweep_json(cfg, out, units)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,8 @@ from experiments import metrics
 from experiments.io import write_atomic
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.spec import NetworkPoint, SweepConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = ["KEY_COLUMNS", "Simulator", "collect", "parquet_bytes"]
 
@@ -57,8 +59,7 @@ def collect(
         try:
             target = metrics.default_target(finals)
         except ValueError as err:
-            tqdm.write(f"warning: {err} Every time-to-target is reported as not reached.",
-                       file=sys.stderr)
+            log.warning("%s Every time-to-target is reported as not reached.", err)
             target = math.nan
     rows: list[dict[str, Any]] = []
     step_frames: list[pd.DataFrame] = []
