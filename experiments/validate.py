@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.config import ConfigError, RunConfig
+from experiments.config import ConfigError, RunConfig, parse_overrides
+from experiments.io import check_output_file
 from experiments.launch import RunFailed, launch
 from experiments.metrics import markdown_table
 from experiments.simulate import simulate_run
@@ -38,9 +40,14 @@ def median_step_time(step_ends: pd.Series, warmup: int) -> float:
 def validate(
     methods: list[str], bandwidths: list[str], latencies: list[str], *, workload: str,
     steps: int, warmup: int, bound: float, work_dir: Path, seed: int = 0,
+    settings: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """Run the grid and return one row per (method, bandwidth, latency) with both step times."""
+    """Run the grid and return one row per (method, bandwidth, latency) with both step times.
+
+    `settings` are further run settings (RunConfig names) shared by every run.
+    """
     base = RunConfig(workload=workload, steps=steps, seed=seed, eval_every=steps + 1)
+    base = base.replace(**(settings or {}))
     units = [(m, None, None) for m in methods]
     units += [(m, bw, lat) for m in methods for bw in bandwidths for lat in latencies]
     recorded: dict[str, Path] = {}
@@ -78,6 +85,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bound", type=float, default=0.10, help="allowed relative error")
     parser.add_argument("--out", help="also write the table to this CSV file")
     parser.add_argument("--keep", help="keep the runs in this folder (default: a temp folder)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other run setting, as for `flexbench run`; repeatable")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -90,13 +99,17 @@ def main(args: argparse.Namespace) -> int:
         parse_bandwidth(bw)
     for lat in args.inter_lat:
         parse_latency(lat)
+    if args.out:
+        check_output_file(args.out, what="--out")
+    settings = parse_overrides(args.set)
     for method in args.methods:
-        RunConfig(method=method, workload=args.workload).validate()
+        RunConfig(method=method, workload=args.workload).replace(**settings).validate()
     with tempfile.TemporaryDirectory(prefix="validate-sim-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         try:
             table = validate(args.methods, args.inter_bw, args.inter_lat, workload=args.workload,
-                             steps=args.steps, warmup=args.warmup, bound=args.bound, work_dir=work)
+                             steps=args.steps, warmup=args.warmup, bound=args.bound, work_dir=work,
+                             settings=settings)
         except RunFailed as err:
             print(f"flexbench validate-sim: a run failed: {err}")
             return 1

@@ -71,7 +71,7 @@ def _unit(
     label = knob_label(knobs)
     base = f"{method}{'-' + label if label else ''}-s{seed}"
     unit_id = slug(base if network is None else f"{base}-{network.slug}")
-    changes: dict[str, Any] = {**cfg.run, **knobs, "method": method, "seed": seed}
+    changes: dict[str, Any] = {**cfg.run.to_dict(), **knobs, "method": method, "seed": seed}
     if network is None:
         changes.update(shaping="off", inter_bw=None)
     else:

@@ -57,7 +57,8 @@ class SweepConfig:
     """A parsed, validated sweep file (after --set overrides)."""
 
     name: str
-    run: dict[str, Any]
+    run: RunConfig
+    """The [run] table: every unit's settings before the grid sets its own."""
     methods: list[str]
     networks: list[NetworkPoint]
     seeds: list[int]
@@ -102,7 +103,6 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
     for key in UNIT_FIELDS:
         if key in run:
             raise ConfigError(f"run.{key} is set per unit by the sweep; put it in [grid] instead.")
-    RunConfig.from_dict(run)  # unknown keys and bad types fail here, naming the key
     grid = _table(raw, "grid")
     _known("[grid]", grid, GRID_KEYS)
     methods = _nonempty_list(grid, "methods", str)
@@ -127,7 +127,8 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
     if not isinstance(validate, list) or not all(isinstance(v, dict) for v in validate):
         raise ConfigError("validate must be a list of [[validate]] tables.")
     cfg = SweepConfig(
-        name=name, run=run, methods=methods, networks=networks, seeds=seeds, knobs=knobs,
+        name=name, run=RunConfig.from_dict(run),  # unknown keys and bad types fail here
+        methods=methods, networks=networks, seeds=seeds, knobs=knobs,
         target=target, validate=validate, timeout_s=timeout, executor=executor, raw=raw,
     )
     from experiments.sweep.plan import units_of  # plan builds on this module
