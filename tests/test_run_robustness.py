@@ -149,6 +149,23 @@ def _listening_sockets(pids: set[int]) -> list[str]:
     return found
 
 
+def _process_tree(root: int) -> set[int]:
+    """`root` and every process descended from it (Linux /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return tree
+
+
 def _is_loopback(hex_address: str) -> bool:
     ip = hex_address.split(":")[0]
     if len(ip) == 8:  # IPv4, little-endian: 127.x.x.x ends in 7F
@@ -165,7 +182,8 @@ def test_spawned_run_listens_on_loopback_only(tmp_path):
                    "vision-tiny", "--steps", "100000", "--eval-every", "100000"], tmp_path)
     try:
         ranks = _progress(out, 4, deadline_s=120)
-        pids = {pid for pid, _ in ranks.values()} | {proc.pid}
+        pids = {pid for pid, _ in ranks.values()} | _process_tree(proc.pid)
+        assert len(pids) >= 6  # the launcher, its process server and four ranks at least
         listening = _listening_sockets(pids)
         assert all(_is_loopback(a) for a in listening), listening
     finally:
@@ -225,3 +243,17 @@ def test_sweep_killed_with_sigkill_resumes_to_the_rows_of_a_clean_run(tmp_path):
         a, b = (x[cols].sort_values(key).reset_index(drop=True) for x in (a, b))
         pd.testing.assert_frame_equal(a, b)  # bit-identical losses and bytes
     assert not list(killed.glob("units/.*"))  # no debris of the killed unit
+
+
+def test_socket_check_sees_a_listener_on_all_interfaces():
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("needs Linux /proc to list sockets")
+    import socket
+
+    with socket.socket() as wide, socket.socket() as local:
+        wide.bind(("0.0.0.0", 0))
+        wide.listen()
+        local.bind(("127.0.0.1", 0))
+        local.listen()
+        found = _listening_sockets({os.getpid()})
+    assert sorted(_is_loopback(a) for a in found) == [False, True]
