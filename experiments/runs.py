@@ -19,7 +19,7 @@ from typing import Any
 
 from experiments.config import ConfigError, RunConfig
 from experiments.io import check_output_folder, provenance
-from netsim.trace import TRAIN
+from netsim.trace import TRAIN, comm_per_step
 
 __all__ = ["RankResult", "RunFolder", "read_rank_result", "write_rank_result", "write_run"]
 
@@ -142,7 +142,7 @@ def write_run(results: list[RankResult], folder: Path) -> dict[str, Any]:
     ).reset_index()
     trace = pd.concat([r.trace for r in results if r.trace is not None], ignore_index=True)
     trace = trace[trace["phase"] == TRAIN]  # evaluation traffic is measured apart
-    comm = _comm_per_step(trace)
+    comm = comm_per_step(trace)
     steps = steps.merge(comm, on="step", how="left").fillna(
         {c: 0.0 for c in comm.columns if c != "step"}
     )
@@ -171,25 +171,3 @@ def write_run(results: list[RankResult], folder: Path) -> dict[str, Any]:
     }
     (folder / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return meta
-
-
-def _comm_per_step(trace):
-    """Per step: bytes summed over ranks, calls and inter-node wait time of the busiest rank."""
-    coll = trace[trace["kind"] == "collective"]
-    inter = coll["inter"].astype(bool)
-    per_rank = coll.assign(
-        inter_bytes_sent=coll["bytes_sent"].where(inter, 0.0),
-        inter_bytes_received=coll["bytes_received"].where(inter, 0.0),
-        inter_calls=inter.astype(int),
-        intra_bytes=coll["bytes_sent"].where(~inter, 0.0),
-        comm_s=(coll["end_s"] - coll["start_s"]).where(inter, 0.0),
-    ).groupby(["step", "rank"])[
-        ["inter_bytes_sent", "inter_bytes_received", "inter_calls", "intra_bytes", "comm_s"]
-    ].sum()
-    return per_rank.groupby(level="step").agg(
-        inter_bytes_sent=("inter_bytes_sent", "sum"),
-        inter_bytes_received=("inter_bytes_received", "sum"),
-        inter_calls=("inter_calls", "max"),
-        intra_bytes=("intra_bytes", "sum"),
-        comm_s=("comm_s", "max"),
-    ).reset_index()

@@ -17,11 +17,11 @@ from netsim.trace import (
     TRACE_COLUMNS,
     TRAIN,
     TraceRecorder,
+    comm_per_step,
     load_trace,
-    save_trace,
     validate_trace,
 )
-from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_size
+from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
 
 __all__ = [
     "shaping",
@@ -30,7 +30,6 @@ __all__ = [
     "ring_nic_share",
     "parse_bandwidth",
     "parse_latency",
-    "parse_size",
     "format_bandwidth",
     "collective_time",
     "collective_volume",
@@ -46,7 +45,7 @@ __all__ = [
     "TRACE_COLUMNS",
     "TRAIN",
     "EVAL",
+    "comm_per_step",
     "load_trace",
-    "save_trace",
     "validate_trace",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from netsim.units import parse_bandwidth, parse_latency
 
@@ -42,9 +42,6 @@ class Link:
         """Goodput in bytes/s: lost packets are resent, so (1 - loss) of the rate carries data."""
         return self.bandwidth * (1.0 - self.loss)
 
-    def transfer_time(self, nbytes: float) -> float:
-        """Seconds to move nbytes point to point over this link (latency + nbytes / goodput)."""
-        return self.latency + nbytes / self.effective_bandwidth
 
 
 def _as_link(value: Link | dict, name: str) -> Link:
@@ -138,13 +135,6 @@ class Topology:
         """Accelerator index of a global rank inside its node."""
         return self._check_rank(rank) % self.accelerators_per_node
 
-    def ranks_of_node(self, node: int) -> list[int]:
-        """Global ranks living on one node."""
-        if not 0 <= node < self.nodes:
-            raise ValueError(f"node {node!r} is outside this topology's nodes 0..{self.nodes - 1}.")
-        g = self.accelerators_per_node
-        return list(range(node * g, (node + 1) * g))
-
     def nodes_of(self, ranks: Iterable[int]) -> set[int]:
         """Set of nodes a group of global ranks spans."""
         return {self.node_of(r) for r in ranks}
@@ -156,18 +146,6 @@ class Topology:
     def link_for(self, ranks: Iterable[int]) -> Link:
         """The link a group's collectives run over: inter if it crosses nodes, else intra."""
         return self.inter if self.crosses_nodes(ranks) else self.intra
-
-    def speed_of(self, rank: int) -> float:
-        """Relative compute speed of the node holding a rank."""
-        return self.node_speed[self.node_of(rank)]
-
-    def resized(self, nodes: int | None = None, per_node: int | None = None) -> Topology:
-        """Same links and NIC mode at another size; existing node speeds kept, new nodes at 1.0."""
-        nodes = self.nodes if nodes is None else nodes
-        per_node = self.accelerators_per_node if per_node is None else per_node
-        speeds = (self.node_speed + (1.0,) * max(0, nodes - self.nodes))[:nodes] if nodes else ()
-        return replace(self, nodes=nodes, accelerators_per_node=per_node, node_speed=speeds)
-
 
 def ring_nic_share(ranks: Iterable[int], topology: Topology, per: str = "rank") -> float:
     """Share of a ring collective's wire bytes that crosses NICs, per group rank or per node.

@@ -1,10 +1,11 @@
 """Trace records: the schema of trace.parquet and the per-rank TraceRecorder that fills it.
 
 One row per event of one rank. kind "collective": an op on a group (issued at start_s, waited on
-from wait_s, returned at end_s); kind "compute": an explicit compute interval; kind "step": the span
-between begin_step and end_step. Times are seconds on the recorder's clock (the shaping clock when
-shaping is installed, so wall or virtual time). A combined trace is the concatenation of all ranks'
-frames.
+from wait_s, returned at end_s); kind "step": the span between begin_step and end_step; kind
+"compute": an explicit compute interval (the recorder writes none; hand-made traces may). Times
+are seconds on the recorder's clock (the shaping clock when shaping is installed, so wall or
+virtual time). A combined trace is the concatenation of all ranks' frames; `comm_per_step` sums
+either into the per-step communication figures the runs report.
 
 Every row carries a `phase`: "train" for the training loop, "eval" (or another name) for traffic
 that must never be mixed into the training figures, such as evaluation. Traces written before the
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -34,8 +34,7 @@ __all__ = [
     "empty_trace",
     "validate_trace",
     "load_trace",
-    "save_trace",
-    "group_key",
+    "comm_per_step",
 ]
 
 # Column -> dtype. `bytes` is the payload the rank handed in; bytes_sent/received are wire bytes.
@@ -79,7 +78,7 @@ _REQUIRED = (
 )
 
 
-def group_key(ranks: Iterable[int]) -> str:
+def _group_key(ranks: Iterable[int]) -> str:
     """Canonical string for a group of global ranks, e.g. "0,2" (sorted, comma separated)."""
     return ",".join(str(int(r)) for r in sorted(ranks))
 
@@ -165,12 +164,6 @@ class TraceRecorder:
         self._append({"kind": "step", "start_s": self._step_start, "end_s": self.clock()})
         self._step_start = None
 
-    def record_compute(self, start: float, end: float) -> None:
-        """Record an explicit compute interval (clock seconds) in the current step."""
-        if not end >= start:
-            raise ValueError(f"compute interval end {end!r} is before its start {start!r}.")
-        self._append({"kind": "compute", "start_s": float(start), "end_s": float(end)})
-
     def record_collective(
         self,
         op: str,
@@ -191,7 +184,7 @@ class TraceRecorder:
             {
                 "kind": "collective",
                 "op": op,
-                "group": group_key(ranks),
+                "group": _group_key(ranks),
                 "group_size": len(ranks),
                 "inter": bool(inter),
                 "algorithm": algorithm,
@@ -210,26 +203,6 @@ class TraceRecorder:
         with self._lock:
             row["wait_s"], row["end_s"], row["modeled_s"] = float(wait), float(end), float(modeled)
 
-    def step_summary(self, step: int) -> dict[str, float]:
-        """Inter-node bytes sent/received and calls, and intra-node bytes, of one training step."""
-        out = {
-            "inter_bytes_sent": 0.0,
-            "inter_bytes_received": 0.0,
-            "inter_calls": 0,
-            "intra_bytes": 0.0,
-        }
-        with self._lock:
-            for row in self._rows:
-                if row["step"] != step or row["kind"] != "collective" or row["phase"] != TRAIN:
-                    continue
-                if row["inter"]:
-                    out["inter_bytes_sent"] += row["bytes_sent"]
-                    out["inter_bytes_received"] += row["bytes_received"]
-                    out["inter_calls"] += 1
-                else:
-                    out["intra_bytes"] += row["bytes_sent"]
-        return out
-
     def frame(self) -> pd.DataFrame:
         """All rows so far as a DataFrame with the trace schema."""
         with self._lock:
@@ -239,24 +212,6 @@ class TraceRecorder:
         df = pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
         return df.astype(TRACE_COLUMNS)
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the frame to parquet atomically (temp file in the same folder, then rename)."""
-        return save_trace(self.frame(), path)
-
-
-def save_trace(df: pd.DataFrame, path: str | os.PathLike) -> Path:
-    """Write a trace DataFrame to parquet atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
@@ -326,3 +281,42 @@ def load_trace(path: str | os.PathLike) -> pd.DataFrame:
     except Exception as err:  # pyarrow raises several types for a damaged file
         raise ValueError(f"trace file {str(path)!r} is not readable parquet ({err}).") from None
     return validate_trace(df)
+
+
+_PER_STEP = ("inter_bytes_sent", "inter_bytes_received", "inter_calls", "intra_bytes", "comm_s")
+
+
+def comm_per_step(trace: pd.DataFrame) -> pd.DataFrame:
+    """Communication of each training step: the one per-step summary of a trace.
+
+    Takes one rank's frame or a combined trace (all ranks' frames concatenated) and returns one
+    row per training step with `inter_bytes_sent`, `inter_bytes_received` and `intra_bytes`
+    (wire bytes sent, summed over the trace's ranks), and `inter_calls` and `comm_s` (inter-node
+    collectives and the seconds from their issue to their return) of the busiest rank. Only phase
+    "train" counts (a trace older than the phase column reads as `validate_trace` reads it); a
+    step without collectives has zeros.
+    """
+    if "phase" not in trace.columns:
+        trace = _fill_derived(trace.copy())
+    train = trace[trace["phase"] == TRAIN]
+    coll = train[train["kind"] == "collective"]
+    inter = coll["inter"].astype(bool)
+    per_rank = coll.assign(
+        inter_bytes_sent=coll["bytes_sent"].where(inter, 0.0),
+        inter_bytes_received=coll["bytes_received"].where(inter, 0.0),
+        inter_calls=inter.astype("int64"),
+        intra_bytes=coll["bytes_sent"].where(~inter, 0.0),
+        comm_s=(coll["end_s"] - coll["start_s"]).where(inter, 0.0),
+    ).groupby(["step", "rank"])[list(_PER_STEP)].sum()
+    per_step = per_rank.groupby(level="step").agg(
+        inter_bytes_sent=("inter_bytes_sent", "sum"),
+        inter_bytes_received=("inter_bytes_received", "sum"),
+        inter_calls=("inter_calls", "max"),
+        intra_bytes=("intra_bytes", "sum"),
+        comm_s=("comm_s", "max"),
+    )
+    steps = pd.Index(sorted(train["step"].unique()), name="step", dtype="int64")
+    per_step = per_step.reindex(steps, fill_value=0)
+    return per_step.astype({c: "float64" for c in _PER_STEP if c != "inter_calls"}).astype(
+        {"inter_calls": "int64"}
+    ).reset_index()

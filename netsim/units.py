@@ -1,4 +1,4 @@
-"""Parsing of human unit strings ("100Mbit", "25GB/s", "10ms", "1MiB") into bytes/s, seconds, bytes.
+"""Parsing of human unit strings ("100Mbit", "25GB/s", "10ms") into bytes/s and seconds.
 
 This is the only place in the toolkit that understands unit suffixes; everything else works in
 bytes, bytes/s and seconds.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_bandwidth", "parse_latency", "parse_size", "format_bandwidth"]
+__all__ = ["parse_bandwidth", "parse_latency", "format_bandwidth"]
 
 _NUMBER_UNIT = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-zµ/]*)\s*$")
 
@@ -87,24 +87,6 @@ def parse_latency(value: object) -> float:
             f"latency {value!r} must be zero or a positive finite time, such as {example}."
         )
     return number
-
-
-def parse_size(value: object) -> int:
-    """Size in bytes from a number (bytes) or a string like "1MiB", "100MB", "4KB"."""
-    example = '"4KB", "1MiB" or "2GB"'
-    number, unit = _split(value, "size", example)
-    if unit:
-        mult = _byte_multiplier(unit)
-        if mult is None:
-            raise ValueError(
-                f"size {value!r} has an unknown unit {unit!r}; use B, KB, MB, GB, KiB, MiB or GiB."
-            )
-        number *= mult
-    if not number >= 0 or number == float("inf"):
-        raise ValueError(
-            f"size {value!r} must be zero or a positive finite size, such as {example}."
-        )
-    return int(round(number))
 
 
 def format_bandwidth(bytes_per_s: float) -> str:

@@ -18,7 +18,7 @@ from netsim import (
     ring_nic_share,
     simulate,
 )
-from netsim.trace import load_trace
+from netsim.trace import comm_per_step, load_trace
 
 
 def make_trace(topo, steps=2, compute=0.05, ops=(("all_reduce", "ring", 1_000_000),), groups=None):
@@ -184,22 +184,51 @@ def test_bad_traces_and_topologies_fail_clearly(tmp_path):
         simulate(pairs, Topology.from_strings(4, 1))
 
 
-def test_save_is_atomic_and_round_trips(tmp_path):
+def test_frame_round_trips_and_sums_per_step(tmp_path):
     rec = TraceRecorder(0, Topology.from_strings(2, 1))
     rec.begin_step(0)
     rec.record_collective("all_reduce", [0, 1], True, "ring", 10, 10, 10, 0.0, 0.1, 0.05)
     rec.end_step(0)
-    path = rec.save(tmp_path / "sub" / "trace.parquet")
-    assert [p.name for p in path.parent.iterdir()] == ["trace.parquet"]  # no temp file left
-    back = load_trace(path)
+    rec.frame().to_parquet(tmp_path / "trace.parquet", index=False)  # as runs write it
+    back = load_trace(tmp_path / "trace.parquet")
     assert back["group"].tolist() == ["0,1", ""] and back["inter"].tolist() == [True, False]
-    assert rec.step_summary(0) == {
-        "inter_bytes_sent": 10.0,
-        "inter_bytes_received": 10.0,
-        "inter_calls": 1,
-        "intra_bytes": 0.0,
-    }
+    assert comm_per_step(rec.frame()).to_dict("records") == [
+        {
+            "step": 0,
+            "inter_bytes_sent": 10.0,
+            "inter_bytes_received": 10.0,
+            "inter_calls": 1,
+            "intra_bytes": 0.0,
+            "comm_s": pytest.approx(0.1),
+        }
+    ]
 
+
+def test_comm_per_step_sums_bytes_over_ranks_and_takes_the_busiest_rank():
+    topo = Topology.from_strings(2, 2)
+    frames = []
+    for rank in range(4):
+        now = [0.0]
+        rec = TraceRecorder(rank, topo, clock=lambda now=now: now[0])
+        rec.begin_step(0)
+        for _ in range(1 + rank):  # rank r runs r + 1 inter-node all-reduces of 0.5 s each
+            rec.record_collective("all_reduce", [rank % 2, rank % 2 + 2], True, "ring", 8, 8, 6,
+                                  now[0], now[0] + 0.5)
+            now[0] += 0.5
+        rec.record_collective("all_reduce", [rank // 2 * 2, rank // 2 * 2 + 1], False, "ring",
+                              4, 4, 4, now[0], now[0])
+        rec.end_step(0)
+        rec.set_phase("eval")
+        rec.record_collective("all_reduce", [0, 1, 2, 3], True, "ring", 99, 99, 99, now[0])
+        frames.append(rec.frame())
+    trace = pd.concat(frames, ignore_index=True)
+    got = comm_per_step(trace).to_dict("records")
+    assert got == [{"step": 0, "inter_bytes_sent": 8.0 * 10, "inter_bytes_received": 6.0 * 10,
+                    "inter_calls": 4, "intra_bytes": 16.0, "comm_s": 2.0}]
+    # A trace older than the phase column: step 0 was evaluation, later steps training.
+    legacy = trace[trace["phase"] == "train"].assign(step=1).drop(columns="phase")
+    assert comm_per_step(legacy)["inter_calls"].tolist() == [4]
+    assert comm_per_step(trace.iloc[:0]).empty
 
 def test_world_group_sends_one_ring_edge_per_node_through_the_nic():
     topo = Topology.from_strings(2, 2, "80Mbit", "0ms")
@@ -312,7 +341,8 @@ def test_eval_phase_is_recorded_apart_and_never_replayed(tmp_path):
         row = rec.record_collective("all_reduce", [0, 1], True, "ring", 8, 8, 8, now[0])
         rec.complete(row, now[0], now[0] + 5.0)
         frames.append(rec.frame().query("phase == 'eval'"))
-        assert rec.step_summary(1)["inter_calls"] == 0  # training figures leave eval out
+        # Training figures leave eval out: step 1 ran no training collective.
+        assert comm_per_step(rec.frame()).set_index("step").loc[1, "inter_calls"] == 0
     with_eval = pd.concat([trace, *frames], ignore_index=True)
     assert set(with_eval["phase"]) == {"train", "eval"}
     expected = simulate(trace, topo)

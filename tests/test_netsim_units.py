@@ -12,7 +12,6 @@ from netsim import (
     hierarchical_all_reduce_time,
     parse_bandwidth,
     parse_latency,
-    parse_size,
     point_to_point_time,
     ring_all_gather_time,
     ring_all_reduce_time,
@@ -45,12 +44,6 @@ def test_parse_latency(text, expected):
     assert parse_latency(text) == pytest.approx(expected)
 
 
-def test_parse_size():
-    assert parse_size("1MiB") == 2**20
-    assert parse_size("4KB") == 4000
-    assert parse_size(17) == 17
-
-
 @pytest.mark.parametrize("bad", ["0Mbit", "-1Gbit", "5furlongs", "fast", "", None, True, "1Gbit/h"])
 def test_bad_bandwidth_names_the_value(bad):
     with pytest.raises(ValueError, match="bandwidth"):
@@ -67,7 +60,8 @@ def test_link_normalises_strings_and_validates():
     link = Link("8Mbit", "10ms", jitter="1ms", loss=0.5)
     assert link.bandwidth == 1e6 and link.latency == 0.01 and link.jitter == 0.001
     assert link.effective_bandwidth == 0.5e6
-    assert link.transfer_time(1e6) == pytest.approx(0.01 + 2.0)
+    # Lost packets are resent: 1 MB at half the goodput takes 2 s after the latency.
+    assert collective_volume("send", 2, 1e6).time(link) == pytest.approx(0.01 + 2.0)
     with pytest.raises(ValueError, match="loss"):
         Link("1Gbit", "1ms", loss=1.0)
     with pytest.raises(ValueError, match="loss"):
@@ -82,11 +76,9 @@ def test_topology_layout_and_validation():
     topo = Topology.from_strings(3, 4, "100Mbit", "10ms", node_speed=[1, 1, 0.5])
     assert topo.world_size == 12
     assert topo.node_of(5) == 1 and topo.local_of(5) == 1
-    assert topo.ranks_of_node(2) == [8, 9, 10, 11]
     assert topo.crosses_nodes([1, 5, 9]) and not topo.crosses_nodes([4, 5, 6])
     assert topo.link_for([0, 4]) is topo.inter and topo.link_for([0, 1]) is topo.intra
-    assert topo.speed_of(9) == 0.5
-    assert topo.resized(nodes=5).node_speed == (1.0, 1.0, 0.5, 1.0, 1.0)
+    assert topo.node_speed[topo.node_of(9)] == 0.5
     with pytest.raises(ValueError, match="node_speed has 2 entries"):
         Topology.from_strings(3, 4, node_speed=[1, 1])
     with pytest.raises(ValueError, match="nic"):

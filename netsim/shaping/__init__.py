@@ -43,9 +43,7 @@ __all__ = [
     "ShapedProcessGroup",
     "install",
     "uninstall",
-    "current",
     "clock",
-    "is_installed",
     "clean_stale_run_dirs",
 ]
 
@@ -93,16 +91,6 @@ def uninstall() -> None:
     while _OPEN:
         _OPEN.pop().close()
     _CURRENT = None
-
-
-def current() -> Shaper | None:
-    """The Shaper that install() made last, or None."""
-    return _CURRENT
-
-
-def is_installed() -> bool:
-    """Whether install() has been called in this process (and not undone by uninstall())."""
-    return _CURRENT is not None
 
 
 def clock() -> float:
