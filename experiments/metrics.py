@@ -21,6 +21,7 @@ TARGET_MARGIN = 0.02
 __all__ = [
     "BASELINE",
     "TARGET_MARGIN",
+    "baseline_target_at",
     "default_target",
     "format_seconds",
     "format_speedup",
@@ -60,6 +61,27 @@ def default_target(
             "set [target] val_loss in the sweep config or include it in grid.methods."
         )
     return float(base.median()) * (1.0 + margin)
+
+
+def baseline_target_at(curves: list[pd.DataFrame], fraction: float) -> float:
+    """The baseline's val_loss at the first evaluation at or after `fraction` of its steps.
+
+    Median over the baseline's runs (one `steps.parquet` frame each). A target set this way is
+    reached by the baseline no earlier than that fraction of its budget, whatever the workload.
+    """
+    values = []
+    for steps in curves:
+        evals = steps.dropna(subset=["val_loss"]).sort_values("step")
+        if evals.empty:
+            continue
+        at = evals[evals["step"] >= fraction * steps["step"].max()]
+        values.append(float(at["val_loss"].iloc[0]))
+    if not values:
+        raise ValueError(
+            f"no finished {BASELINE!r} run to derive the target from; "
+            "set [target] val_loss in the sweep config or include it in grid.methods."
+        )
+    return float(np.median(values))
 
 
 def speedups(

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -109,7 +110,8 @@ def test_set_overrides_use_toml_values_and_dotted_keys(config_file: Path) -> Non
         ("grid.seeds=[]", "grid.seeds is empty"),
         ("grid.inter_bw=['fast']", "inter_bw 'fast' does not parse"),
         ("grid.inter_lat=['soon']", "inter_lat 'soon' does not parse"),
-        ("target.val_loss=low", "target.val_loss must be a number, got 'low'"),
+        ("target.val_loss=low", "target.val_loss must be a finite loss > 0, got 'low'"),
+        ("target.baseline_fraction=1.5", "baseline_fraction must be in (0, 1]"),
         ("run.method=demo", "run.method is set per unit"),
         ("run.stepz=3", "unknown run setting 'stepz'"),
         ("grid.knobs.sgd.topk=[8]", "unknown method 'sgd'"),
@@ -341,3 +343,23 @@ def test_interrupted_sweep_resumes_where_it_stopped(
     runs = _run(config_file, out)
     assert len(_launched(calls)) == 9 - 3 and not set(_launched(calls)) & set(seen)
     assert set(runs["status"]) == {"done"}
+
+
+@pytest.mark.timeout(60)
+def test_baseline_fraction_target_is_the_baselines_loss_at_that_point(
+    config_file: Path, tmp_path: Path
+) -> None:
+    from tests.test_sweep_fakes import EVAL_EVERY
+
+    cfg = sweep.load_config(config_file, ["target.baseline_fraction=0.6"])
+    runs = sweep.run_sweep(cfg, tmp_path / "res", launcher=fake_launch,
+                           simulator=fake_simulate, progress=False)
+    # 20 steps: the first evaluation at or after step 12, median over the baseline's seeds.
+    step = next(s for s in range(12, 21) if s % EVAL_EVERY == 0)
+    seeds = sorted(set(runs["seed"]))
+    expected = float(np.median([fake_loss("hsdp-adamw", s, step) for s in seeds]))
+    assert runs["target_val_loss"].iloc[0] == pytest.approx(expected)
+    hsdp = runs[(runs["method"] == "hsdp-adamw") & (runs["source"] == "sim")]
+    assert hsdp["reached"].all()
+    with pytest.raises(ConfigError, match="not both"):
+        sweep.load_config(config_file, ["target.baseline_fraction=0.6", "target.val_loss=2.0"])

@@ -64,6 +64,9 @@ class SweepConfig:
     seeds: list[int]
     knobs: dict[str, dict[str, list[Any]]]
     target: float | None
+    """An explicit target val_loss ([target] val_loss); None derives it from the baseline."""
+    target_fraction: float | None
+    """[target] baseline_fraction: the baseline's val_loss at this fraction of its steps."""
     validate: list[dict[str, Any]]
     timeout_s: float | None
     executor: dict[str, Any] = field(default_factory=dict)
@@ -115,7 +118,7 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
     networks = [network_point(bw, lat) for bw in bws for lat in lats]
     seeds = _nonempty_list(grid, "seeds", int)
     knobs = _knobs(grid.get("knobs", {}), methods)
-    target = _target(raw.get("target"))
+    target, fraction = _target(raw.get("target"))
     timeout = raw.get("timeout_s")
     if timeout is not None and (not _is_number(timeout) or timeout <= 0):
         raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout!r}.")
@@ -129,7 +132,8 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
     cfg = SweepConfig(
         name=name, run=RunConfig.from_dict(run),  # unknown keys and bad types fail here
         methods=methods, networks=networks, seeds=seeds, knobs=knobs,
-        target=target, validate=validate, timeout_s=timeout, executor=executor, raw=raw,
+        target=target, target_fraction=fraction, validate=validate, timeout_s=timeout,
+        executor=executor, raw=raw,
     )
     from experiments.sweep.plan import units_of  # plan builds on this module
 
@@ -222,18 +226,23 @@ def _knobs(table: Any, methods: list[str]) -> dict[str, dict[str, list[Any]]]:
             out[method][name] = values
     return out
 
-def _target(table: Any) -> float | None:
+def _target(table: Any) -> tuple[float | None, float | None]:
+    """([target] val_loss, [target] baseline_fraction); at most one of them is set."""
     if table is None:
-        return None
+        return None, None
     if not isinstance(table, dict):
-        raise ConfigError(f"[target] must be a table with val_loss, got {table!r}.")
-    _known("[target]", table, ("val_loss",))
-    value = table.get("val_loss")
-    if value is None:
-        return None
-    if not _is_number(value) or not math.isfinite(value):
-        raise ConfigError(f"target.val_loss must be a number, got {value!r}.")
-    return float(value)
+        raise ConfigError(f"[target] must be a table with val_loss or baseline_fraction, got "
+                          f"{table!r}.")
+    _known("[target]", table, ("val_loss", "baseline_fraction"))
+    value, fraction = table.get("val_loss"), table.get("baseline_fraction")
+    if value is not None and fraction is not None:
+        raise ConfigError("[target] takes val_loss or baseline_fraction, not both.")
+    if value is not None and (not _is_number(value) or not math.isfinite(value) or value <= 0):
+        raise ConfigError(f"target.val_loss must be a finite loss > 0, got {value!r}.")
+    if fraction is not None and (not _is_number(fraction) or not 0 < fraction <= 1):
+        raise ConfigError(f"target.baseline_fraction must be in (0, 1], got {fraction!r}.")
+    return (None if value is None else float(value),
+            None if fraction is None else float(fraction))
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
