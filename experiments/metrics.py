@@ -22,6 +22,7 @@ __all__ = [
     "BASELINE",
     "TARGET_MARGIN",
     "baseline_target_at",
+    "pareto_front",
     "default_target",
     "format_seconds",
     "format_speedup",
@@ -82,6 +83,17 @@ def baseline_target_at(curves: list[pd.DataFrame], fraction: float) -> float:
             "set [target] val_loss in the sweep config or include it in grid.methods."
         )
     return float(np.median(values))
+
+
+def pareto_front(costs: Iterable[float], losses: Iterable[float]) -> list[bool]:
+    """Which points no other point beats on both cost and loss (lower is better for both)."""
+    c = np.asarray(list(costs), dtype=float)
+    v = np.asarray(list(losses), dtype=float)
+    front = []
+    for i in range(c.size):
+        dominated = np.any((c <= c[i]) & (v <= v[i]) & ((c < c[i]) | (v < v[i])))
+        front.append(bool(np.isfinite(v[i]) and not dominated))
+    return front
 
 
 def speedups(

@@ -27,7 +27,9 @@ __all__ = [
     "configure",
     "load_results",
     "main",
+    "frontier_table",
     "plot_bytes_per_step",
+    "plot_frontier",
     "plot_loss_vs_time",
     "plot_time_to_target",
     "write_report",
@@ -246,6 +248,51 @@ def plot_bytes_per_step(res: Results):
     return fig
 
 
+def frontier_table(res: Results) -> pd.DataFrame:
+    """Per trained variant: median inter-node bytes per step and final val_loss over seeds."""
+    done = res.runs[(res.runs["status"] == "done") & (res.runs["kind"] == "train")]
+    per = done.drop_duplicates(subset=["unit"])
+    table = per.groupby("variant", sort=False).agg(
+        method=("method", "first"),
+        inter_bytes_per_step=("inter_bytes_per_step", "median"),
+        final_val_loss=("final_val_loss", "median"),
+        seeds=("seed", "nunique"),
+    ).reset_index()
+    table["pareto"] = metrics.pareto_front(table["inter_bytes_per_step"],
+                                           table["final_val_loss"])
+    return table
+
+
+def plot_frontier(res: Results):
+    """Inter-node bytes per step (log x) against final val_loss; the Pareto front is marked."""
+    import matplotlib.pyplot as plt
+
+    table = frontier_table(res)
+    fig, ax = plt.subplots(figsize=(7.0, 4.6))
+    colours = dict(zip(dict.fromkeys(table["method"]), plt.get_cmap("tab10").colors,
+                       strict=False))
+    for _, row in table.iterrows():
+        # A method that sends nothing still gets a place on a log axis: one byte.
+        x = max(row["inter_bytes_per_step"], 1.0)
+        ax.scatter(x, row["final_val_loss"], s=60 if row["pareto"] else 25,
+                   color=colours[row["method"]], edgecolor="black" if row["pareto"] else "none",
+                   zorder=3, label=row["method"])
+        ax.annotate(row["variant"], (x, row["final_val_loss"]), fontsize=6,
+                    xytext=(3, 3), textcoords="offset points")
+    front = table[table["pareto"]].sort_values("inter_bytes_per_step")
+    if len(front):
+        ax.step(front["inter_bytes_per_step"].clip(lower=1.0), front["final_val_loss"],
+                where="post", color="black", linewidth=1, zorder=2)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=False))
+    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="lower left")
+    ax.set_xscale("log")
+    ax.set(xlabel="inter-node bytes per step per node (log)", ylabel="final validation loss",
+           title=f"{res.name}: bytes against loss (Pareto front in black)")
+    fig.tight_layout()
+    return fig
+
+
 def write_report(path: Path | str) -> list[Path]:
     """Write every figure (PNG and SVG) into <path>/figures and the tables into summary.md."""
     import matplotlib
@@ -256,7 +303,7 @@ def write_report(path: Path | str) -> list[Path]:
     res = load_results(path)
     written: list[Path] = []
     figures = {"loss_vs_wallclock": plot_loss_vs_time, "time_to_target": plot_time_to_target,
-               "bytes_per_step": plot_bytes_per_step}
+               "bytes_per_step": plot_bytes_per_step, "frontier": plot_frontier}
     for name, draw in figures.items():
         fig = draw(res)
         for fmt in FIGURE_FORMATS:

@@ -88,3 +88,12 @@ def test_formatting_spells_out_not_reached() -> None:
     assert metrics.format_seconds(0.25) == "250 ms"
     assert metrics.format_speedup(2.0, 1.5, 3.0) == "2.00× [1.50–3.00]"
     assert metrics.format_speedup(2.0, 2.0, 2.0) == "2.00×"
+
+
+def test_pareto_front_keeps_points_nothing_beats_on_both_axes() -> None:
+    from experiments.metrics import pareto_front
+
+    costs = [10.0, 100.0, 1000.0, 100.0, 5.0]
+    losses = [3.0, 2.5, 2.0, 2.7, float("nan")]
+    # (100, 2.7) is beaten by (100, 2.5); a NaN loss is never on the front.
+    assert pareto_front(costs, losses) == [True, True, True, False, False]

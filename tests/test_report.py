@@ -28,7 +28,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_report_writes_figures_and_summary(results: Path, capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["report", str(results)]) == 0
     printed = capsys.readouterr().out.split()
-    for name in ("loss_vs_wallclock", "time_to_target", "bytes_per_step"):
+    for name in ("loss_vs_wallclock", "time_to_target", "bytes_per_step", "frontier"):
         png = results / "figures" / f"{name}.png"
         svg = results / "figures" / f"{name}.svg"
         assert str(png) in printed and str(svg) in printed
