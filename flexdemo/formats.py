@@ -6,7 +6,7 @@ tensors that go into the step's bucket, tells the optimizer what the receivers w
 
 | format | indices | values | per-chunk scale |
 | --- | --- | --- | --- |
-| ``fp32``, ``bf16`` (and any float ``value_dtype``) | int16 (int32 above 65536 elements) | that dtype | none |
+| ``fp32``, ``bf16`` (any float ``value_dtype``) | int16 (int32 above 65536) | that dtype | none |
 | ``fp32-packed``, ``bf16-packed`` | ceil(log2(chunk elements)) bits | that dtype | none |
 | ``int8`` | packed | int8, symmetric, max-abs scaled to ±127 | bf16 |
 | ``int2`` | packed | 2 bits: levels ±1/3, ±1 of the max-abs | bf16 |
