@@ -2,13 +2,16 @@
 
 Runbook:
     pip install -e '.[reference]' einops mltiming   # optional: the reference implementation
-    python benchmarks/bench_flexdemo.py [--steps 30] [--warmup 5]
+    python benchmarks/bench_flexdemo.py [--steps 30] [--warmup 5] [--formats bf16,int8,sign]
 
 Spawns 2 gloo ranks (2 nodes × 1 rank, one CPU thread each) on a 2.1M-parameter MLP
 (4 × [Linear(256, 1024), GELU, Linear(1024, 256)], 16 tensors), topk 32, chunk 64, and prints
 per method: bytes sent per step per node, collective calls per step and the median optimizer-step
-time (collectives included, forward/backward excluded), then the ratios against the targets:
-bytes <= 0.5× and step time <= 1/3 of the reference.
+time (collectives included, forward/backward excluded), one row per wire format
+(``value_format``: fp32 and bf16 are today's layout, the others bit-pack the indices), then the
+ratios against the targets: bytes <= 0.5× (bf16) or <= 0.25× (a compact format) and step time
+<= 1/3 of the reference. Without the reference installed, its bytes come from its formula
+(every chunk sends top-k int32 indices and float32 values) and its time is not shown.
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from flexdemo import FlexDeMo, all_reduce_bytes
+from flexdemo import VALUE_FORMATS, BlockLayout, DeMoReplicator, FlexDeMo, all_reduce_bytes
+from flexdemo.codec import clamp_topk
 
 TOPK, CHUNK, LR = 32, 64, 1e-3
+FORMATS = ("bf16", "fp32", "bf16-packed", "int8", "int2", "sign")
+REFERENCE = "reference DeMo"
 _COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce")
 
 
@@ -56,6 +62,19 @@ class _CallCounter:
             self.calls += 1
             return fn(*args, **kwargs)
         return counted
+
+
+def reference_bytes(model: nn.Module) -> int:
+    """The reference's bytes per step per node: int32 index + float32 value per kept coefficient.
+
+    Its DCT chunks are ours in block mode (largest divisors not above ``chunk``, 1-D tensors as
+    one row), and with 2 nodes a node sends its own coefficients once.
+    """
+    total = 0
+    for p in model.parameters():
+        layout = BlockLayout.for_shape(p.shape, CHUNK)
+        total += layout.num_blocks * clamp_topk(TOPK, layout.c1 * layout.c2) * (4 + 4)
+    return total
 
 
 def _reference(model: nn.Module, solo: dist.ProcessGroup):
@@ -97,19 +116,23 @@ def _record(opt, counter_calls: int) -> tuple[int, int]:
     return opt.replicators[0].data_transmitted[-1], counter_calls
 
 
-def _worker(rank: int, world: int, port: int, steps: int, warmup: int) -> None:
+def _flexdemo(fmt: str):
+    def make(m: nn.Module) -> FlexDeMo:
+        return FlexDeMo(m.parameters(), lr=LR, replicator=DeMoReplicator(
+            topk=TOPK, chunk=CHUNK, value_format=fmt))
+    return make
+
+
+def _worker(rank: int, world: int, port: int, steps: int, warmup: int,
+            formats: tuple[str, ...]) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     solos = [dist.new_group([r]) for r in range(world)]  # reference: no sharding
     counter = _CallCounter()
-    makers = [
-        ("flexdemo bf16", lambda m: FlexDeMo(m.parameters(), lr=LR, compression_topk=TOPK,
-                                             compression_chunk=CHUNK)),
-        ("flexdemo fp32", lambda m: FlexDeMo(m.parameters(), lr=LR, compression_topk=TOPK,
-                                             compression_chunk=CHUNK,
-                                             value_dtype=torch.float32)),
-        ("reference DeMo", lambda m: _reference(m, solos[rank])),
+    makers = [(f"flexdemo {fmt}", _flexdemo(fmt)) for fmt in formats]
+    makers += [
+        (REFERENCE, lambda m: _reference(m, solos[rank])),
         ("AdamW+all-reduce", lambda m: _AdamWAllReduce(m, world)),
     ]
     runs = []
@@ -141,35 +164,49 @@ def _worker(rank: int, world: int, port: int, steps: int, warmup: int) -> None:
         _report([{"name": r["name"], "bytes": statistics.median(r["bytes"]),
                   "calls": statistics.median(r["calls"]), "ms": statistics.median(r["ms"]),
                   "cpu_ms": statistics.median(r["cpu_ms"])}
-                 for r in runs], steps)
+                 for r in runs], steps, reference_bytes(mlp()))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _report(rows, steps) -> None:
+def _verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+def _report(rows: list[dict], steps: int, formula_bytes: int) -> None:
     print(f"2 nodes x 1 rank, gloo, 1 thread/rank, MLP 2.1M params, topk {TOPK}, chunk {CHUNK}, "
           f"median of {steps} steps, methods interleaved step by step; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    ref = next((r for r in rows if r["name"] == REFERENCE), None)
+    if ref is None:
+        print(f"{REFERENCE} not importable (pip install detonation==0.5.2 einops mltiming): its "
+              f"bytes below come from its formula, {formula_bytes:,} per step; no time ratio.")
+        ref = {"bytes": formula_bytes, "ms": None, "cpu_ms": None}
+    elif ref["bytes"] != formula_bytes:
+        print(f"note: {REFERENCE} counted {int(ref['bytes']):,} bytes, its formula "
+              f"{formula_bytes:,}")
     # CPU ms (process time, gloo threads included) is what the step costs when the machine is
     # shared; wall ms is the target's measure and suffers most from waiting on a busy peer.
-    print(f"{'method':<18}{'bytes/step/node':>17}{'calls/step':>12}{'step ms':>10}"
-          f"{'CPU ms':>9}")
+    print(f"{'method':<24}{'bytes/step/node':>17}{'x ref':>7}{'calls/step':>12}{'step ms':>10}"
+          f"{'x ref':>7}{'CPU ms':>9}")
     for r in rows:
-        print(f"{r['name']:<18}{int(r['bytes']):>17,}{r['calls']:>12g}{r['ms']:>10.1f}"
-              f"{r['cpu_ms']:>9.1f}")
-    ref = next((r for r in rows if r["name"] == "reference DeMo"), None)
-    if ref is None:
-        print("reference DeMo not importable: pip install detonation==0.5.2 einops mltiming")
-        return
+        t = f"{r['ms'] / ref['ms']:>7.3f}" if ref["ms"] else f"{'':>7}"
+        print(f"{r['name']:<24}{int(r['bytes']):>17,}{r['bytes'] / ref['bytes']:>7.3f}"
+              f"{r['calls']:>12g}{r['ms']:>10.1f}{t}{r['cpu_ms']:>9.1f}")
     for r in rows:
-        if r["name"].startswith("flexdemo"):
-            b, t = r["bytes"] / ref["bytes"], r["ms"] / ref["ms"]
-            c = r["cpu_ms"] / ref["cpu_ms"]
-            # The byte target is for the default bf16 values; fp32 reproduces DeMo's numbers.
-            verdict = ("ok" if b <= 0.5 else "MISSED") if "bf16" in r["name"] else "n/a"
-            print(f"{r['name']}: bytes {b:.3f}x reference (target <= 0.5 for bf16: "
-                  f"{verdict}), step time {t:.3f}x reference "
-                  f"(target <= 0.333: {'ok' if t <= 1 / 3 else 'MISSED'}), CPU time {c:.3f}x")
+        if not r["name"].startswith("flexdemo"):
+            continue
+        fmt = r["name"].split()[-1]
+        b = r["bytes"] / ref["bytes"]
+        # bf16 (today's default) has the old 0.5x target; the compact formats the 0.25x one.
+        target = None if fmt == "fp32" else 0.5 if fmt == "bf16" else 0.25
+        line = f"{r['name']}: bytes {b:.3f}x reference"
+        line += f" (target <= {target}: {_verdict(b <= target)})" if target else " (n/a)"
+        if ref["ms"]:
+            t = r["ms"] / ref["ms"]
+            line += (f", step time {t:.3f}x reference (target <= 0.333: "
+                     f"{_verdict(t <= 1 / 3)}), CPU time {r['cpu_ms'] / ref['cpu_ms']:.3f}x")
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,11 +214,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help=f"comma-separated value formats of {', '.join(VALUE_FORMATS)}")
     args = parser.parse_args(argv)
+    formats = tuple(f for f in args.formats.split(",") if f)
+    bad = [f for f in formats if f not in VALUE_FORMATS]
+    if bad:
+        parser.error(f"--formats has {', '.join(bad)}; use {', '.join(VALUE_FORMATS)}.")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, args.steps, args.warmup), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, port, args.steps, args.warmup, formats), nprocs=2, join=True)
 
 
 if __name__ == "__main__":

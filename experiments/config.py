@@ -15,7 +15,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexdemo import METHODS  # the one list of methods: the optimizer package owns it
+# The one list of methods, chunkings and wire formats: the optimizer package owns them.
+from flexdemo import CHUNKINGS, METHODS, VALUE_FORMATS
 
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual")
@@ -65,6 +66,10 @@ class RunConfig:
     """FlexDeMo: take sign() of the decoded update."""
     value_dtype: str = "bf16"
     """FlexDeMo: dtype of the values on the wire, bf16 or fp32."""
+    chunking: str = "block"
+    """FlexDeMo: block (2-D chunk x chunk DCT blocks) or flat (1-D chunks of the flat shard)."""
+    value_format: str | None = None
+    """FlexDeMo: wire format (fp32, bf16, bf16-packed, int8, int2, sign, ...); None: value_dtype."""
     diloco_h: int = 50
     """DiLoCo: inner steps between synchronizations."""
     outer_lr: float = 0.7
@@ -105,11 +110,17 @@ class RunConfig:
         if not 0.0 <= self.warmup < 1.0:
             raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.warmup}.")
         _choice("value_dtype", self.value_dtype, VALUE_DTYPES)
+        _choice("chunking", self.chunking, CHUNKINGS)
+        if self.value_format is not None:
+            _choice("value_format", self.value_format, VALUE_FORMATS)
         _choice("backend", self.backend, ("auto", "gloo", "nccl"))
         _at_least("nodes", self.nodes, 1)
         _at_least("gpus_per_node", self.gpus_per_node, 1)
         _at_least("topk", self.topk, 1)
         _at_least("chunk", self.chunk, 1)
+        if self.chunking == "flat" and self.topk > self.chunk:
+            raise ConfigError(f"topk={self.topk} is larger than a flat chunk of chunk="
+                              f"{self.chunk} elements; use topk <= chunk or chunking=block.")
         _at_least("diloco_h", self.diloco_h, 1)
         _at_least("replicate_every", self.replicate_every, 1)
         _at_least("threads_per_rank", self.threads_per_rank, 1)

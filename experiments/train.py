@@ -65,7 +65,8 @@ def _build(cfg: RunConfig, workload: Workload, device: torch.device):
         topk=cfg.topk, chunk=cfg.chunk, decay=cfg.decay, weight_decay=cfg.weight_decay,
         sign=cfg.sign, value_dtype=torch.bfloat16 if cfg.value_dtype == "bf16" else torch.float32,
         diloco_h=cfg.diloco_h, outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum,
-        replicate_every=cfg.replicate_every, seed=cfg.seed,
+        replicate_every=cfg.replicate_every, seed=cfg.seed, chunking=cfg.chunking,
+        value_format=cfg.value_format,
     )
     if flexdemo.method_uses_sharding(cfg.method):
         mesh = flexdemo.build_mesh(

@@ -15,15 +15,18 @@ or directly::
 
 Where things live: ``optimizer.py`` (FlexDeMo), ``bases.py`` (sign-SGD and AdamW steps),
 ``replicators/`` (one module per family), ``dct.py`` and ``chunking.py`` (the transform),
-``codec.py`` (top-k and index wire format), ``wire.py`` (the bucket and byte counts),
+``codec.py`` (top-k and index wire format), ``formats.py`` and ``bitpack.py`` (the value
+formats, quantizers and bit-packed indices), ``wire.py`` (the bucket and byte counts),
 ``methods.py`` (method name -> replicator and base), ``hsdp.py`` (mesh and FSDP2).
 Only torch is imported here.
 """
 
 from .bases import BASES
-from .chunking import BlockLayout, largest_divisor_at_most, matrix_shape
+from .bitpack import index_width, pack_bits, packed_nbytes, unpack_bits
+from .chunking import CHUNKINGS, BlockLayout, largest_divisor_at_most, matrix_shape
 from .codec import index_dtype, mean_decode, topk_encode
 from .dct import dct_chunked, dct_matrix, idct_chunked
+from .formats import VALUE_FORMATS, WireFormat, make_format
 from .hsdp import build_mesh, parallelize, replicate_group, shard_group
 from .methods import (
     DEFAULT_LR,
@@ -47,6 +50,7 @@ from .wire import CommStats, all_gather_bytes, all_reduce_bytes, pack, plan_buck
 
 __all__ = [
     "BASES",
+    "CHUNKINGS",
     "DEFAULT_LR",
     "METHODS",
     "REPLICATORS",
@@ -60,6 +64,8 @@ __all__ = [
     "RandomReplicator",
     "Replicator",
     "StridingReplicator",
+    "VALUE_FORMATS",
+    "WireFormat",
     "all_gather_bytes",
     "all_reduce_bytes",
     "build_mesh",
@@ -68,17 +74,22 @@ __all__ = [
     "dct_matrix",
     "idct_chunked",
     "index_dtype",
+    "index_width",
     "largest_divisor_at_most",
     "local_tensor",
+    "make_format",
     "matrix_shape",
     "mean_decode",
     "method_uses_inter_all_reduce",
     "method_uses_sharding",
     "pack",
+    "pack_bits",
+    "packed_nbytes",
     "parallelize",
     "plan_bucket",
     "replicate_group",
     "shard_group",
     "topk_encode",
     "unpack",
+    "unpack_bits",
 ]

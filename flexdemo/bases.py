@@ -14,14 +14,14 @@ class SignBase:
     name = "sign"
 
     def apply(self, shards: list[torch.Tensor], updates: list[torch.Tensor],
-              lrs: list[float], wds: list[float]) -> None:
-        """p <- p * (1 - lr * wd) - lr * u for every shard."""
+              lrs: list[float], wds: list[float], carries_lr: bool = False) -> None:
+        """p <- p * (1 - lr * wd) - lr * u for every shard (- u when ``carries_lr``)."""
         for p, u, lr, wd in zip(shards, updates, lrs, wds, strict=True):
             if p.numel() == 0:
                 continue
             if wd != 0.0:
                 p.mul_(1.0 - lr * wd)
-            p.add_(u, alpha=-lr)
+            p.add_(u, alpha=-1.0 if carries_lr else -lr)
 
     def state_dict(self) -> dict:
         """Nothing: the step keeps no state."""
@@ -51,8 +51,11 @@ class AdamWBase:
         self.steps = [torch.zeros((), dtype=torch.float32) for _ in shards]
 
     def apply(self, shards: list[torch.Tensor], updates: list[torch.Tensor],
-              lrs: list[float], wds: list[float]) -> None:
-        """One AdamW step of every shard, one call per (lr, weight decay) setting."""
+              lrs: list[float], wds: list[float], carries_lr: bool = False) -> None:
+        """One AdamW step of every shard, one call per (lr, weight decay) setting.
+
+        ``carries_lr`` is ignored: AdamW divides the scale of its input out (up to ``eps``).
+        """
         by_setting: dict[tuple[float, float], list[int]] = {}
         for i, (lr, wd) in enumerate(zip(lrs, wds, strict=True)):
             by_setting.setdefault((lr, wd), []).append(i)

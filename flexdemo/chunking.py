@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+# "block": 2-D (c1 x c2) blocks of each shard seen as a matrix; "flat": 1-D chunks of the
+# flattened shard (the reference on FSDP1, whose shards are flat).
+CHUNKINGS = ("block", "flat")
+
 
 def largest_divisor_at_most(n: int, target: int) -> int:
     """Return the largest divisor of ``n`` that is not above ``target`` (1 for n <= 1)."""

@@ -48,8 +48,10 @@ class _Recipe:
 
 _SCHEDULE = ("replicate_every", "skip_every")
 _RECIPES = {
-    "flexdemo": _Recipe(DeMoReplicator, ("topk", "chunk", "decay", "value_dtype", *_SCHEDULE)),
-    "demo": _Recipe(DeMoReplicator, ("topk", "chunk", "decay", "value_dtype", *_SCHEDULE)),
+    "flexdemo": _Recipe(DeMoReplicator, ("topk", "chunk", "decay", "value_dtype", "value_format",
+                                         "chunking", *_SCHEDULE)),
+    "demo": _Recipe(DeMoReplicator, ("topk", "chunk", "decay", "value_dtype", "value_format",
+                                     "chunking", *_SCHEDULE)),
     "random": _Recipe(RandomReplicator, ("rate", "decay", "seed", *_SCHEDULE)),
     "striding": _Recipe(StridingReplicator, ("rate", "decay", "chunk", *_SCHEDULE)),
     "diloco": _Recipe(DiLoCoReplicator, ("diloco_h", "outer_lr", "outer_momentum"),
@@ -98,7 +100,8 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
                     skip_every: int | None = None, rate: float = 0.1, seed: int = 42,
                     diloco_h: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                     betas: tuple[float, float] = (0.9, 0.999),
-                    eps: float = 1e-8) -> torch.optim.Optimizer:
+                    eps: float = 1e-8, chunking: str = "block",
+                    value_format: str | None = None) -> torch.optim.Optimizer:
     """Return the optimizer implementing ``method`` for ``model`` on ``mesh``.
 
     Sharded methods expect ``parallelize(model, mesh, method_uses_inter_all_reduce(method))``
@@ -116,6 +119,7 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
                                  weight_decay=weight_decay)
     knobs = {"topk": topk, "chunk": chunk, "decay": decay, "value_dtype": value_dtype,
+             "value_format": value_format, "chunking": chunking,
              "replicate_every": replicate_every, "skip_every": skip_every, "rate": rate,
              "seed": seed, "diloco_h": diloco_h, "outer_lr": outer_lr,
              "outer_momentum": outer_momentum}

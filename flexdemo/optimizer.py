@@ -31,10 +31,11 @@ def _group_size(group: dist.ProcessGroup | None) -> int:
 
 
 def _from_reference(replicator: Replicator | str, topk: int | None, chunk: int | None,
-                    decay: float | None, value_dtype: torch.dtype | None) -> Replicator:
+                    decay: float | None, value_dtype: torch.dtype | None,
+                    chunking: str | None) -> Replicator:
     """The replicator the reference-compatible keywords describe."""
     given = {"compression_topk": topk, "compression_chunk": chunk, "compression_decay": decay,
-             "value_dtype": value_dtype}
+             "value_dtype": value_dtype, "chunking": chunking}
     if isinstance(replicator, Replicator):
         for key, value in given.items():
             check(value is None, f"{key}={value!r} only applies with a replicator name; "
@@ -50,8 +51,13 @@ def _from_reference(replicator: Replicator | str, topk: int | None, chunk: int |
         in_unit_interval("compression_decay", decay, closed_low=True, closed_high=False)
     if value_dtype is not None:
         float_dtype("value_dtype", value_dtype)
+    extra = {}
+    if chunking is not None:
+        check(replicator == "demo", f"chunking={chunking!r} only applies to replicator='demo', "
+                                    f"not {replicator!r}.")
+        extra["chunking"] = chunking
     return REPLICATORS[replicator].from_reference(topk=topk, chunk=chunk, decay=decay,
-                                                  value_dtype=value_dtype)
+                                                  value_dtype=value_dtype, **extra)
 
 
 class FlexDeMo(torch.optim.Optimizer):
@@ -82,6 +88,7 @@ class FlexDeMo(torch.optim.Optimizer):
         base: str | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        chunking: str | None = None,
     ) -> None:
         """Build the optimizer around ``replicator`` (an object, or a name of ``REPLICATORS``).
 
@@ -90,15 +97,20 @@ class FlexDeMo(torch.optim.Optimizer):
             compression_topk / compression_chunk / compression_decay / value_dtype: the
                 reference call's knobs; only with a replicator name, which they configure.
             sign: take the sign of the update before the base step (default: the replicator's).
+                Without sign, a replicator whose update carries lr already (DeMo, random,
+                striding: their momentum adds lr * grad) is applied as is by the sign base,
+                so the step is lr x momentum, not lr^2 x momentum.
             sharding_group: accepted for the reference call and unused: FSDP2 does the
                 intra-node reduce-scatter before the optimizer sees the gradients.
             replication_group: the inter-node group (one rank per node). None: the default group.
             base: "sign" (SGD) or "adamw"; default: the replicator's.
             betas / eps: AdamW's, for ``base="adamw"``.
+            chunking: "block" or "flat" (see :class:`DeMoReplicator`); only with
+                ``replicator="demo"``.
         """
         del sharding_group  # see the docstring
         rep = _from_reference(replicator, compression_topk, compression_chunk,
-                              compression_decay, value_dtype)
+                              compression_decay, value_dtype, chunking)
         check(isinstance(lr, (int, float)) and lr >= 0, f"lr={lr!r} must be a number >= 0.")
         check(weight_decay >= 0, f"weight_decay={weight_decay!r} must be >= 0.")
         check(0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0,
@@ -153,7 +165,9 @@ class FlexDeMo(torch.optim.Optimizer):
             # In place only on the replicator's own buffers, never on a user's .grad.
             owned = replicating and self.replicator.owns_updates
             updates = [u.sign_() if owned else u.sign() for u in updates]
-        self.base.apply(shards, updates, lrs, wds)
+        # lr is inside a momentum replicator's update; only the sign step needs it again.
+        carries_lr = replicating and not self.sign and self.replicator.lr_in_update
+        self.base.apply(shards, updates, lrs, wds, carries_lr=carries_lr)
         if replicating:
             self.replicator.after_update(shards, stats)
         self.last_step_comm = stats.as_dict()

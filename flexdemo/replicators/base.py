@@ -34,6 +34,9 @@ class Replicator:
     # True when replicate() returns the replicator's own buffers (the optimizer may then take
     # the sign in place); False when it may return the user's .grad tensors.
     owns_updates: ClassVar[bool] = False
+    # True when a replicating step's update already carries the learning rate (a momentum
+    # built from lr * grad): a base step without sign then must not multiply by lr again.
+    lr_in_update: ClassVar[bool] = False
 
     def __init__(self, replicate_every: int = 1, skip_every: int | None = None) -> None:
         int_at_least("replicate_every", replicate_every, 1)

@@ -8,14 +8,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .._checks import float_dtype, in_unit_interval, int_at_least
-from ..chunking import BlockLayout
-from ..codec import decode_indices, encode_indices, index_dtype, topk_encode
+from .._checks import check, float_dtype, in_unit_interval, int_at_least
+from ..chunking import CHUNKINGS, BlockLayout
+from ..codec import topk_encode
+from ..formats import make_format
 from ..wire import CommStats, all_gather_bytes, pack, plan_bucket, unpack
 from .base import Group, Replicator, copy_state
 from .blocks import BlockGroup
 
 Picked = list[tuple[torch.Tensor, torch.Tensor]]  # per block group: (int64 indices, values)
+Wire = list[tuple[list[torch.Tensor], torch.Tensor | None]]  # per group: (segments, what's read)
 
 
 @dataclass
@@ -46,33 +48,56 @@ class DeMoReplicator(Replicator):
     The optimizer's base then takes the sign step.
 
     Args:
-        topk: coefficients kept per chunk.
+        topk: coefficients kept per chunk. Block mode clamps it to the block's elements; flat
+            mode refuses a ``topk`` above ``chunk`` and, like the reference, clamps it where a
+            tensor's chunk (the largest divisor of its size not above ``chunk``) is shorter.
         chunk: chunk side; each dimension uses its largest divisor not above it.
         decay: momentum decay in [0, 1).
-        value_dtype: dtype of the values on the wire (float32 reproduces DeMo's figures).
-        replicate_every / skip_every: the schedule (see :class:`Replicator`); other steps
-            fold the gradient into the momentum and step on the local gradient.
+        value_dtype: dtype of the values on the wire (float32 reproduces DeMo's figures), with
+            int16 indices: today's layout. Used when ``value_format`` is None.
+        value_format: a wire format of ``flexdemo.formats.VALUE_FORMATS`` ("fp32", "bf16",
+            "bf16-packed", "int8", "int2", "sign", ...); the compact ones bit-pack the indices.
+            What a format loses stays in the momentum (error feedback).
+        chunking: "block" cuts each shard (as a matrix) into 2-D chunk x chunk DCT blocks;
+            "flat" cuts the flattened shard into 1-D chunks of ``chunk`` elements, as the
+            reference does on FSDP1's flat shards.
+        replicate_every / skip_every: the schedule (see :class:`Replicator`). Off-schedule
+            steps apply the local gradient and, as in the reference, leave the momentum alone.
+        fold_skipped: fold an off-schedule step's gradient into the momentum as well (so it is
+            applied now and sent again later: this toolkit's behaviour before it followed the
+            reference).
     """
 
     name = "demo"
     owns_updates = True
+    lr_in_update = True
 
     def __init__(self, topk: int = 32, chunk: int = 64, decay: float = 0.999,
                  value_dtype: torch.dtype = torch.bfloat16, replicate_every: int = 1,
-                 skip_every: int | None = None) -> None:
+                 skip_every: int | None = None, *, value_format: str | None = None,
+                 chunking: str = "block", fold_skipped: bool = False) -> None:
         super().__init__(replicate_every, skip_every)
         int_at_least("topk", topk, 1)
         int_at_least("chunk", chunk, 1)
         in_unit_interval("decay", decay, closed_low=True, closed_high=False)
         float_dtype("value_dtype", value_dtype)
+        check(chunking in CHUNKINGS,
+              f"chunking={chunking!r} is unknown; use one of {', '.join(CHUNKINGS)}.")
+        check(chunking != "flat" or topk <= chunk,
+              f"topk={topk} is larger than a flat chunk of chunk={chunk} elements; "
+              f"use topk <= {chunk} or chunking='block'.")
         self.topk, self.chunk, self.decay, self.value_dtype = topk, chunk, decay, value_dtype
+        self.chunking, self.fold_skipped = chunking, fold_skipped
+        self.value_format = value_format
+        self.format = make_format(value_format, value_dtype)
 
     @classmethod
     def from_reference(cls, *, topk: int | None = None, chunk: int | None = None,
-                       decay: float | None = None,
-                       value_dtype: torch.dtype | None = None) -> Replicator:
-        """Build from the reference call's ``compression_*`` knobs."""
-        given = {"topk": topk, "chunk": chunk, "decay": decay, "value_dtype": value_dtype}
+                       decay: float | None = None, value_dtype: torch.dtype | None = None,
+                       chunking: str | None = None) -> Replicator:
+        """Build from the reference call's ``compression_*`` knobs (and ``chunking``)."""
+        given = {"topk": topk, "chunk": chunk, "decay": decay, "value_dtype": value_dtype,
+                 "chunking": chunking}
         return cls(**{k: v for k, v in given.items() if v is not None})
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
@@ -84,7 +109,8 @@ class DeMoReplicator(Replicator):
         for i, p in enumerate(params):
             if p.numel() == 0:
                 continue  # FSDP2 can leave a rank with nothing of a small parameter.
-            layout = BlockLayout.for_shape(p.shape, self.chunk)
+            shape = (p.numel(),) if self.chunking == "flat" else p.shape
+            layout = BlockLayout.for_shape(shape, self.chunk)
             key = (layout.c1, layout.c2, p.dtype)
             if key not in groups:
                 groups[key] = BlockGroup(layout.c1, layout.c2, self.topk, p.dtype, p.device)
@@ -93,10 +119,12 @@ class DeMoReplicator(Replicator):
         # wire layout.
         self.groups = [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1], str(k[2])))]
         specs = []
+        self.spans = []  # per group: its first segment and how many it has
         for g in self.groups:
             g.allocate()
-            specs.append(((g.num_blocks, g.k), index_dtype(g.c1 * g.c2)))
-            specs.append(((g.num_blocks, g.k), self.value_dtype))
+            group_specs = self.format.specs(g.num_blocks, g.k, g.c1 * g.c2)
+            self.spans.append((len(specs), len(group_specs)))
+            specs += group_specs
         self.segments, self.bucket_bytes = plan_bucket(specs)
 
     # -- the paper's steps ---------------------------------------------------------------------
@@ -109,25 +137,24 @@ class DeMoReplicator(Replicator):
         """The top-k coefficients per chunk of DCT(delta): (indices, values) per block group."""
         return [topk_encode(g.delta, g.k) for g in self.groups]
 
-    def to_wire(self, picked: Picked) -> list[torch.Tensor]:
-        """Compact indices and values rounded to ``value_dtype``, in bucket order."""
-        wire = []
-        for (idx, vals), g in zip(picked, self.groups, strict=True):
-            wire += [encode_indices(idx, g.c1 * g.c2), vals.to(self.value_dtype)]
-        return wire
+    def to_wire(self, picked: Picked) -> Wire:
+        """Every group's segments in ``value_format``, and the values receivers will read."""
+        return [self.format.encode(idx, vals, g.c1 * g.c2)
+                for (idx, vals), g in zip(picked, self.groups, strict=True)]
 
-    def remove_sent(self, picked: Picked, wire: list[torch.Tensor]) -> None:
-        """delta -= what leaves this rank (only the rounded value left: the error stays)."""
-        for n, ((idx, vals), g) in enumerate(zip(picked, self.groups, strict=True)):
-            sent = wire[2 * n + 1]
-            if sent.dtype == g.delta.dtype:
+    def remove_sent(self, picked: Picked, wire: Wire) -> None:
+        """delta -= what receivers read (rounding or quantization error stays: error feedback)."""
+        for ((idx, vals), g), (_, read) in zip(zip(picked, self.groups, strict=True), wire,
+                                               strict=True):
+            if read is None:
                 g.delta.scatter_(1, idx, 0.0)
             else:
-                g.delta.scatter_(1, idx, vals - sent.to(g.delta.dtype))
+                g.delta.scatter_(1, idx, vals - read.to(g.delta.dtype))
 
-    def all_gather(self, wire: list[torch.Tensor], stats: CommStats) -> Pending:
+    def all_gather(self, wire: Wire, stats: CommStats) -> Pending:
         """Launch one all-gather of every replica's packed coefficients."""
-        buf = pack(wire, self.segments, self.bucket_bytes)
+        buf = pack([t for segments, _ in wire for t in segments], self.segments,
+                   self.bucket_bytes)
         gathered = torch.empty(self.ranks * self.bucket_bytes, dtype=torch.uint8,
                                device=buf.device)
         work = _all_gather_flat(gathered, buf, self.group)
@@ -141,10 +168,11 @@ class DeMoReplicator(Replicator):
             pending.work.wait()
         views = unpack(pending.gathered.view(self.ranks, self.bucket_bytes), self.segments)
         out = self._placeholders()
-        for n, g in enumerate(self.groups):
-            idx, vals = views[2 * n], views[2 * n + 1]
+        for g, (first, count) in zip(self.groups, self.spans, strict=True):
+            idx, vals = self.format.decode(views[first:first + count], g.num_blocks, g.k,
+                                           g.c1 * g.c2, g.dtype)
             # (ranks, blocks, k) -> (blocks, ranks * k): every block's contributions in a row.
-            idx = decode_indices(idx).permute(1, 0, 2).reshape(g.num_blocks, self.ranks * g.k)
+            idx = idx.permute(1, 0, 2).reshape(g.num_blocks, self.ranks * g.k)
             vals = vals.permute(1, 0, 2).reshape(g.num_blocks, self.ranks * g.k)
             g.decode_mean_into(idx, vals, out, self.shapes)
         return out
@@ -173,8 +201,9 @@ class DeMoReplicator(Replicator):
         return self.finish(self.start(grads, lrs, stats))
 
     def accumulate(self, grads: list[torch.Tensor], lrs: list[float]) -> list[torch.Tensor]:
-        """A step off the schedule: fold the gradient into delta, step on the local gradient."""
-        self.decay_and_add(grads, lrs)
+        """A step off the schedule: step on the local gradient (delta kept, as the reference)."""
+        if self.fold_skipped:
+            self.decay_and_add(grads, lrs)
         return grads
 
     def state_dict(self) -> dict:

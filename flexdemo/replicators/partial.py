@@ -14,17 +14,28 @@ from .base import Group, Replicator, copy_state
 Selection = list[torch.Tensor | None]  # per shard: the rows to send (None: an empty shard)
 
 
+def _row_shape(shape: torch.Size) -> tuple[int, int]:
+    # A 1-D tensor's rows are its elements (the reference indexes delta[rows] on it); one row
+    # would send the whole tensor every step whatever the rate.
+    return (int(shape[0]), 1) if len(shape) == 1 else matrix_shape(shape)
+
+
 class _DeltaReplicator(Replicator):
-    """Shared steps: decay and add into ``delta``, send the selected rows, remove them."""
+    """Shared steps: decay and add into ``delta``, send the selected rows, remove them.
+
+    Off-schedule steps (``replicate_every``, ``skip_every``) apply the local gradient and leave
+    delta alone, as the reference does; ``fold_skipped=True`` folds it into delta as well.
+    """
 
     owns_updates = True
+    lr_in_update = True
 
     def __init__(self, rate: float = 0.1, decay: float = 0.999, replicate_every: int = 1,
-                 skip_every: int | None = None) -> None:
+                 skip_every: int | None = None, *, fold_skipped: bool = False) -> None:
         super().__init__(replicate_every, skip_every)
         in_unit_interval("rate", rate, closed_low=False, closed_high=True)
         in_unit_interval("decay", decay, closed_low=True, closed_high=False)
-        self.rate, self.decay = rate, decay
+        self.rate, self.decay, self.fold_skipped = rate, decay, fold_skipped
 
     @classmethod
     def from_reference(cls, *, topk: int | None = None, chunk: int | None = None,
@@ -38,10 +49,15 @@ class _DeltaReplicator(Replicator):
         super().setup(params, group, ranks)
         self.delta = [torch.zeros_like(p) for p in params]
 
-    def accumulate(self, grads: list[torch.Tensor], lrs: list[float]) -> list[torch.Tensor]:
-        """delta <- decay * delta + lr * grad; step on the local gradient."""
+    def decay_and_add(self, grads: list[torch.Tensor], lrs: list[float]) -> None:
+        """delta <- decay * delta + lr * grad."""
         for d, g, lr in zip(self.delta, grads, lrs, strict=True):
             d.mul_(self.decay).add_(g, alpha=lr)
+
+    def accumulate(self, grads: list[torch.Tensor], lrs: list[float]) -> list[torch.Tensor]:
+        """A step off the schedule: step on the local gradient (delta kept, as the reference)."""
+        if self.fold_skipped:
+            self.decay_and_add(grads, lrs)
         return grads
 
     def _rows(self, d: torch.Tensor) -> torch.Tensor:
@@ -55,7 +71,7 @@ class _DeltaReplicator(Replicator):
     def replicate(self, grads: list[torch.Tensor], lrs: list[float],
                   stats: CommStats) -> list[torch.Tensor]:
         """Average the selected rows of delta over the replicas; they are the update."""
-        self.accumulate(grads, lrs)
+        self.decay_and_add(grads, lrs)
         if self.ranks == 1:
             out = [d.clone() for d in self.delta]
             for d in self.delta:
@@ -91,14 +107,16 @@ class _DeltaReplicator(Replicator):
 class RandomReplicator(_DeltaReplicator):
     """Average a seeded random subset (``rate``) of the rows of delta each step.
 
-    Every replica draws from the same ``seed``, so all pick the same rows.
+    Every replica draws from the same ``seed``, so all pick the same rows. The rows of a 1-D
+    tensor are its elements, as in the reference (``delta[rows]`` on a 1-D delta).
     """
 
     name = "random"
 
     def __init__(self, rate: float = 0.1, decay: float = 0.999, seed: int = 42,
-                 replicate_every: int = 1, skip_every: int | None = None) -> None:
-        super().__init__(rate, decay, replicate_every, skip_every)
+                 replicate_every: int = 1, skip_every: int | None = None, *,
+                 fold_skipped: bool = False) -> None:
+        super().__init__(rate, decay, replicate_every, skip_every, fold_skipped=fold_skipped)
         self.seed = seed
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
@@ -107,10 +125,10 @@ class RandomReplicator(_DeltaReplicator):
         self.generator = torch.Generator().manual_seed(self.seed)
 
     def _rows(self, d: torch.Tensor) -> torch.Tensor:
-        return d.view(matrix_shape(d.shape))
+        return d.view(_row_shape(d.shape))
 
     def _selection(self) -> Selection:
-        sizes = [matrix_shape(d.shape)[0] if d.numel() else 0 for d in self.delta]
+        sizes = [_row_shape(d.shape)[0] if d.numel() else 0 for d in self.delta]
         # One draw per step shared by all shards, so replicas with equal shapes pick equal rows.
         scores = torch.rand(max(sizes, default=0), generator=self.generator)
         picks: dict[int, torch.Tensor] = {}
@@ -137,13 +155,20 @@ class RandomReplicator(_DeltaReplicator):
 
 
 class StridingReplicator(_DeltaReplicator):
-    """Average a rotating, evenly strided subset (``rate``) of the ``chunk`` chunks of delta."""
+    """Average a rotating, evenly strided subset (``rate``) of the ``chunk`` chunks of delta.
+
+    Differs from the reference on purpose: here the comb shifts by one chunk each step, so
+    every chunk is sent within ``stride`` steps; the reference's offset
+    ``counter * stride * chunks_per_step % size`` is always 0 when the chunk count divides the
+    size, so it sends the same chunks forever. Do not read our striding figures as the paper's.
+    """
 
     name = "striding"
 
     def __init__(self, rate: float = 0.1, decay: float = 0.999, chunk: int = 64,
-                 replicate_every: int = 1, skip_every: int | None = None) -> None:
-        super().__init__(rate, decay, replicate_every, skip_every)
+                 replicate_every: int = 1, skip_every: int | None = None, *,
+                 fold_skipped: bool = False) -> None:
+        super().__init__(rate, decay, replicate_every, skip_every, fold_skipped=fold_skipped)
         int_at_least("chunk", chunk, 1)
         self.chunk = chunk
         self.counter = 0
