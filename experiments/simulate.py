@@ -22,7 +22,8 @@ from experiments.config import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.metrics import time_to_target
 from netsim import Link, Topology, parse_bandwidth, parse_latency
-from netsim.model import simulate
+from netsim.costs import ALGORITHM_CHOICES
+from netsim.model import algorithm_summary, simulate
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,15 @@ def simulate_run(
     steps: int | None = None,
     compute_scale: float = 1.0,
     intra: str = "recorded",
+    algorithm: str = "auto",
 ) -> pd.DataFrame:
     """Per-step times of a recorded run replayed on another network: [step, step_time_s, time_s].
 
     `step` is 1-based like the run's steps.parquet; nodes, gpus_per_node and steps default to the
     run's own. Intra-node collectives keep their recorded durations (real runs never shape them)
-    unless `intra="model"` prices them on the intra link. attrs["note"] states the assumptions.
+    unless `intra="model"` prices them on the intra link. `algorithm` picks the inter-node
+    collective algorithms (netsim.model.simulate). attrs["note"] states the assumptions and
+    attrs["algorithms"] the algorithms assumed.
     """
     meta, _ = read_run(run_dir)
     cfg = meta["config"]
@@ -75,7 +79,11 @@ def simulate_run(
     trace_path = Path(run_dir) / "trace.parquet"
     if not trace_path.exists():
         raise ConfigError(f"{str(run_dir)!r} has no trace.parquet to replay.")
-    sim = simulate(trace_path, topology, steps=steps, compute_scale=compute_scale, intra=intra)
+    sim = simulate(
+        trace_path, topology, steps=steps, compute_scale=compute_scale, intra=intra,
+        algorithm=algorithm,
+    )  # fmt: skip
+    # assign() copies attrs, so the note and the algorithms travel with the result.
     sim = sim.assign(step=range(1, len(sim) + 1))
     return sim
 
@@ -102,6 +110,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intra", choices=("recorded", "model"), default="recorded",
                         help="intra-node collectives: recorded durations, or priced on the "
                         "intra link (for other accelerators)")
+    parser.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto",
+                        help="inter-node collective algorithms: auto picks ring or tree (Bruck "
+                        "for all-gathers) by predicted time as NCCL's tuner does; ring or tree "
+                        "forces one (default: auto)")
     parser.add_argument("--target", type=float,
                         help="target validation loss (default: the run's final one)")
     parser.add_argument("--out", required=True, help="CSV file for the per-step times")
@@ -129,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
         args.run_dir, inter_bw_bps=parse_bandwidth(args.inter_bw),
         inter_lat_s=parse_latency(args.inter_lat), nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, steps=args.steps, compute_scale=scale,
-        intra=args.intra,
+        intra=args.intra, algorithm=args.algorithm,
     )
     write_atomic(out, sim.to_csv(index=False))
     cfg = meta["config"]
@@ -137,6 +149,8 @@ def main(args: argparse.Namespace) -> int:
           f"{args.nodes or cfg['nodes']} nodes x {args.gpus_per_node or cfg['gpus_per_node']} "
           f"at {args.inter_bw}, {args.inter_lat}: total {sim['time_s'].iloc[-1]:.2f} s, "
           f"median step {sim['step_time_s'].median() * 1e3:.1f} ms -> {out}")
+    for line in algorithm_summary(sim.attrs.get("algorithms", [])):
+        print(f"  {line}")
     if sim.attrs.get("note"):
         log.info("model: %s", sim.attrs["note"])
     if scale != 1.0:

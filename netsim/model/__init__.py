@@ -24,7 +24,7 @@ Where things live: `programs` turns a trace into typed per-step programs, `clust
 replays them in SimPy over `shared_link.SharedLink` NICs, `replay.simulate` ties them together.
 """
 
-from netsim.model.replay import MODEL_NOTE, simulate
+from netsim.model.replay import MODEL_NOTE, algorithm_summary, simulate
 from netsim.model.shared_link import SharedLink
 
-__all__ = ["SharedLink", "simulate", "MODEL_NOTE"]
+__all__ = ["SharedLink", "simulate", "algorithm_summary", "MODEL_NOTE"]

@@ -13,7 +13,12 @@ from typing import NamedTuple
 
 import simpy
 
-from netsim.costs import CollectiveVolume, collective_volume
+from netsim.costs import (
+    CollectiveVolume,
+    choose_algorithm,
+    collective_volume,
+    default_algorithm,
+)
 from netsim.model.programs import Compute, Issue, Item, OpSpec, Wait
 from netsim.model.shared_link import SharedLink
 from netsim.topology import Topology
@@ -59,6 +64,7 @@ class Cluster:
         n_recorded: int,
         compute_scale: float,
         intra: str = "model",
+        algorithm: str = "auto",
     ) -> None:
         self.env = simpy.Environment()
         self.topo = topology
@@ -67,6 +73,9 @@ class Cluster:
         self.n_recorded = n_recorded
         self.compute_scale = compute_scale
         self.intra = intra
+        self.algorithm = algorithm
+        # (op, algorithm run, group size, one rank per node) -> message sizes, for reporting.
+        self.choices: dict[tuple[str, str, int, bool], set[int]] = defaultdict(set)
         self.classes = sorted(set(topology.node_speed))  # class c runs at speed classes[c]
         g = topology.accelerators_per_node
         bw = topology.inter.effective_bandwidth
@@ -104,9 +113,15 @@ class Cluster:
             spec = self.specs[spec_id]
             p = self._group_size(spec)
             rooted = spec.op in ("gather", "scatter")
-            volume = collective_volume(
-                spec.op, p, spec.nbytes, spec.algorithm or None, is_root=rooted
-            )
+            algorithm = spec.algorithm or default_algorithm(spec.op)
+            if spec.inter:
+                # Intra-node ops keep the recorded algorithm: the choice matters across nodes.
+                algorithm = choose_algorithm(
+                    spec.op, p, spec.nbytes, self.topo.inter, algorithm, self.algorithm,
+                    one_per_node=spec.scope == "replicate",
+                )  # fmt: skip
+                self.choices[(spec.op, algorithm, p, spec.scope == "replicate")].add(spec.nbytes)
+            volume = collective_volume(spec.op, p, spec.nbytes, algorithm, is_root=rooted)
             self._volumes[spec_id] = (p, volume)
         return self._volumes[spec_id]
 
@@ -219,7 +234,7 @@ class Cluster:
         self, spec: OpSpec, volume: CollectiveVolume, j: int, done: simpy.Event
     ) -> Generator:
         yield self.env.timeout(volume.latency_steps * self.topo.inter.latency)
-        nbytes = max(volume.bytes_sent, volume.bytes_received)
+        nbytes = volume.paced_bytes
         flows = []
         for c in range(len(self.classes)):
             if spec.scope == "replicate":

@@ -10,12 +10,13 @@ from contextlib import contextmanager
 import numpy as np
 import pandas as pd
 
+from netsim.costs import ALGORITHM_CHOICES
 from netsim.model.cluster import Cluster
 from netsim.model.programs import build_programs
 from netsim.topology import Topology
 from netsim.trace import TRAIN, load_trace, validate_trace
 
-__all__ = ["simulate", "MODEL_NOTE"]
+__all__ = ["simulate", "algorithm_summary", "MODEL_NOTE"]
 
 MODEL_NOTE = (
     "weak scaling: per-step compute and payload sizes as recorded; steps beyond the recording "
@@ -84,6 +85,7 @@ def simulate(
     steps: int | None = None,
     compute_scale: float = 1.0,
     intra: str = "model",
+    algorithm: str = "auto",
 ) -> pd.DataFrame:
     """Predict per-step times of a recorded run on `topology`: DataFrame[step, step_time_s, time_s].
 
@@ -96,11 +98,19 @@ def simulate(
         intra: "model" times intra-node collectives on topology.intra; "recorded" keeps their
             recorded durations as seen by each op's last-arriving member (real runs never shape
             intra-node groups, so validating a model against a shaped run wants "recorded").
+        algorithm: inter-node collective algorithms. "auto" picks ring or the log-depth one
+            (tree all-reduce, Bruck all-gather) by their alpha-beta time as NCCL's tuner does;
+            "ring" keeps the recorded algorithms; "tree" forces the log-depth ones.
+            attrs["algorithms"] lists what was assumed (`algorithm_summary` prints it).
     """
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
     df = _training_rows(trace)
     _check_compute_scale(compute_scale)
+    if algorithm not in ALGORITHM_CHOICES:
+        raise ValueError(
+            f"algorithm {algorithm!r} is not known; use one of {', '.join(ALGORITHM_CHOICES)}."
+        )
     nodes, per_node = _layout(df)
     recorded = Topology(nodes, per_node, topology.intra, topology.inter)
     with _gc_paused():
@@ -109,7 +119,7 @@ def simulate(
         _check_steps_and_intra(n_steps, steps, intra)
         cluster = Cluster(
             topology, recorded, programs.by_slot, programs.specs, programs.n_steps,
-            float(compute_scale), intra,
+            float(compute_scale), intra, algorithm,
         )  # fmt: skip
     times = np.asarray(cluster.run(int(n_steps)), dtype=float)
     out = pd.DataFrame(
@@ -121,4 +131,20 @@ def simulate(
     )
     out.attrs["note"] = MODEL_NOTE
     out.attrs["recorded_topology"] = (nodes, per_node)
+    out.attrs["algorithms"] = [
+        {"op": op, "algorithm": algo, "ranks": p, "one_per_node": alone,
+         "min_bytes": min(sizes), "max_bytes": max(sizes)}
+        for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
+    ]
     return out
+
+
+def algorithm_summary(algorithms: list[dict]) -> list[str]:
+    """One line per inter-node op kind: the algorithm the model assumed, ranks and message sizes."""
+    lines = []
+    for entry in algorithms:
+        low, high = entry["min_bytes"] / 1e6, entry["max_bytes"] / 1e6
+        size = f"{low:.3g} MB" if low == high else f"{low:.3g}-{high:.3g} MB"
+        ranks = f"{entry['ranks']:,} {'nodes' if entry.get('one_per_node') else 'ranks'}"
+        lines.append(f"{entry['op']}: {entry['algorithm']} ({ranks}, {size} per rank)")
+    return lines
