@@ -18,7 +18,7 @@ from typing import Any
 from flexdemo import METHODS  # the one list of methods: the optimizer package owns it
 
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
-SHAPING_MODES = ("off", "wall", "virtual")
+SHAPING_MODES = ("off", "wall", "virtual", "kernel")
 SCHEDULES = ("constant", "warmup", "cosine")
 VALUE_DTYPES = ("bf16", "fp32")
 
@@ -82,7 +82,8 @@ class RunConfig:
     intra_lat: str = "5us"
     """Intra-node latency, used by the cost model."""
     shaping: str = "off"
-    """off: count only; wall: wait on the modeled link; virtual: add modeled time to a clock."""
+    """off: count only; wall: wait on the modeled link; virtual: add modeled time to a clock;
+    kernel: Linux tc on veth links between one network namespace per node (root only)."""
     backend: str = "auto"
     """Process-group backend: auto (nccl with CUDA, else gloo), gloo or nccl."""
     threads_per_rank: int = 1
@@ -131,6 +132,9 @@ class RunConfig:
                               f"{self.stall_timeout}.")
         if self.shaping != "off" and self.inter_bw is None:
             raise ConfigError(f"shaping={self.shaping!r} needs an inter-node bandwidth (inter_bw).")
+        if self.shaping == "kernel" and self.backend == "nccl":
+            raise ConfigError("shaping='kernel' runs gloo ranks over the namespaces' links; use "
+                              "backend auto or gloo, not nccl.")
         self.network()  # parses the unit strings
         return self
 
