@@ -50,6 +50,7 @@ from netsim.kernel import (
 __all__ = ["run_kernel", "kernel_settings"]
 
 _CONFIG = "kernel-config.json"
+_LAUNCHER_PID = "FLEXBENCH_KERNEL_LAUNCHER_PID"
 
 
 def kernel_settings(cfg: RunConfig) -> TcSettings:
@@ -102,7 +103,7 @@ def _start_rank(net: KernelNetwork, cfg: RunConfig, folder: RunFolder, rank: int
         "RANK": str(rank), "WORLD_SIZE": str(cfg.world_size),
         "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(cfg.gpus_per_node),
         "MASTER_ADDR": net.address(0), "MASTER_PORT": str(MASTER_PORT),
-        "GLOO_SOCKET_IFNAME": INTERFACE,
+        "GLOO_SOCKET_IFNAME": INTERFACE, _LAUNCHER_PID: str(os.getpid()),
         # c10d warns that a namespace address has no host name: true, and noise.
         "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
     }
@@ -158,10 +159,23 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+def _die_with_launcher() -> None:
+    """Be killed when the launcher dies (even by SIGKILL): orphans would train on for nothing."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    # `ip netns exec` became this process, so the launcher is the parent; it may have died
+    # before prctl took effect.
+    if os.getppid() != int(os.environ.get(_LAUNCHER_PID, os.getppid())):
+        os._exit(1)
+
+
 def _rank_main(work: str) -> int:
     """Inside a namespace: join node 0's TCPStore, run this rank; on failure leave one line."""
     import torch.distributed as dist
 
+    _die_with_launcher()
     folder = RunFolder(work, work)
     rank = int(os.environ["RANK"])
     try:

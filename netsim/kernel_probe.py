@@ -48,15 +48,16 @@ def _rank_main(payload: int, repeats: int) -> None:
 
 
 def measure_goodput(rate_bps: float, payload: int = 4 << 20, repeats: int = 3,
-                    nodes: int = 2, timeout_s: float = 120.0) -> dict:
+                    nodes: int = 2, timeout_s: float = 120.0, mtu: int | None = None) -> dict:
     """All-reduce `payload` bytes across `nodes` kernel-shaped namespaces; goodput in bytes/s."""
-    net = KernelNetwork(nodes, TcSettings(rate_bps))
+    settings = TcSettings(rate_bps) if mtu is None else TcSettings(rate_bps, mtu=mtu)
+    net = KernelNetwork(nodes, settings)
     with net:
         procs = []
         for node in range(nodes):
             env = {**os.environ, "RANK": str(node), "WORLD_SIZE": str(nodes),
                    "MASTER_ADDR": net.address(0), "MASTER_PORT": str(MASTER_PORT),
-                   "GLOO_SOCKET_IFNAME": INTERFACE}
+                   "GLOO_SOCKET_IFNAME": INTERFACE, "TORCH_CPP_LOG_LEVEL": "ERROR"}
             cmd = net.exec_prefix(node) + [sys.executable, "-m", "netsim.kernel_probe", "--rank",
                                            "--payload", str(payload), "--repeats", str(repeats)]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True,
@@ -74,8 +75,8 @@ def measure_goodput(rate_bps: float, payload: int = 4 << 20, repeats: int = 3,
     times = json.loads(outputs[0].strip().splitlines()[-1])["times_s"]
     wire = 2 * (nodes - 1) / nodes * payload
     median = statistics.median(times)
-    return {"rate_bps": rate_bps, "payload_bytes": payload, "wire_bytes_each_way": wire,
-            "times_s": times, "goodput_bps": wire / median,
+    return {"rate_bps": rate_bps, "mtu": settings.mtu, "payload_bytes": payload,
+            "wire_bytes_each_way": wire, "times_s": times, "goodput_bps": wire / median,
             "goodput_ratio": wire / median / rate_bps, "qdisc_sent_bytes": counters}
 
 
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rate", default="20Mbit")
     p.add_argument("--payload", default=str(4 << 20), help="bytes (or e.g. 4MiB)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--mtu", type=int, default=None, help="link MTU (default: TcSettings')")
     args = p.parse_args(argv)
     payload = int(args.payload) if args.payload.isdigit() else int(parse_bandwidth(
         args.payload + "/s"))
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         _rank_main(payload, args.repeats)
         return
     print(json.dumps(measure_goodput(parse_bandwidth(args.rate), payload, args.repeats,
-                                     args.nodes)))
+                                     args.nodes, mtu=args.mtu)))
 
 
 if __name__ == "__main__":

@@ -224,3 +224,15 @@ def test_kernel_shaping_under_torchrun_is_refused(tmp_path):
     env = {**ENV, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29999"}
     assert "under torchrun" in _refused(tmp_path, [], env=env)
+
+
+@pytest.mark.timeout(120)
+def test_validate_sim_with_kernel_shaping_refuses_a_latency_before_any_run(tmp_path):
+    if _REASON is None and kernel.has_netem():
+        pytest.skip("this kernel has netem, so kernel shaping adds the latency")
+    res, _ = _flexbench(["validate-sim", "--shaping", "kernel", "--inter-lat", "5ms",
+                         "--out", str(tmp_path / "v.csv")], timeout=60)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "validate-sim: error:" in lines[0]
+    assert not (tmp_path / "v.csv").exists()
