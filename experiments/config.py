@@ -130,13 +130,17 @@ class RunConfig:
         if not self.stall_timeout > 0:
             raise ConfigError(f"stall_timeout must be a positive number of seconds, got "
                               f"{self.stall_timeout}.")
+        self._check_shaping()
+        self.network()  # parses the unit strings
+        return self
+
+    def _check_shaping(self) -> None:
+        """Shaping needs a bandwidth; kernel shaping runs gloo ranks in namespaces."""
         if self.shaping != "off" and self.inter_bw is None:
             raise ConfigError(f"shaping={self.shaping!r} needs an inter-node bandwidth (inter_bw).")
         if self.shaping == "kernel" and self.backend == "nccl":
             raise ConfigError("shaping='kernel' runs gloo ranks over the namespaces' links; use "
                               "backend auto or gloo, not nccl.")
-        self.network()  # parses the unit strings
-        return self
 
     @property
     def world_size(self) -> int:
