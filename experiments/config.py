@@ -19,7 +19,7 @@ from typing import Any
 from flexdemo import CHUNKINGS, METHODS, VALUE_FORMATS
 
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
-SHAPING_MODES = ("off", "wall", "virtual")
+SHAPING_MODES = ("off", "wall", "virtual", "kernel")
 SCHEDULES = ("constant", "warmup", "cosine")
 VALUE_DTYPES = ("bf16", "fp32")
 
@@ -87,7 +87,8 @@ class RunConfig:
     intra_lat: str = "5us"
     """Intra-node latency, used by the cost model."""
     shaping: str = "off"
-    """off: count only; wall: wait on the modeled link; virtual: add modeled time to a clock."""
+    """off: count only; wall: wait on the modeled link; virtual: add modeled time to a clock;
+    kernel: Linux tc on veth links between one network namespace per node (root only)."""
     backend: str = "auto"
     """Process-group backend: auto (nccl with CUDA, else gloo), gloo or nccl."""
     threads_per_rank: int = 1
@@ -140,10 +141,17 @@ class RunConfig:
         if not self.stall_timeout > 0:
             raise ConfigError(f"stall_timeout must be a positive number of seconds, got "
                               f"{self.stall_timeout}.")
-        if self.shaping != "off" and self.inter_bw is None:
-            raise ConfigError(f"shaping={self.shaping!r} needs an inter-node bandwidth (inter_bw).")
+        self._check_shaping()
         self.network()  # parses the unit strings
         return self
+
+    def _check_shaping(self) -> None:
+        """Shaping needs a bandwidth; kernel shaping runs gloo ranks in namespaces."""
+        if self.shaping != "off" and self.inter_bw is None:
+            raise ConfigError(f"shaping={self.shaping!r} needs an inter-node bandwidth (inter_bw).")
+        if self.shaping == "kernel" and self.backend == "nccl":
+            raise ConfigError("shaping='kernel' runs gloo ranks over the namespaces' links; use "
+                              "backend auto or gloo, not nccl.")
 
     @property
     def world_size(self) -> int:

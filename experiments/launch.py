@@ -46,6 +46,13 @@ def launch(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
     if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ConfigError(f"timeout must be a positive number of seconds, got {timeout_s}.")
     folder = RunFolder(out)
+    if cfg.shaping == "kernel":
+        if _under_torchrun():
+            raise ConfigError("shaping 'kernel' starts its own ranks in network namespaces on "
+                              "this machine; under torchrun use shaping off, wall or virtual.")
+        from experiments.kernel_launch import run_kernel  # imports netsim's kernel tools
+
+        return run_kernel(cfg, folder, timeout_s=timeout_s, quiet=quiet)
     if _under_torchrun():
         return _run_torchrun(cfg, folder)
     return _run_spawned(cfg, folder.create(), timeout_s=timeout_s, quiet=quiet)
@@ -124,7 +131,6 @@ def _loopback_interface() -> str:
 
 
 def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: bool) -> None:
-    import torch
     import torch.distributed as dist
 
     cfg = RunConfig.from_dict(cfg_dict)
@@ -133,13 +139,22 @@ def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: boo
     loopback = _loopback_interface()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
     os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+    run_one_rank(rank, cfg, backend, folder, quiet,
+                 dist.FileStore(str(folder.store), cfg.world_size))
+
+
+def run_one_rank(rank: int, cfg: RunConfig, backend: str, folder: RunFolder, quiet: bool,
+                 store: Any) -> None:
+    """One launcher-watched rank: join `store`, train, leave its result in the working folder."""
+    import torch
+    import torch.distributed as dist
+
     torch.set_num_threads(cfg.threads_per_rank)
     _quiet_tqdm_internals()
     configure_logging(rank)
     if quiet:
         os.environ["TQDM_DISABLE"] = "1"
     heartbeat = Heartbeat(folder.progress(rank))
-    store = dist.FileStore(str(folder.store), cfg.world_size)
     # The launcher's watchdog ends stalled runs; the collective timeout is only a backstop.
     dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
                             timeout=timedelta(seconds=max(600.0, 2 * cfg.stall_timeout)))

@@ -128,7 +128,9 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
     workload = make_workload(cfg.workload)
     cfg = resolve(cfg, workload)
     recorder = TraceRecorder(rank)
-    shaping.install(_topology(cfg), mode=cfg.shaping, recorder=recorder, run_dir=run_dir)
+    # Kernel-shaped links are slow by themselves: netsim only counts (the trace keeps every byte).
+    mode = "off" if cfg.shaping == "kernel" else cfg.shaping
+    shaping.install(_topology(cfg), mode=mode, recorder=recorder, run_dir=run_dir)
     model, opt = _build(cfg, workload, device)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)

@@ -6,6 +6,7 @@ table compares median step times; the command exits 1 when a point is outside th
 
     flexbench validate-sim            # flexdemo and hsdp-adamw, 3 bandwidths x 2 latencies
     flexbench validate-sim --methods flexdemo --inter-bw 100Mbit --inter-lat 1ms --steps 6
+    flexbench validate-sim --shaping kernel     # measured through Linux tc (root; 0ms latency)
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ def median_step_time(step_ends: pd.Series, warmup: int) -> float:
 def validate(
     methods: list[str], bandwidths: list[str], latencies: list[str], *, workload: str,
     steps: int, warmup: int, bound: float, work_dir: Path, seed: int = 0,
-    settings: dict[str, Any] | None = None,
+    settings: dict[str, Any] | None = None, shaping: str = "wall",
 ) -> pd.DataFrame:
     """Run the grid and return one row per (method, bandwidth, latency) with both step times.
 
-    `settings` are further run settings (RunConfig names) shared by every run.
+    `settings` are further run settings (RunConfig names) shared by every run; `shaping` is how
+    the measured runs are slowed down ("wall" or "kernel").
     """
     base = RunConfig(workload=workload, steps=steps, seed=seed, eval_every=steps + 1)
     base = base.replace(**(settings or {}))
@@ -56,7 +58,7 @@ def validate(
         shaped = bw is not None
         name = f"{method}-{bw}-{lat}" if shaped else f"{method}-unshaped"
         cfg = base.replace(method=method, inter_bw=bw, inter_lat=lat or "0ms",
-                           shaping="wall" if shaped else "off")
+                           shaping=shaping if shaped else "off")
         out = launch(cfg, work_dir / name, quiet=True)
         if not shaped:
             recorded[method] = out
@@ -78,7 +80,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench validate-sim`."""
     parser.add_argument("--methods", nargs="+", default=["flexdemo", "hsdp-adamw"])
     parser.add_argument("--inter-bw", nargs="+", default=list(DEFAULT_BANDWIDTHS))
-    parser.add_argument("--inter-lat", nargs="+", default=list(DEFAULT_LATENCIES))
+    parser.add_argument("--inter-lat", nargs="+", default=None,
+                        help=f"default {' '.join(DEFAULT_LATENCIES)} (wall), 0ms (kernel)")
+    parser.add_argument("--shaping", choices=("wall", "kernel"), default="wall",
+                        help="how the measured runs are shaped: netsim's waits or Linux tc")
     parser.add_argument("--workload", default="lm-tiny")
     parser.add_argument("--steps", type=int, default=8, help="steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of medians")
@@ -97,6 +102,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--bound must be in (0, 1), got {args.bound}.")
     for bw in args.inter_bw:
         parse_bandwidth(bw)
+    if args.inter_lat is None:  # without netem the kernel adds no latency
+        args.inter_lat = list(DEFAULT_LATENCIES) if args.shaping == "wall" else ["0ms"]
     for lat in args.inter_lat:
         parse_latency(lat)
     if args.out:
@@ -104,12 +111,17 @@ def main(args: argparse.Namespace) -> int:
     settings = parse_overrides(args.set)
     for method in args.methods:
         RunConfig(method=method, workload=args.workload).replace(**settings).validate()
+    if args.shaping == "kernel":  # privileges and netem, before the first run
+        from experiments.kernel_launch import kernel_settings
+
+        for lat in args.inter_lat:
+            kernel_settings(RunConfig(inter_bw=args.inter_bw[0], inter_lat=lat))
     with tempfile.TemporaryDirectory(prefix="validate-sim-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         try:
             table = validate(args.methods, args.inter_bw, args.inter_lat, workload=args.workload,
                              steps=args.steps, warmup=args.warmup, bound=args.bound, work_dir=work,
-                             settings=settings)
+                             settings=settings, shaping=args.shaping)
         except RunFailed as err:
             print(f"flexbench validate-sim: a run failed: {err}")
             return 1

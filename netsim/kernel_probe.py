@@ -1,0 +1,103 @@
+"""Goodput of kernel-shaped links: one gloo rank per node namespace all-reduces a known payload.
+
+    python -m netsim.kernel_probe --nodes 2 --rate 20Mbit --payload 4MiB --repeats 3
+
+The parent (`measure_goodput`) makes a `KernelNetwork`, starts one rank per node inside its
+namespace (`ip netns exec`, torchrun-style environment, rendezvous on node 0's address) and
+reads back rank 0's timings. A ring all-reduce of n bytes over p ranks moves 2(p-1)/p * n bytes
+each way through every node's link, so goodput = that / the median time; the ratio to the
+configured rate is what TCP, framing and gloo leave of the link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from netsim.kernel import INTERFACE, MASTER_PORT, KernelNetwork, TcSettings
+from netsim.units import parse_bandwidth
+
+__all__ = ["measure_goodput", "main"]
+
+
+def _rank_main(payload: int, repeats: int) -> None:
+    """Inside a namespace: time `repeats` all-reduces of `payload` bytes; rank 0 prints JSON."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")  # env:// rendezvous on MASTER_ADDR:MASTER_PORT
+    try:
+        data = torch.ones(payload // 4, dtype=torch.float32)
+        dist.all_reduce(torch.ones(1024))  # connections made before the clock starts
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(data)
+            times.append(time.perf_counter() - t0)
+        if dist.get_rank() == 0:
+            print(json.dumps({"times_s": times}), flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_goodput(rate_bps: float, payload: int = 4 << 20, repeats: int = 3,
+                    nodes: int = 2, timeout_s: float = 120.0, mtu: int | None = None) -> dict:
+    """All-reduce `payload` bytes across `nodes` kernel-shaped namespaces; goodput in bytes/s."""
+    settings = TcSettings(rate_bps) if mtu is None else TcSettings(rate_bps, mtu=mtu)
+    net = KernelNetwork(nodes, settings)
+    with net:
+        procs = []
+        for node in range(nodes):
+            env = {**os.environ, "RANK": str(node), "WORLD_SIZE": str(nodes),
+                   "MASTER_ADDR": net.address(0), "MASTER_PORT": str(MASTER_PORT),
+                   "GLOO_SOCKET_IFNAME": INTERFACE, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+            cmd = net.exec_prefix(node) + [sys.executable, "-m", "netsim.kernel_probe", "--rank",
+                                           "--payload", str(payload), "--repeats", str(repeats)]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True,
+                                          start_new_session=True))
+        try:
+            outputs = [p.communicate(timeout=timeout_s)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                    p.wait()
+        if any(p.returncode for p in procs):
+            raise RuntimeError(f"a probe rank failed (exit codes {[p.returncode for p in procs]})")
+        counters = net.sent_bytes()
+    times = json.loads(outputs[0].strip().splitlines()[-1])["times_s"]
+    wire = 2 * (nodes - 1) / nodes * payload
+    median = statistics.median(times)
+    return {"rate_bps": rate_bps, "mtu": settings.mtu, "payload_bytes": payload,
+            "wire_bytes_each_way": wire, "times_s": times, "goodput_bps": wire / median,
+            "goodput_ratio": wire / median / rate_bps, "qdisc_sent_bytes": counters}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: `--rank` inside a namespace; otherwise measure and print one JSON line."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--rate", default="20Mbit")
+    p.add_argument("--payload", default=str(4 << 20), help="bytes (or e.g. 4MiB)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--mtu", type=int, default=None, help="link MTU (default: TcSettings')")
+    args = p.parse_args(argv)
+    payload = int(args.payload) if args.payload.isdigit() else int(parse_bandwidth(
+        args.payload + "/s"))
+    if args.rank:
+        _rank_main(payload, args.repeats)
+        return
+    print(json.dumps(measure_goodput(parse_bandwidth(args.rate), payload, args.repeats,
+                                     args.nodes, mtu=args.mtu)))
+
+
+if __name__ == "__main__":
+    main()
