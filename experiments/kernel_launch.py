@@ -34,7 +34,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from experiments.config import RunConfig
-from experiments.launch import RunFailed, _raise_on_sigterm, run_one_rank
+from experiments.launch import RunFailed, raise_on_sigterm, run_one_rank
 from experiments.runs import RunFolder, read_rank_result, write_run
 from experiments.watchdog import RankStalled, Watchdog
 from netsim.kernel import (
@@ -71,7 +71,7 @@ def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     folder.create()
     net = KernelNetwork(cfg.nodes, settings)
     procs: list[subprocess.Popen] = []
-    previous_handler = _raise_on_sigterm()
+    previous_handler = raise_on_sigterm()
     try:
         (folder.work / _CONFIG).write_text(json.dumps(cfg.to_dict()))
         net.create()

@@ -84,7 +84,7 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     mp.set_forkserver_preload(["experiments.train"])
     watchdog = Watchdog([folder.progress(r) for r in range(cfg.world_size)], cfg.stall_timeout)
     ctx = None
-    previous_handler = _raise_on_sigterm()
+    previous_handler = raise_on_sigterm()
     try:
         ctx = mp.start_processes(
             _spawned_rank, args=(cfg.to_dict(), backend, str(folder.work), quiet),
@@ -113,7 +113,7 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
             signal.signal(signal.SIGTERM, previous_handler)
 
 
-def _raise_on_sigterm():
+def raise_on_sigterm():
     """Make SIGTERM (Slurm's, a user's kill) stop the ranks and clean up; the old handler."""
     if threading.current_thread() is not threading.main_thread():
         return None
