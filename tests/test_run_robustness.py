@@ -109,7 +109,7 @@ def _progress(out: Path, world: int, deadline_s: float) -> dict[int, tuple[int, 
 
 def test_stalled_rank_ends_the_run_with_one_sentence(tmp_path):
     out = tmp_path / "run"
-    stall_s = 8.0
+    stall_s = 15.0  # well above any step or start-up on a loaded 2-core machine
     proc = _start(["run", "--out", str(out), "--method", "flexdemo", "--workload", "vision-tiny",
                    "--steps", "100000", "--eval-every", "100000",
                    "--stall-timeout", str(stall_s)], tmp_path)
@@ -125,7 +125,7 @@ def test_stalled_rank_ends_the_run_with_one_sentence(tmp_path):
     assert proc.returncode == 1, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "rank 1 made no progress" in lines[0], err
-    assert elapsed < stall_s + 30
+    assert elapsed < stall_s + 45
     assert list(tmp_path.iterdir()) == []  # nothing at --out, no working folder left
 
 
