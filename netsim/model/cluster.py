@@ -78,14 +78,14 @@ class Cluster:
         self.choices: dict[tuple[str, str, int, bool], set[int]] = defaultdict(set)
         # Nodes of equal speed and link behave alike: class c runs at speed classes[c] and its
         # NICs at links[c]. Sorted by speed first, so uniform links keep the old class order.
-        kinds = sorted({
+        node_links = [topology.node_link(k) for k in range(topology.nodes)]
+        kinds = {
             (speed, link.effective_bandwidth, link.latency): link
-            for speed, link in zip(
-                topology.node_speed, map(topology.node_link, range(topology.nodes)), strict=True
-            )
-        }.items(), key=lambda item: item[0])  # fmt: skip
-        self.classes = [key[0] for key, _ in kinds]
-        self.links = [link for _, link in kinds]
+            for speed, link in zip(topology.node_speed, node_links, strict=True)
+        }
+        keys = sorted(kinds)
+        self.classes = [key[0] for key in keys]
+        self.links = [kinds[key] for key in keys]
         # Every inter-node op spans all nodes here: it pays the largest latency of any of them.
         self.path = topology.inter_link()
         g = topology.accelerators_per_node
