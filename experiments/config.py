@@ -82,6 +82,11 @@ class RunConfig:
     """Inter-node bandwidth ("100Mbit", "1Gbit", "25GB/s"); None: the real, unshaped link."""
     inter_lat: str = "0ms"
     """Inter-node latency ("10ms", "200us")."""
+    node_links: list[str] = field(
+        default_factory=list, metadata={"flag": "--node-link", "metavar": "NODE=BW[,LAT]"}
+    )
+    """Nodes with a link of their own instead of inter_bw/inter_lat, each "NODE=BANDWIDTH[,LATENCY]"
+    (e.g. "3=100Mbit,20ms"); the flag --node-link repeats, --set takes them joined by ";"."""
     intra_bw: str = "100GB/s"
     """Intra-node bandwidth, used by the cost model (intra links are not shaped)."""
     intra_lat: str = "5us"
@@ -143,6 +148,7 @@ class RunConfig:
                               f"{self.stall_timeout}.")
         self._check_shaping()
         self.network()  # parses the unit strings
+        self.node_link_map()
         return self
 
     def _check_shaping(self) -> None:
@@ -169,6 +175,22 @@ class RunConfig:
                 "intra_bw_bps": parse_bandwidth(self.intra_bw),
                 "intra_lat_s": parse_latency(self.intra_lat),
             }
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    def node_link_map(self) -> dict:
+        """{node: netsim Link} of node_links (raises ConfigError on a bad spec or node id)."""
+        from netsim.topology import Link, parse_node_links
+
+        specs = self.node_links
+        if not isinstance(specs, list) or not all(isinstance(x, str) for x in specs):
+            raise ConfigError(f'node_links must be a list of "NODE=BANDWIDTH[,LATENCY]" strings, '
+                              f'such as ["3=100Mbit,20ms"], got {specs!r}.')
+        net = self.network()
+        # Unshaped runs keep their node links as labels on a placeholder uniform link.
+        inter = Link(net["inter_bw_bps"] or net["intra_bw_bps"], net["inter_lat_s"])
+        try:
+            return parse_node_links(specs, self.nodes, inter)
         except ValueError as err:
             raise ConfigError(str(err)) from None
 
@@ -219,6 +241,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
                                 help=docs.get(f.name))
             continue
+        if kind.startswith("list"):
+            # Repeatable: each use adds one entry (the field's metadata names the flag).
+            parser.add_argument(f.metadata.get("flag", flag), dest=f.name, action="append",
+                                default=None, metavar=f.metadata.get("metavar"),
+                                help=docs.get(f.name))
+            continue
         base = kind.split(" ")[0]
         parser.add_argument(flag, dest=f.name, default=None, metavar=base.upper(),
                             type=_CLI_TYPES.get(base, str), help=docs.get(f.name))
@@ -252,6 +280,8 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     text = value.strip()
     if text.lower() in ("none", "null") and "None" in kind:
         return None
+    if kind.startswith("list"):
+        return [part.strip() for part in text.split(";") if part.strip()]
     try:
         if kind.startswith("bool"):
             if text.lower() in ("1", "true", "yes", "on"):

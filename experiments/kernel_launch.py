@@ -47,7 +47,7 @@ from netsim.kernel import (
     has_netem,
 )
 
-__all__ = ["run_kernel", "kernel_settings"]
+__all__ = ["run_kernel", "kernel_settings", "kernel_node_settings"]
 
 _CONFIG = "kernel-config.json"
 _LAUNCHER_PID = "FLEXBENCH_KERNEL_LAUNCHER_PID"
@@ -61,7 +61,20 @@ def kernel_settings(cfg: RunConfig) -> TcSettings:
         raise KernelShapingError(
             f"inter_lat {cfg.inter_lat!r} needs the kernel's netem qdisc, which this kernel "
             f"lacks; use inter_lat 0ms with shaping 'kernel', or shaping 'wall' for latency.")
+    delayed = [(k, link.latency) for k, link in cfg.node_link_map().items() if link.latency]
+    if delayed and not has_netem():
+        node, latency = delayed[0]
+        raise KernelShapingError(
+            f"the node link of node {node} has latency {latency * 1e3:g} ms, which needs the "
+            f"kernel's netem qdisc, which this kernel lacks; give node links no latency "
+            f"(\"{node}=BANDWIDTH,0ms\") with shaping 'kernel', or use shaping 'wall' for latency.")
     return TcSettings(rate_bps=float(net["inter_bw_bps"]), delay_s=float(net["inter_lat_s"]))
+
+
+def kernel_node_settings(cfg: RunConfig, settings: TcSettings) -> dict[int, TcSettings]:
+    """tc settings of the nodes with a link of their own (`node_links`); the run's MTU."""
+    return {k: TcSettings(rate_bps=link.bandwidth, delay_s=link.latency, mtu=settings.mtu)
+            for k, link in cfg.node_link_map().items()}
 
 
 def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
@@ -69,7 +82,7 @@ def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     """Run every rank of `cfg` in kernel-shaped namespaces; write OUT or raise RunFailed."""
     settings = kernel_settings(cfg)  # before anything exists: a refusal leaves nothing behind
     folder.create()
-    net = KernelNetwork(cfg.nodes, settings)
+    net = KernelNetwork(cfg.nodes, settings, node_settings=kernel_node_settings(cfg, settings))
     procs: list[subprocess.Popen] = []
     previous_handler = raise_on_sigterm()
     try:
@@ -79,7 +92,10 @@ def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
         _wait(procs, folder, cfg, timeout_s)
         results = [read_rank_result(folder.work, r) for r in range(cfg.world_size)]
         meta = write_run(results, folder.build)
-        meta.update(shaping="kernel", kernel={**settings.describe(), "nodes": cfg.nodes})
+        kernel = {**settings.describe(), "nodes": cfg.nodes}
+        if net.node_settings:
+            kernel["node_links"] = net.describe_nodes()  # these nodes' own rate and delay
+        meta.update(shaping="kernel", kernel=kernel)
         (folder.build / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         return folder.commit()
     except RankStalled as err:

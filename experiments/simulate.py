@@ -3,6 +3,7 @@
     flexbench simulate runs/flex --inter-bw 1Gbit --inter-lat 20ms --out sim.csv
     flexbench simulate runs/flex --inter-bw 10Gbit --nodes 64 --gpus-per-node 8 --steps 100 \\
         --compute-scale 0.05 --out h100.csv
+    flexbench simulate runs/flex --inter-bw 1Gbit --node-link 1=100Mbit,20ms --out slow-site.csv
 
 For synchronous schemes the loss at step t does not depend on the network, so the run's loss
 curve placed on the simulated time axis predicts the time to reach a target loss.
@@ -24,6 +25,7 @@ from experiments.metrics import time_to_target
 from netsim import Link, Topology, parse_bandwidth, parse_latency
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import algorithm_summary, simulate
+from netsim.topology import parse_node_links
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +57,16 @@ def simulate_run(
     compute_scale: float = 1.0,
     intra: str = "recorded",
     algorithm: str = "auto",
+    node_links: list[str] | None = None,
 ) -> pd.DataFrame:
     """Per-step times of a recorded run replayed on another network: [step, step_time_s, time_s].
 
     `step` is 1-based like the run's steps.parquet; nodes, gpus_per_node and steps default to the
     run's own. Intra-node collectives keep their recorded durations (real runs never shape them)
     unless `intra="model"` prices them on the intra link. `algorithm` picks the inter-node
-    collective algorithms (netsim.model.simulate). attrs["note"] states the assumptions and
-    attrs["algorithms"] the algorithms assumed.
+    collective algorithms (netsim.model.simulate). `node_links` ("NODE=BANDWIDTH[,LATENCY]")
+    gives some nodes links of their own; None replays the run's own node_links. attrs["note"]
+    states the assumptions and attrs["algorithms"] the algorithms assumed.
     """
     meta, _ = read_run(run_dir)
     cfg = meta["config"]
@@ -70,11 +74,19 @@ def simulate_run(
         "intra_bw": parse_bandwidth(cfg["intra_bw"]),
         "intra_lat": parse_latency(cfg["intra_lat"]),
     }
+    inter = Link(inter_bw_bps, inter_lat_s)
+    n_nodes = nodes or cfg["nodes"]
+    specs = (cfg.get("node_links") or []) if node_links is None else node_links
+    try:
+        per_node = parse_node_links(specs, n_nodes, inter)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     topology = Topology(
-        nodes=nodes or cfg["nodes"],
+        nodes=n_nodes,
         accelerators_per_node=gpus_per_node or cfg["gpus_per_node"],
         intra=Link(net["intra_bw"], net["intra_lat"]),
-        inter=Link(inter_bw_bps, inter_lat_s),
+        inter=inter,
+        node_links=per_node,
     )
     trace_path = Path(run_dir) / "trace.parquet"
     if not trace_path.exists():
@@ -85,6 +97,7 @@ def simulate_run(
     )  # fmt: skip
     # assign() copies attrs, so the note and the algorithms travel with the result.
     sim = sim.assign(step=range(1, len(sim) + 1))
+    sim.attrs["node_links"] = topology.describe_node_links()
     return sim
 
 
@@ -114,6 +127,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="inter-node collective algorithms: auto picks ring or tree (Bruck "
                         "for all-gathers) by predicted time as NCCL's tuner does; ring or tree "
                         "forces one (default: auto)")
+    parser.add_argument("--node-link", action="append", default=None, metavar="NODE=BW[,LAT]",
+                        help="give node NODE a link of its own, e.g. 1=100Mbit,20ms (latency "
+                        "defaults to --inter-lat); repeatable; replaces the run's own node links, "
+                        "which are replayed when none is given")
     parser.add_argument("--target", type=float,
                         help="target validation loss (default: the run's final one)")
     parser.add_argument("--out", required=True, help="CSV file for the per-step times")
@@ -141,14 +158,17 @@ def main(args: argparse.Namespace) -> int:
         args.run_dir, inter_bw_bps=parse_bandwidth(args.inter_bw),
         inter_lat_s=parse_latency(args.inter_lat), nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, steps=args.steps, compute_scale=scale,
-        intra=args.intra, algorithm=args.algorithm,
+        intra=args.intra, algorithm=args.algorithm, node_links=args.node_link,
     )
     write_atomic(out, sim.to_csv(index=False))
     cfg = meta["config"]
+    links = sim.attrs.get("node_links") or []
     print(f"simulated {len(sim)} steps of {cfg['method']} on "
           f"{args.nodes or cfg['nodes']} nodes x {args.gpus_per_node or cfg['gpus_per_node']} "
-          f"at {args.inter_bw}, {args.inter_lat}: total {sim['time_s'].iloc[-1]:.2f} s, "
-          f"median step {sim['step_time_s'].median() * 1e3:.1f} ms -> {out}")
+          f"at {args.inter_bw}, {args.inter_lat}"
+          f"{' (node links ' + ', '.join(links) + ')' if links else ''}: total "
+          f"{sim['time_s'].iloc[-1]:.2f} s, median step {sim['step_time_s'].median() * 1e3:.1f} "
+          f"ms -> {out}")
     for line in algorithm_summary(sim.attrs.get("algorithms", [])):
         print(f"  {line}")
     if sim.attrs.get("note"):

@@ -54,6 +54,7 @@ def _topology(cfg: RunConfig) -> Topology:
         accelerators_per_node=cfg.gpus_per_node,
         intra=Link(net["intra_bw_bps"], net["intra_lat_s"]),
         inter=Link(inter_bw, net["inter_lat_s"]),
+        node_links=cfg.node_link_map(),
     )
 
 

@@ -9,6 +9,10 @@ Layout of one run (`run_id` = creating pid + a random tag, so stale namespaces c
     fbk-<pid>-<tag>-n<k>  lo and eth0 (the other end of v<k>), address 10.77.0.<k+1>/24,
                           tbf on eth0's egress (out of node k); netem delay there where present
 
+Both qdiscs of node k use node k's own settings (`node_settings`, else the run's): a packet from
+node a to node b passes a's rate and delay on the way out and b's rate on the way in, so a pair
+runs at the slower of the two rates and a ring at its slowest member's.
+
 Every inter-node packet leaves its node through eth0 and enters the other node through the
 hub's port, so both directions of a node's link run at the configured rate. Ranks of one node
 share its namespace; traffic between them is addressed to the namespace's own eth0 address,
@@ -174,18 +178,37 @@ def unavailable_reason() -> str | None:
 class KernelNetwork:
     """The namespaces, veth pairs, bridge and qdiscs of one run; `with` deletes them all."""
 
-    def __init__(self, nodes: int, settings: TcSettings, run_id: str | None = None) -> None:
-        """Plan (not yet make) a star of `nodes` namespaces around a hub bridge."""
+    def __init__(self, nodes: int, settings: TcSettings, run_id: str | None = None,
+                 node_settings: dict[int, TcSettings] | None = None) -> None:
+        """Plan (not yet make) a star of `nodes` namespaces around a hub bridge.
+
+        node_settings: {node: TcSettings} for nodes whose link differs from `settings`.
+        """
         if nodes < 1:
             raise KernelShapingError(f"kernel shaping needs at least 1 node, got {nodes}.")
-        if not settings.rate_bps > 0:
-            raise KernelShapingError(f"kernel shaping needs a positive rate, got "
-                                     f"{settings.rate_bps} bytes/s.")
+        self.node_settings = dict(node_settings or {})
+        outside = sorted(k for k in self.node_settings if not 0 <= k < nodes)
+        if outside:
+            raise KernelShapingError(f"kernel shaping got settings for node {outside[0]}, "
+                                     f"outside the run's nodes 0..{nodes - 1}.")
+        for each in (settings, *self.node_settings.values()):
+            if not each.rate_bps > 0:
+                raise KernelShapingError(f"kernel shaping needs a positive rate, got "
+                                         f"{each.rate_bps} bytes/s.")
         self.nodes = nodes
         self.settings = settings
         self.run_id = run_id or f"{os.getpid()}-{secrets.token_hex(3)}"
         self.hub = f"{PREFIX}{self.run_id}-hub"
         self._made: list[str] = []
+
+    def settings_for(self, node: int) -> TcSettings:
+        """The tc settings of node `node`'s link (both of its qdiscs)."""
+        return self.node_settings.get(node, self.settings)
+
+    def describe_nodes(self) -> dict[str, dict]:
+        """Rate and delay of each node with settings of its own (for run.json); {} if uniform."""
+        return {str(k): {"rate_bit_s": int(s.rate_bps * 8), "netem_delay_s": s.delay_s or None}
+                for k, s in sorted(self.node_settings.items())}
 
     def namespace(self, node: int) -> str:
         """The namespace that node `node`'s ranks run in."""
@@ -230,25 +253,26 @@ class KernelNetwork:
         # namespace, so every node's end can be called eth0.
         self._ip(self.hub, "link", "add", port, "type", "veth", "peer", "name", INTERFACE,
                  "netns", ns)
+        # One MTU on the whole bridge: ports of differing MTUs would drop jumbo frames.
         self._ip(self.hub, "link", "set", port, "master", "br0", "mtu", str(self.settings.mtu))
         self._ip(self.hub, "link", "set", port, "up")
         self._ip(ns, "link", "set", INTERFACE, "mtu", str(self.settings.mtu))
         self._ip(ns, "addr", "add", f"{self.address(node)}/24", "dev", INTERFACE)
         self._ip(ns, "link", "set", INTERFACE, "up")
-        self._shape(ns, INTERFACE, delay=True)
-        self._shape(self.hub, port, delay=False)
+        self._shape(ns, INTERFACE, self.settings_for(node), delay=True)
+        self._shape(self.hub, port, self.settings_for(node), delay=False)
 
-    def _shape(self, ns: str, dev: str, delay: bool) -> None:
+    def _shape(self, ns: str, dev: str, settings: TcSettings, delay: bool) -> None:
         """tbf at the rate; with a delay, netem at the root and the tbf under it."""
         tc = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
-        if delay and self.settings.delay_s > 0:
+        if delay and settings.delay_s > 0:
             # Only on the node side: every inter-node packet leaves exactly one node, so it is
             # delayed once, the one-way latency the cost model calls inter_lat.
             _run(tc + ["root", "handle", "1:", "netem", "delay",
-                       f"{self.settings.delay_s * 1e6:.0f}us"])
-            _run(tc + ["parent", "1:1", "handle", "10:"] + self.settings.tbf())
+                       f"{settings.delay_s * 1e6:.0f}us"])
+            _run(tc + ["parent", "1:1", "handle", "10:"] + settings.tbf())
         else:
-            _run(tc + ["root", "handle", "1:"] + self.settings.tbf())
+            _run(tc + ["root", "handle", "1:"] + settings.tbf())
 
     def _ip(self, ns: str, *args: str) -> None:
         _run(["ip", "-n", ns, *args])

@@ -48,10 +48,17 @@ def _rank_main(payload: int, repeats: int) -> None:
 
 
 def measure_goodput(rate_bps: float, payload: int = 4 << 20, repeats: int = 3,
-                    nodes: int = 2, timeout_s: float = 120.0, mtu: int | None = None) -> dict:
-    """All-reduce `payload` bytes across `nodes` kernel-shaped namespaces; goodput in bytes/s."""
+                    nodes: int = 2, timeout_s: float = 120.0, mtu: int | None = None,
+                    node_rates: dict[int, float] | None = None) -> dict:
+    """All-reduce `payload` bytes across `nodes` kernel-shaped namespaces; goodput in bytes/s.
+
+    node_rates: {node: bytes/s} for nodes with a rate of their own; the ratio is then taken to
+    the slowest rate, which paces the ring.
+    """
     settings = TcSettings(rate_bps) if mtu is None else TcSettings(rate_bps, mtu=mtu)
-    net = KernelNetwork(nodes, settings)
+    own = {k: TcSettings(rate, mtu=settings.mtu) for k, rate in (node_rates or {}).items()}
+    net = KernelNetwork(nodes, settings, node_settings=own)
+    pace = min([rate_bps, *(s.rate_bps for s in own.values())])
     with net:
         procs = []
         for node in range(nodes):
@@ -77,7 +84,7 @@ def measure_goodput(rate_bps: float, payload: int = 4 << 20, repeats: int = 3,
     median = statistics.median(times)
     return {"rate_bps": rate_bps, "mtu": settings.mtu, "payload_bytes": payload,
             "wire_bytes_each_way": wire, "times_s": times, "goodput_bps": wire / median,
-            "goodput_ratio": wire / median / rate_bps, "qdisc_sent_bytes": counters}
+            "goodput_ratio": wire / median / pace, "qdisc_sent_bytes": counters}
 
 
 def main(argv: list[str] | None = None) -> None:

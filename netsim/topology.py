@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from netsim.units import parse_bandwidth, parse_latency
+from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_node_link
 
-__all__ = ["Link", "Topology", "NIC_MODES", "ring_nic_share"]
+__all__ = ["Link", "Topology", "NIC_MODES", "ring_nic_share", "parse_node_links"]
 
 NIC_MODES = ("per-node", "per-accelerator")
 
@@ -53,13 +53,56 @@ def _as_link(value: Link | dict, name: str) -> Link:
     raise ValueError(f"{name} link {value!r} is not valid; give a Link or a dict of its fields.")
 
 
+NodeLinks = tuple[tuple[int, Link], ...]
+
+
+def parse_node_links(specs: Iterable[str], nodes: int, inter: Link) -> dict[int, Link]:
+    """Per-node links from "NODE=BANDWIDTH[,LATENCY]" strings, nodes checked against `nodes`.
+
+    The one parser of per-node links: a link without a latency keeps inter's, and every node
+    link keeps inter's jitter and loss.
+    """
+    if isinstance(specs, str):
+        specs = [specs]
+    out: dict[int, Link] = {}
+    for spec in specs:
+        node, bandwidth, latency = parse_node_link(spec)
+        if node >= nodes:
+            raise ValueError(f"node link {spec!r} names node {node}, outside this topology's "
+                             f"nodes 0..{nodes - 1}.")
+        if node in out:
+            raise ValueError(f"node link {spec!r} gives node {node} a second link; give each "
+                             "node at most one.")
+        out[node] = Link(bandwidth, inter.latency if latency is None else latency,
+                         jitter=inter.jitter, loss=inter.loss)
+    return out
+
+
+def _as_node_links(value: object, nodes: int, inter: Link) -> NodeLinks:
+    """Normalise {node: Link}, (node, link) pairs or spec strings into sorted pairs, in range."""
+    if isinstance(value, str) or (isinstance(value, (list, tuple)) and value
+                                  and all(isinstance(v, str) for v in value)):
+        value = parse_node_links(value, nodes, inter)  # type: ignore[arg-type]
+    pairs = value.items() if isinstance(value, Mapping) else value
+    out: dict[int, Link] = {}
+    for node, link in pairs:  # type: ignore[union-attr]
+        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < nodes:
+            raise ValueError(f"node link for node {node!r} is outside this topology's nodes "
+                             f"0..{nodes - 1}.")
+        out[node] = _as_link(link, f"node {node}")
+    return tuple(sorted(out.items()))
+
+
 @dataclass(frozen=True)
 class Topology:
     """A cluster of nodes x accelerators joined by an intra-node and an inter-node link.
 
     `nic` says whether a node's accelerators share one NIC of `inter.bandwidth` ("per-node") or each
     has its own ("per-accelerator"). `node_speed[i]` is node i's relative compute speed (1.0
-    nominal, 0.5 = a straggler whose compute takes twice as long).
+    nominal, 0.5 = a straggler whose compute takes twice as long). `node_links` gives some nodes
+    a link of their own instead of `inter` (a {node: Link} mapping, stored as sorted pairs): a
+    collective across nodes runs at the pace of its slowest member link and pays the largest
+    member latency per hop (`link_for`).
     """
 
     nodes: int
@@ -68,6 +111,7 @@ class Topology:
     inter: Link
     nic: str = "per-node"
     node_speed: tuple[float, ...] = field(default=())
+    node_links: NodeLinks = field(default=())
 
     def __post_init__(self) -> None:
         for name in ("nodes", "accelerators_per_node"):
@@ -90,6 +134,8 @@ class Topology:
                     f"node_speed entry {speed!r} must be a positive number (1.0 = nominal)."
                 )
         object.__setattr__(self, "node_speed", tuple(float(s) for s in speeds))
+        object.__setattr__(self, "node_links", _as_node_links(self.node_links or (), self.nodes,
+                                                                 self.inter))
 
     @classmethod
     def from_strings(
@@ -104,15 +150,21 @@ class Topology:
         node_speed: Sequence[float] | None = None,
         jitter: object = 0.0,
         loss: float = 0.0,
+        node_links: Iterable[str] = (),
     ) -> Topology:
-        """Build a topology from CLI-style strings; jitter and loss apply to the inter-node link."""
+        """Build a topology from CLI-style strings; jitter and loss apply to every inter-node link.
+
+        node_links: "NODE=BANDWIDTH[,LATENCY]" strings, e.g. ["3=100Mbit,20ms"].
+        """
+        inter = Link(inter_bw, inter_lat, jitter=jitter, loss=loss)
         return cls(
             nodes=nodes,
             accelerators_per_node=per_node,
             intra=Link(intra_bw, intra_lat),
-            inter=Link(inter_bw, inter_lat, jitter=jitter, loss=loss),
+            inter=inter,
             nic=nic,
             node_speed=tuple(node_speed) if node_speed else (),
+            node_links=parse_node_links(node_links, nodes, inter),
         )
 
     @property
@@ -143,9 +195,33 @@ class Topology:
         """Whether a group of global ranks spans more than one node (so it uses the inter link)."""
         return len(self.nodes_of(ranks)) > 1
 
+    def node_link(self, node: int) -> Link:
+        """Node `node`'s own link to the others: its entry in node_links, else inter."""
+        return dict(self.node_links).get(node, self.inter)
+
+    def inter_link(self, nodes: Iterable[int] | None = None) -> Link:
+        """The link a collective across `nodes` (default: all) runs over, as one uniform link.
+
+        A ring (or tree) moves in lock-step, so its slowest member link sets the pace (with that
+        link's loss) and each hop waits for the largest latency (and jitter) on the path.
+        """
+        if not self.node_links:
+            return self.inter  # uniform: the very same object, so results stay bit-identical
+        members = range(self.nodes) if nodes is None else sorted(set(nodes))
+        links = [self.node_link(k) for k in members]
+        slowest = min(links, key=lambda link: link.effective_bandwidth)
+        return Link(slowest.bandwidth, max(link.latency for link in links),
+                    jitter=max(link.jitter for link in links), loss=slowest.loss)
+
+    def describe_node_links(self) -> list[str]:
+        """The per-node links as "NODE=BANDWIDTH,LATENCY" strings (what run.json can record)."""
+        return [f"{k}={format_bandwidth(link.bandwidth)},{link.latency * 1e3:g}ms"
+                for k, link in self.node_links]
+
     def link_for(self, ranks: Iterable[int]) -> Link:
-        """The link a group's collectives run over: inter if it crosses nodes, else intra."""
-        return self.inter if self.crosses_nodes(ranks) else self.intra
+        """The link a group's collectives run over: intra inside a node, else `inter_link`."""
+        nodes = self.nodes_of(ranks)
+        return self.inter_link(nodes) if len(nodes) > 1 else self.intra
 
 def ring_nic_share(ranks: Iterable[int], topology: Topology, per: str = "rank") -> float:
     """Share of a ring collective's wire bytes that crosses NICs, per group rank or per node.

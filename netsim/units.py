@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_bandwidth", "parse_latency", "format_bandwidth"]
+__all__ = ["parse_bandwidth", "parse_latency", "format_bandwidth", "parse_node_link",
+           "NODE_LINK_SYNTAX"]
+
+# The one syntax of a per-node link, in configs, on the command line and in run.json.
+NODE_LINK_SYNTAX = "NODE=BANDWIDTH[,LATENCY]"
 
 _NUMBER_UNIT = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-zµ/]*)\s*$")
 
@@ -96,3 +100,20 @@ def format_bandwidth(bytes_per_s: float) -> str:
         if bits >= mult:
             return f"{bits / mult:g}{prefix}bit"
     return f"{bits:g}bit"
+
+
+def parse_node_link(spec: object) -> tuple[int, float, float | None]:
+    """(node, bytes/s, seconds or None) from a per-node link such as "3=100Mbit,20ms"."""
+    example = f'{NODE_LINK_SYNTAX}, such as "3=100Mbit,20ms" or "1=1Gbit"'
+    if not isinstance(spec, str):
+        raise ValueError(f"node link {spec!r} is not valid; give a string {example}.")
+    node_text, sep, link_text = spec.partition("=")
+    parts = [p.strip() for p in link_text.split(",")]
+    if not sep or not node_text.strip().isdigit() or not 1 <= len(parts) <= 2 or not parts[0]:
+        raise ValueError(f"node link {spec!r} does not parse; write it as {example}.")
+    try:
+        bandwidth = parse_bandwidth(parts[0])
+        latency = parse_latency(parts[1]) if len(parts) == 2 else None
+    except ValueError as err:
+        raise ValueError(f"node link {spec!r} does not parse: {err}") from None
+    return int(node_text), bandwidth, latency

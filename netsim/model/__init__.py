@@ -1,11 +1,12 @@
 """SimPy cluster model: replay a recorded trace on any topology and predict per-step times.
 
-How it scales: nodes that run at the same speed behave identically, so the model runs one SimPy
-process per (node speed class, accelerator position) instead of one per rank, and one NIC per
-speed class (per class and position with nic="per-accelerator"). A collective is one rendezvous
-of its member processes followed by its latency steps and a processor-shared transfer of its
-wire bytes over the NICs; ring phases are aggregated analytically. Cost therefore grows with
-steps x accelerators_per_node x speed classes x events per step, and not with the node count.
+How it scales: nodes with the same speed and link behave identically, so the model runs one
+SimPy process per (node class, accelerator position) instead of one per rank, and one NIC per
+class at that class's link (per class and position with nic="per-accelerator"). A collective is
+one rendezvous of its member processes followed by its latency steps and a processor-shared
+transfer of its wire bytes over the NICs; ring phases are aggregated analytically. Cost
+therefore grows with steps x accelerators_per_node x node classes x events per step, and not
+with the node count.
 
 Assumptions (also returned in the result's attrs["note"]):
 - Compute between a rank's collectives (gaps in its trace where it was not blocked in wait()) is
@@ -13,6 +14,9 @@ Assumptions (also returned in the result's attrs["note"]):
   "compute" rows are informational: the gaps already hold them. Only the "train" phase is
   replayed (evaluation is left out), and traffic outside a step's begin/end span is left out.
   A warm-up step is replayed like any other; drop it from the trace to leave it out.
+- Per-node links (`Topology.node_links`): every inter-node op spans all nodes, pays the largest
+  member latency per hop and ends when its slowest NIC has moved its bytes, so the slowest link
+  paces it.
 - Payload sizes and the per-step program are kept from the recorded run when nodes, accelerators
   or steps grow (weak scaling); steps beyond the recording cycle through the recorded steps.
 - Inter-node groups with one rank per node that span all recorded nodes span all target nodes;

@@ -76,15 +76,27 @@ class Cluster:
         self.algorithm = algorithm
         # (op, algorithm run, group size, one rank per node) -> message sizes, for reporting.
         self.choices: dict[tuple[str, str, int, bool], set[int]] = defaultdict(set)
-        self.classes = sorted(set(topology.node_speed))  # class c runs at speed classes[c]
+        # Nodes of equal speed and link behave alike: class c runs at speed classes[c] and its
+        # NICs at links[c]. Sorted by speed first, so uniform links keep the old class order.
+        node_links = [topology.node_link(k) for k in range(topology.nodes)]
+        kinds = {
+            (speed, link.effective_bandwidth, link.latency): link
+            for speed, link in zip(topology.node_speed, node_links, strict=True)
+        }
+        keys = sorted(kinds)
+        self.classes = [key[0] for key in keys]
+        self.links = [kinds[key] for key in keys]
+        # Every inter-node op spans all nodes here: it pays the largest latency of any of them.
+        self.path = topology.inter_link()
         g = topology.accelerators_per_node
-        bw = topology.inter.effective_bandwidth
         if topology.nic == "per-accelerator":
             self.nics = {
-                (c, j): SharedLink(self.env, bw) for c in range(len(self.classes)) for j in range(g)
-            }
+                (c, j): SharedLink(self.env, link.effective_bandwidth)
+                for c, link in enumerate(self.links) for j in range(g)
+            }  # fmt: skip
         else:
-            self.nics = {c: SharedLink(self.env, bw) for c in range(len(self.classes))}
+            self.nics = {c: SharedLink(self.env, link.effective_bandwidth)
+                         for c, link in enumerate(self.links)}
         self.rendezvous: dict[tuple, list] = {}
         self.step_end: list[float] = []
         self._volumes: dict[int, tuple[int, CollectiveVolume]] = {}  # spec id -> (p, volume)
@@ -117,7 +129,7 @@ class Cluster:
             if spec.inter:
                 # Intra-node ops keep the recorded algorithm: the choice matters across nodes.
                 algorithm = choose_algorithm(
-                    spec.op, p, spec.nbytes, self.topo.inter, algorithm, self.algorithm,
+                    spec.op, p, spec.nbytes, self.path, algorithm, self.algorithm,
                     one_per_node=spec.scope == "replicate",
                 )  # fmt: skip
                 self.choices[(spec.op, algorithm, p, spec.scope == "replicate")].add(spec.nbytes)
@@ -233,8 +245,10 @@ class Cluster:
     def _collective(
         self, spec: OpSpec, volume: CollectiveVolume, j: int, done: simpy.Event
     ) -> Generator:
-        yield self.env.timeout(volume.latency_steps * self.topo.inter.latency)
+        yield self.env.timeout(volume.latency_steps * self.path.latency)
         nbytes = volume.paced_bytes
+        # Each class moves its bytes through its own NICs; the op ends with the slowest, so a
+        # slow link paces the whole ring (every class's NIC carries the same flows).
         flows = []
         for c in range(len(self.classes)):
             if spec.scope == "replicate":

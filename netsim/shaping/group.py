@@ -90,6 +90,9 @@ class ShapedProcessGroup(dist.ProcessGroup):
             )
         self._global_rank = self._ranks[group_rank]
         self._inter = topo.crosses_nodes(self._ranks)
+        # With per-node links, the group's link is its slowest member's rate and largest latency:
+        # a ring moves in lock-step, so every member's NIC is held at that pace (booked below on
+        # this node's own NIC timeline), which is exact when members carry alike loads.
         self._link: Link = topo.link_for(self._ranks)
         self._shaped = shaper.mode != "off" and (self._inter or shaper.shape_intra)
         self._nic_share = ring_nic_share(self._ranks, topo) if self._inter else 1.0
