@@ -15,6 +15,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 # The one list of methods, chunkings and wire formats: the optimizer package owns them.
 from flexdemo import CHUNKINGS, METHODS, VALUE_FORMATS
 
@@ -54,8 +56,8 @@ class RunConfig:
     """Per-rank micro-batch; None takes the workload's default."""
     eval_every: int | None = None
     """Steps between validation evaluations; None takes the workload's default."""
-    topk: int = 32
-    """FlexDeMo: DCT coefficients kept per chunk."""
+    topk: int | None = None
+    """FlexDeMo: DCT coefficients kept per chunk; None: the method's (flexdemo 4, demo 32)."""
     chunk: int = 64
     """FlexDeMo: DCT chunk size (largest divisor of each dimension not above this)."""
     decay: float = 0.999
@@ -66,10 +68,10 @@ class RunConfig:
     """FlexDeMo: take sign() of the decoded update."""
     value_dtype: str = "bf16"
     """FlexDeMo: dtype of the values on the wire, bf16 or fp32."""
-    chunking: str = "block"
-    """FlexDeMo: block (2-D chunk x chunk DCT blocks) or flat (1-D chunks of the flat shard)."""
+    chunking: str | None = None
+    """FlexDeMo: block (2-D DCT blocks) or flat (1-D chunks); None: the method's (flexdemo flat)."""
     value_format: str | None = None
-    """FlexDeMo: wire format (fp32, bf16, bf16-packed, int8, int2, sign, ...); None: value_dtype."""
+    """FlexDeMo: wire format (bf16, bf16-packed, int8, int2, sign, ...); None: the method's."""
     diloco_h: int = 50
     """DiLoCo: inner steps between synchronizations."""
     outer_lr: float = 0.7
@@ -115,18 +117,10 @@ class RunConfig:
         _choice("schedule", self.schedule, SCHEDULES)
         if not 0.0 <= self.warmup < 1.0:
             raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.warmup}.")
-        _choice("value_dtype", self.value_dtype, VALUE_DTYPES)
-        _choice("chunking", self.chunking, CHUNKINGS)
-        if self.value_format is not None:
-            _choice("value_format", self.value_format, VALUE_FORMATS)
+        self._check_wire()
         _choice("backend", self.backend, ("auto", "gloo", "nccl"))
         _at_least("nodes", self.nodes, 1)
         _at_least("gpus_per_node", self.gpus_per_node, 1)
-        _at_least("topk", self.topk, 1)
-        _at_least("chunk", self.chunk, 1)
-        if self.chunking == "flat" and self.topk > self.chunk:
-            raise ConfigError(f"topk={self.topk} is larger than a flat chunk of chunk="
-                              f"{self.chunk} elements; use topk <= chunk or chunking=block.")
         _at_least("diloco_h", self.diloco_h, 1)
         _at_least("replicate_every", self.replicate_every, 1)
         _at_least("threads_per_rank", self.threads_per_rank, 1)
@@ -151,6 +145,21 @@ class RunConfig:
         self.node_link_map()
         return self
 
+    def _check_wire(self) -> None:
+        """FlexDeMo's chunking, top-k and wire format, with the method's defaults filled in."""
+        _choice("value_dtype", self.value_dtype, VALUE_DTYPES)
+        if self.chunking is not None:
+            _choice("chunking", self.chunking, CHUNKINGS)
+        if self.value_format is not None:
+            _choice("value_format", self.value_format, VALUE_FORMATS)
+        if self.topk is not None:
+            _at_least("topk", self.topk, 1)
+        _at_least("chunk", self.chunk, 1)
+        topk, chunking, _ = self.knobs()
+        if chunking == "flat" and topk > self.chunk:
+            raise ConfigError(f"topk={topk} is larger than a flat chunk of chunk="
+                              f"{self.chunk} elements; use topk <= chunk or chunking=block.")
+
     def _check_shaping(self) -> None:
         """Shaping needs a bandwidth; kernel shaping runs gloo ranks in namespaces."""
         if self.shaping != "off" and self.inter_bw is None:
@@ -158,6 +167,13 @@ class RunConfig:
         if self.shaping == "kernel" and self.backend == "nccl":
             raise ConfigError("shaping='kernel' runs gloo ranks over the namespaces' links; use "
                               "backend auto or gloo, not nccl.")
+
+    def knobs(self) -> tuple[int, str, str | None]:
+        """(topk, chunking, value_format) with the method's defaults filled in."""
+        from flexdemo import resolve_knobs
+
+        dtype = torch.float32 if self.value_dtype == "fp32" else torch.bfloat16
+        return resolve_knobs(self.method, self.topk, self.chunking, self.value_format, dtype)
 
     @property
     def world_size(self) -> int:

@@ -29,7 +29,9 @@ _VAL_BATCHES = 8
 
 def resolve(cfg: RunConfig, workload: Workload) -> RunConfig:
     """Fill the run's None fields with the workload's and method's defaults."""
+    topk, chunking, value_format = cfg.knobs()
     return cfg.replace(
+        topk=topk, chunking=chunking, value_format=value_format,
         steps=cfg.steps or workload.default_steps,
         batch_size=cfg.batch_size or workload.default_batch_size,
         eval_every=cfg.eval_every or workload.default_eval_every,

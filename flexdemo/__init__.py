@@ -4,7 +4,7 @@ Usage on N nodes × G ranks (one process per rank, process group already initial
 
     mesh = build_mesh(N, G)                                  # ("replicate", "shard")
     parallelize(model, mesh, inter_all_reduce=method_uses_inter_all_reduce(method))
-    opt = build_optimizer(method, model, mesh, lr=DEFAULT_LR[method], topk=32, chunk=64)
+    opt = build_optimizer(method, model, mesh)    # DEFAULT_LR, DEFAULT_KNOBS unless given
     loss.backward(); opt.step()
 
 or directly::
@@ -29,11 +29,13 @@ from .dct import dct_chunked, dct_matrix, idct_chunked
 from .formats import VALUE_FORMATS, WireFormat, make_format
 from .hsdp import build_mesh, parallelize, replicate_group, shard_group
 from .methods import (
+    DEFAULT_KNOBS,
     DEFAULT_LR,
     METHODS,
     build_optimizer,
     method_uses_inter_all_reduce,
     method_uses_sharding,
+    resolve_knobs,
 )
 from .optimizer import FlexDeMo, local_tensor
 from .replicators import (
@@ -51,6 +53,7 @@ from .wire import CommStats, all_gather_bytes, all_reduce_bytes, pack, plan_buck
 __all__ = [
     "BASES",
     "CHUNKINGS",
+    "DEFAULT_KNOBS",
     "DEFAULT_LR",
     "METHODS",
     "REPLICATORS",
@@ -88,6 +91,7 @@ __all__ = [
     "parallelize",
     "plan_bucket",
     "replicate_group",
+    "resolve_knobs",
     "shard_group",
     "topk_encode",
     "unpack",

@@ -253,3 +253,12 @@ def _flat_tensors(state):
     if isinstance(state, (list, tuple)):
         return [t for v in state for t in _flat_tensors(v)]
     return []
+
+
+def test_method_defaults_fill_only_what_is_not_given():
+    from flexdemo import resolve_knobs
+
+    assert resolve_knobs("flexdemo") == (4, "flat", "bf16-packed")
+    assert resolve_knobs("flexdemo", value_dtype=torch.float32) == (4, "flat", "fp32-packed")
+    assert resolve_knobs("demo") == (32, "block", None)  # DeMo's own setting
+    assert resolve_knobs("flexdemo", 32, "block", "bf16") == (32, "block", "bf16")
