@@ -13,6 +13,7 @@ import argparse
 import io
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,7 +278,9 @@ def plot_frontier(res: Results):
         ax.scatter(x, row["final_val_loss"], s=60 if row["pareto"] else 25,
                    color=colours[row["method"]], edgecolor="black" if row["pareto"] else "none",
                    zorder=3, label=row["method"])
-        ax.annotate(row["variant"], (x, row["final_val_loss"]), fontsize=6,
+        # "flexdemo[chunking=flat,topk=4]" -> "flexdemo[flat,4]": the legend names the knobs.
+        label = re.sub(r"\w+=", "", row["variant"])
+        ax.annotate(label, (x, row["final_val_loss"]), fontsize=6,
                     xytext=(3, 3), textcoords="offset points")
     front = table[table["pareto"]].sort_values("inter_bytes_per_step")
     if len(front):
@@ -287,6 +290,10 @@ def plot_frontier(res: Results):
     unique = dict(zip(labels, handles, strict=False))
     ax.legend(unique.values(), unique.keys(), fontsize=7, loc="lower left")
     ax.set_xscale("log")
+    knobs = sorted({k for v in table["variant"] for k in re.findall(r"(\w+)=", v)})
+    if knobs:
+        ax.text(0.99, 0.99, "labels: [" + ", ".join(knobs) + "]", transform=ax.transAxes,
+                ha="right", va="top", fontsize=7)
     ax.set(xlabel="inter-node bytes per step per node (log)", ylabel="final validation loss",
            title=f"{res.name}: bytes against loss (Pareto front in black)")
     fig.tight_layout()
