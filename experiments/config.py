@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The one list of methods, chunkings and wire formats: the optimizer package owns them.
-from flexdemo import CHUNKINGS, METHODS, VALUE_FORMATS
+from flexdemo import CHUNKINGS, GRAPHS, METHODS, VALUE_FORMATS
+from flexdemo.graphs import graph_problem
 
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
@@ -33,7 +34,7 @@ class RunConfig:
     """Everything that defines one training run (method, workload, cluster shape, network)."""
 
     method: str = "flexdemo"
-    """Training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding or none."""
+    """Training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding, none or gossip."""
     workload: str = "lm-tiny"
     """Model and data: lm-tiny, lm-small, vision-tiny, or your own factory as "module.path:attr"."""
     nodes: int = 2
@@ -76,6 +77,8 @@ class RunConfig:
     """DiLoCo: outer Nesterov learning rate."""
     outer_momentum: float = 0.9
     """DiLoCo: outer Nesterov momentum."""
+    graph: str = "ring"
+    """Gossip: communication graph: ring, torus, exponential, one-peer-exponential or complete."""
     replicate_every: int = 1
     """Replicate only every k-th step."""
     inter_bw: str | None = None
@@ -115,6 +118,7 @@ class RunConfig:
         if self.value_format is not None:
             _choice("value_format", self.value_format, VALUE_FORMATS)
         _choice("backend", self.backend, ("auto", "gloo", "nccl"))
+        _choice("graph", self.graph, GRAPHS)
         _at_least("nodes", self.nodes, 1)
         _at_least("gpus_per_node", self.gpus_per_node, 1)
         _at_least("topk", self.topk, 1)
@@ -141,6 +145,8 @@ class RunConfig:
         if not self.stall_timeout > 0:
             raise ConfigError(f"stall_timeout must be a positive number of seconds, got "
                               f"{self.stall_timeout}.")
+        if self.method == "gossip" and graph_problem(self.graph, self.nodes):
+            raise ConfigError(graph_problem(self.graph, self.nodes))
         self._check_shaping()
         self.network()  # parses the unit strings
         return self

@@ -4,7 +4,7 @@ Pure python/torch. Nodes are ``0..n-1`` (a node's index in the replicate group).
 undirected, so the Metropolis-Hastings weights ``w_ij = 1 / (1 + max(d_i, d_j))`` make its
 mixing matrix symmetric and doubly stochastic; on the regular graphs here that is ``1/(d+1)``.
 
-- ``ring``: the two nodes next to i (needs 3 nodes).
+- ``ring``: the two nodes next to i (one on 2 nodes).
 - ``torus``: a 2-D wrap-around grid of r x c nodes, r the largest divisor of n not above
   sqrt(n); the four grid neighbours, fewer where they coincide (needs a non-prime n >= 4).
 - ``exponential``: static, the nodes 2^k hops away in both directions, for every 2^k < n.
@@ -22,8 +22,8 @@ import torch
 
 GRAPHS = ("ring", "torus", "exponential", "one-peer-exponential", "complete")
 
-# The fewest nodes with which a graph is what its name says (a 2-node ring is one edge).
-MIN_NODES = {"ring": 3, "torus": 4, "exponential": 2, "one-peer-exponential": 2, "complete": 2}
+# The fewest nodes a graph is built on (a 2-node ring is one edge, as the 2-node complete graph).
+MIN_NODES = {"ring": 2, "torus": 4, "exponential": 2, "one-peer-exponential": 2, "complete": 2}
 
 
 def torus_shape(nodes: int) -> tuple[int, int]:
@@ -88,6 +88,11 @@ def peers(graph: str, nodes: int, node: int, step: int = 0) -> list[int]:
         found = set(range(nodes))
     found.discard(node)
     return sorted(found)
+
+
+def degree_of(graph: str, nodes: int, node: int, step: int = 0) -> int:
+    """How many peers ``node`` exchanges with at round ``step``."""
+    return len(peers(graph, nodes, node, step))
 
 
 def period(graph: str, nodes: int) -> int:

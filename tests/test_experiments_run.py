@@ -37,6 +37,11 @@ STEPS = 4
         (["--inter-bw", "12 parsecs"], "bandwidth"),
         (["--set", "steps"], "key=value"),
         (["--set", "colour=blue"], "colour"),
+        (["--method", "gossip", "--set", "graph=star"], "unknown graph 'star'"),
+        (["--method", "gossip", "--graph", "torus", "--nodes", "2"],
+         "needs at least 4 nodes, got nodes=2"),
+        (["--method", "gossip", "--graph", "torus", "--nodes", "5"],
+         "nodes=5 is prime; on 5 nodes use one of ring, exponential, one-peer-exponential"),
     ],
 )
 def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path, capsys, flags, words):

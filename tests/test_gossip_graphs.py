@@ -17,7 +17,8 @@ from flexdemo.graphs import (
 
 # (graph, nodes) -> the degree every node has.
 DEGREES = {
-    ("ring", 3): 2, ("ring", 8): 2, ("torus", 4): 2, ("torus", 6): 3, ("torus", 9): 4,
+    ("ring", 2): 1, ("ring", 3): 2, ("ring", 8): 2, ("torus", 4): 2, ("torus", 6): 3,
+    ("torus", 9): 4,
     ("torus", 12): 4, ("exponential", 2): 1, ("exponential", 6): 4, ("exponential", 8): 5,
     ("exponential", 16): 7, ("one-peer-exponential", 8): 1, ("one-peer-exponential", 16): 1,
     ("complete", 2): 1, ("complete", 7): 6,
@@ -97,7 +98,7 @@ def test_torus_takes_the_nearest_square_factorization():
 
 @pytest.mark.parametrize(("graph", "nodes", "words"), [
     ("star", 4, "graph='star' is unknown; use one of ring, torus"),
-    ("ring", 2, "needs at least 3 nodes, got nodes=2"),
+    ("ring", 1, "needs at least 2 nodes, got nodes=1"),
     ("torus", 3, "needs at least 4 nodes"),
     ("torus", 7, "nodes=7 is prime; on 7 nodes use one of ring, exponential, "
                  "one-peer-exponential, complete"),
