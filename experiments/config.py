@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 # The one list of methods, chunkings and wire formats: the optimizer package owns them.
-from flexdemo import CHUNKINGS, METHODS, VALUE_FORMATS
+from flexdemo import CHUNKINGS, GRAPHS, METHODS, VALUE_FORMATS
+from flexdemo.graphs import graph_problem
 
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
@@ -35,7 +36,7 @@ class RunConfig:
     """Everything that defines one training run (method, workload, cluster shape, network)."""
 
     method: str = "flexdemo"
-    """Training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding or none."""
+    """Training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding, none or gossip."""
     workload: str = "lm-tiny"
     """Model and data: lm-tiny, lm-small, vision-tiny, or your own factory as "module.path:attr"."""
     nodes: int = 2
@@ -78,6 +79,8 @@ class RunConfig:
     """DiLoCo: outer Nesterov learning rate."""
     outer_momentum: float = 0.9
     """DiLoCo: outer Nesterov momentum."""
+    graph: str = "ring"
+    """Gossip: communication graph: ring, torus, exponential, one-peer-exponential or complete."""
     replicate_every: int = 1
     """Replicate only every k-th step."""
     inter_bw: str | None = None
@@ -119,6 +122,7 @@ class RunConfig:
             raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.warmup}.")
         self._check_wire()
         _choice("backend", self.backend, ("auto", "gloo", "nccl"))
+        _choice("graph", self.graph, GRAPHS)
         _at_least("nodes", self.nodes, 1)
         _at_least("gpus_per_node", self.gpus_per_node, 1)
         _at_least("diloco_h", self.diloco_h, 1)
@@ -140,6 +144,8 @@ class RunConfig:
         if not self.stall_timeout > 0:
             raise ConfigError(f"stall_timeout must be a positive number of seconds, got "
                               f"{self.stall_timeout}.")
+        if self.method == "gossip" and graph_problem(self.graph, self.nodes):
+            raise ConfigError(graph_problem(self.graph, self.nodes))
         self._check_shaping()
         self.network()  # parses the unit strings
         self.node_link_map()

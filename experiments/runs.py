@@ -139,6 +139,9 @@ def write_run(results: list[RankResult], folder: Path) -> dict[str, Any]:
         loss=("loss", "mean"),
         val_loss=("val_loss", "mean"),
         step_s=("step_s", "max"),
+        # Every rank computed the same totals at an evaluation (NaN between evaluations).
+        replica_variance=("replica_variance", "mean"),
+        consensus_distance=("consensus_distance", "mean"),
     ).reset_index()
     trace = pd.concat([r.trace for r in results if r.trace is not None], ignore_index=True)
     trace = trace[trace["phase"] == TRAIN]  # evaluation traffic is measured apart

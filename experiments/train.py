@@ -69,7 +69,7 @@ def _build(cfg: RunConfig, workload: Workload, device: torch.device):
         sign=cfg.sign, value_dtype=torch.bfloat16 if cfg.value_dtype == "bf16" else torch.float32,
         diloco_h=cfg.diloco_h, outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum,
         replicate_every=cfg.replicate_every, seed=cfg.seed, chunking=cfg.chunking,
-        value_format=cfg.value_format,
+        value_format=cfg.value_format, graph=cfg.graph,
     )
     if flexdemo.method_uses_sharding(cfg.method):
         mesh = flexdemo.build_mesh(
@@ -84,7 +84,7 @@ def _build(cfg: RunConfig, workload: Workload, device: torch.device):
         mesh = flexdemo.build_mesh(cfg.world_size, 1, device_type=device.type,
                                    backend=shaping.BACKEND)
     opt = flexdemo.build_optimizer(cfg.method, model, mesh, lr=cfg.lr, **knobs)
-    return model, opt
+    return model, opt, mesh
 
 
 def lr_factor(step: int, total: int, schedule: str, warmup: float) -> float:
@@ -134,7 +134,7 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
     # Kernel-shaped links are slow by themselves: netsim only counts (the trace keeps every byte).
     mode = "off" if cfg.shaping == "kernel" else cfg.shaping
     shaping.install(_topology(cfg), mode=mode, recorder=recorder, run_dir=run_dir)
-    model, opt = _build(cfg, workload, device)
+    model, opt, mesh = _build(cfg, workload, device)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)
     )
@@ -165,11 +165,14 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
         now = shaping.clock() - start - eval_s
         # Byte and call counts come from the trace after the run, off the training clock.
         row = {"step": step, "wall_time_s": now, "loss": loss_value, "val_loss": math.nan,
-               "step_s": step_s}
+               "step_s": step_s, "replica_variance": math.nan, "consensus_distance": math.nan}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             recorder.set_phase(EVAL)  # evaluation traffic is its own phase, left out
             e0 = shaping.clock()
             row["val_loss"], bad = _evaluate(model, workload, val, first_bad)
+            # Its replica-group all-reduce is recorded under the eval phase set above.
+            row["replica_variance"], row["consensus_distance"] = flexdemo.replica_spread(
+                model.parameters(), flexdemo.replicate_group(mesh))
             eval_s += shaping.clock() - e0
             beat(step)
             bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{row['val_loss']:.3f}")

@@ -17,6 +17,7 @@ Where things live: ``optimizer.py`` (FlexDeMo), ``bases.py`` (sign-SGD and AdamW
 ``replicators/`` (one module per family), ``dct.py`` and ``chunking.py`` (the transform),
 ``codec.py`` (top-k and index wire format), ``formats.py`` and ``bitpack.py`` (the value
 formats, quantizers and bit-packed indices), ``wire.py`` (the bucket and byte counts),
+``graphs.py`` (gossip graphs and mixing matrices), ``consensus.py`` (replica variance),
 ``methods.py`` (method name -> replicator and base), ``hsdp.py`` (mesh and FSDP2).
 Only torch is imported here.
 """
@@ -25,8 +26,10 @@ from .bases import BASES
 from .bitpack import index_width, pack_bits, packed_nbytes, unpack_bits
 from .chunking import CHUNKINGS, BlockLayout, largest_divisor_at_most, matrix_shape
 from .codec import index_dtype, mean_decode, topk_encode
+from .consensus import replica_spread
 from .dct import dct_chunked, dct_matrix, idct_chunked
 from .formats import VALUE_FORMATS, WireFormat, make_format
+from .graphs import GRAPHS, check_graph, mixing_matrix
 from .hsdp import build_mesh, parallelize, replicate_group, shard_group
 from .methods import (
     DEFAULT_KNOBS,
@@ -43,6 +46,7 @@ from .replicators import (
     DeMoReplicator,
     DiLoCoReplicator,
     FullReplicator,
+    GossipReplicator,
     NoReplicator,
     RandomReplicator,
     Replicator,
@@ -55,6 +59,7 @@ __all__ = [
     "CHUNKINGS",
     "DEFAULT_KNOBS",
     "DEFAULT_LR",
+    "GRAPHS",
     "METHODS",
     "REPLICATORS",
     "BlockLayout",
@@ -63,6 +68,7 @@ __all__ = [
     "DiLoCoReplicator",
     "FlexDeMo",
     "FullReplicator",
+    "GossipReplicator",
     "NoReplicator",
     "RandomReplicator",
     "Replicator",
@@ -73,6 +79,7 @@ __all__ = [
     "all_reduce_bytes",
     "build_mesh",
     "build_optimizer",
+    "check_graph",
     "dct_chunked",
     "dct_matrix",
     "idct_chunked",
@@ -84,12 +91,14 @@ __all__ = [
     "matrix_shape",
     "mean_decode",
     "method_uses_inter_all_reduce",
+    "mixing_matrix",
     "method_uses_sharding",
     "pack",
     "pack_bits",
     "packed_nbytes",
     "parallelize",
     "plan_bucket",
+    "replica_spread",
     "replicate_group",
     "resolve_knobs",
     "shard_group",

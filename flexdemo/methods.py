@@ -15,13 +15,14 @@ from .optimizer import FlexDeMo
 from .replicators import (
     DeMoReplicator,
     DiLoCoReplicator,
+    GossipReplicator,
     NoReplicator,
     RandomReplicator,
     Replicator,
     StridingReplicator,
 )
 
-METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none")
+METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none", "gossip")
 
 # Tuned on lm-tiny, 2 nodes x 2, 300 steps, constant lr (README "Learning rates"): both
 # hsdp-adamw and flexdemo degrade sharply above about 1.2e-3.
@@ -33,6 +34,8 @@ DEFAULT_LR = {
     "random": 1e-3,
     "striding": 1e-3,
     "none": 1e-3,
+    # Not tuned: the AdamW base of hsdp-adamw at its default.
+    "gossip": 1e-3,
 }
 
 
@@ -78,6 +81,8 @@ _RECIPES = {
     "diloco": _Recipe(DiLoCoReplicator, ("diloco_h", "outer_lr", "outer_momentum"),
                       takes_sign=False),
     "none": _Recipe(NoReplicator, ()),
+    # Gossip's local step is plain AdamW, as DiLoCo's inner one.
+    "gossip": _Recipe(GossipReplicator, ("graph", "replicate_every"), takes_sign=False),
 }
 
 
@@ -122,7 +127,8 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
                     diloco_h: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                     betas: tuple[float, float] = (0.9, 0.999),
                     eps: float = 1e-8, chunking: str | None = None,
-                    value_format: str | None = None) -> torch.optim.Optimizer:
+                    value_format: str | None = None,
+                    graph: str = "ring") -> torch.optim.Optimizer:
     """Return the optimizer implementing ``method`` for ``model`` on ``mesh``.
 
     Sharded methods expect ``parallelize(model, mesh, method_uses_inter_all_reduce(method))``
@@ -146,7 +152,7 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
              "value_format": value_format, "chunking": chunking,
              "replicate_every": replicate_every, "skip_every": skip_every, "rate": rate,
              "seed": seed, "diloco_h": diloco_h, "outer_lr": outer_lr,
-             "outer_momentum": outer_momentum}
+             "outer_momentum": outer_momentum, "graph": graph}
     replicator = _make_replicator(method, **knobs)
     return FlexDeMo(model.parameters(), lr=lr, weight_decay=weight_decay,
                     sign=sign if _RECIPES[method].takes_sign else None, replicator=replicator,

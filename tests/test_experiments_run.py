@@ -37,6 +37,11 @@ STEPS = 4
         (["--inter-bw", "12 parsecs"], "bandwidth"),
         (["--set", "steps"], "key=value"),
         (["--set", "colour=blue"], "colour"),
+        (["--method", "gossip", "--set", "graph=star"], "unknown graph 'star'"),
+        (["--method", "gossip", "--graph", "torus", "--nodes", "2"],
+         "needs at least 4 nodes, got nodes=2"),
+        (["--method", "gossip", "--graph", "torus", "--nodes", "5"],
+         "nodes=5 is prime; on 5 nodes use one of ring, exponential, one-peer-exponential"),
     ],
 )
 def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path, capsys, flags, words):
@@ -108,6 +113,12 @@ def test_real_runs_write_results_and_count_inter_node_bytes(tmp_path):
     assert flex["inter_calls"].tolist() == [1] * STEPS
     assert flex["inter_bytes_sent"].max() < hsdp["inter_bytes_sent"].min() / 10
     assert flex_meta["config"]["method"] == "flexdemo" and flex_meta["git_commit"] is not None
+    # Replica variance is measured at evaluations only; synchronous replicas read ~0.
+    for steps in (flex, hsdp):
+        evaluated = steps["val_loss"].notna()
+        assert steps["replica_variance"].notna().equals(evaluated)
+        assert (steps.loc[evaluated, "replica_variance"] < 1e-20).all()
+        assert (steps.loc[evaluated, "consensus_distance"] < 1e-9).all()
     trace = pd.read_parquet(tmp_path / "flexdemo" / "trace.parquet")
     assert sorted(trace["rank"].unique()) == [0, 1, 2, 3]
     assert (trace["step"] > 0).all()  # evaluation traffic is left out
@@ -128,6 +139,21 @@ def test_demo_method_runs_unsharded_over_all_ranks(tmp_path):
     assert meta["config"]["method"] == "demo"
     assert (steps["inter_bytes_sent"] > 0).all()
     assert (steps["intra_bytes"] == 0).all() or (steps["intra_bytes"] > 0).all()
+
+
+@pytest.mark.timeout(300)
+def test_gossip_run_sends_degree_times_the_model_and_logs_replica_variance(tmp_path):
+    steps, meta = _run(tmp_path, "gossip", nodes=4, gpus_per_node=1, graph="ring")
+    assert meta["config"]["graph"] == "ring"
+    # One rank per node holds the whole fp32 model and sends it to its 2 ring neighbours.
+    assert steps["inter_bytes_sent"].tolist() == [2 * 4.0 * meta["params"]] * STEPS
+    assert steps["inter_bytes_received"].tolist() == [2 * 4.0 * meta["params"]] * STEPS
+    assert steps["inter_calls"].tolist() == [4] * STEPS  # busiest rank: 2 sends, 2 receives
+    evaluated = steps.dropna(subset=["val_loss"])
+    assert (evaluated["replica_variance"] > 0).all() and (evaluated["consensus_distance"] > 0).all()
+    trace = pd.read_parquet(tmp_path / "gossip" / "trace.parquet")
+    assert set(trace.loc[trace["kind"] == "collective", "op"]) <= {"send", "recv", "all_gather",
+                                                                   "reduce_scatter"}
 
 
 @pytest.mark.timeout(300)

@@ -160,7 +160,7 @@ def _tiny():
     ({"compression_chunk": 0}, "compression_chunk=0"),
     ({"compression_decay": 1.0}, "compression_decay=1.0"),
     ({"compression_decay": -0.1}, "compression_decay=-0.1"),
-    ({"replicator": "gossip"}, "replicator='gossip'"),
+    ({"replicator": "pigeon"}, "replicator='pigeon'"),
     ({"base": "lion"}, "base='lion'"),
     ({"replicator": DeMoReplicator(), "compression_topk": 8}, "compression_topk=8"),
 ])

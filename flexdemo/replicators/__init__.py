@@ -7,6 +7,8 @@ One class per scheme, each owning its knobs and its schedule (``replicates_on(st
 - ``dense.py``: :class:`FullReplicator` (average everything), :class:`NoReplicator` (nothing).
 - ``partial.py``: :class:`RandomReplicator`, :class:`StridingReplicator`: part of a
   parameter-space momentum.
+- ``gossip.py``: :class:`GossipReplicator`, decentralized: parameters mixed with the
+  neighbours of a communication graph (``flexdemo/graphs.py``), point to point.
 - ``diloco.py``: :class:`DiLoCoReplicator`, local steps and a periodic outer Nesterov step.
 
 A new scheme is one subclass of :class:`Replicator` (``base.py``) and one entry in ``REPLICATORS``.
@@ -18,12 +20,14 @@ from .base import Replicator
 from .demo import DeMoReplicator
 from .dense import FullReplicator, NoReplicator
 from .diloco import DiLoCoReplicator
+from .gossip import GossipReplicator
 from .partial import RandomReplicator, StridingReplicator
 
 # Name -> class, for the reference-compatible ``FlexDeMo(..., replicator="demo")``.
 REPLICATORS: dict[str, type[Replicator]] = {
     cls.name: cls for cls in (DeMoReplicator, FullReplicator, NoReplicator, RandomReplicator,
-                              StridingReplicator, DiLoCoReplicator)
+                              StridingReplicator, DiLoCoReplicator,
+                              GossipReplicator)
 }
 
 __all__ = [
@@ -31,6 +35,7 @@ __all__ = [
     "DeMoReplicator",
     "DiLoCoReplicator",
     "FullReplicator",
+    "GossipReplicator",
     "NoReplicator",
     "RandomReplicator",
     "Replicator",

@@ -1,0 +1,99 @@
+"""Gossip (D-PSGD style): a local base step, then a weighted average with the graph neighbours."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .._checks import check
+from ..graphs import GRAPHS, check_graph, degree_of, weights
+from ..wire import CommStats
+from .base import Group, Replicator
+
+
+class GossipReplicator(Replicator):
+    """Decentralized data parallel: each node mixes its parameters with its neighbours' only.
+
+    Every step (every ``replicate_every``-th) each replica first takes its own base step (AdamW,
+    no sign, by default), then sends its local shards, in one flat buffer, to each neighbour of
+    the communication ``graph`` (see :mod:`flexdemo.graphs`) and receives theirs, point to point
+    (``dist.batch_isend_irecv``): one message each way per neighbour, nothing else. The new
+    shard is row i of the mixing matrix applied to the replicas: ``w_ii x_i + sum_j w_ij x_j``.
+    Under FSDP2 each rank gossips its shard with the same-index ranks of the neighbour nodes,
+    which is what the replication group (one rank per node) connects.
+
+    Args:
+        graph: one of :data:`flexdemo.graphs.GRAPHS`.
+        replicate_every: gossip only on steps divisible by this.
+    """
+
+    name = "gossip"
+    default_base = "adamw"
+    default_sign = False
+
+    def __init__(self, graph: str = "ring", replicate_every: int = 1) -> None:
+        check(graph in GRAPHS, f"graph={graph!r} is unknown; use one of {', '.join(GRAPHS)}.")
+        super().__init__(replicate_every=replicate_every)
+        self.graph = graph
+        self.rounds = 0  # gossip rounds so far: selects a time-varying graph's peer
+        self.node = 0
+
+    def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
+        """Check the graph fits the number of replicas and find this replica's node index."""
+        super().setup(params, group, ranks)
+        if ranks > 1:
+            check_graph(self.graph, ranks)
+            # The node's index in the replication group names it in the graph.
+            self.node = dist.get_rank(group)
+
+    def degree(self) -> int:
+        """Neighbours this replica exchanges with in the next gossip round."""
+        return 0 if self.ranks == 1 else degree_of(self.graph, self.ranks, self.node, self.rounds)
+
+    def replicate(self, grads: list[torch.Tensor], lrs: list[float],
+                  stats: CommStats) -> list[torch.Tensor]:
+        """The local gradient: the base step is local, the mixing follows it."""
+        return grads
+
+    def after_update(self, params: list[torch.Tensor], stats: CommStats) -> None:
+        """Exchange shards with this round's neighbours and replace them by the weighted mean."""
+        if self.ranks == 1:
+            return
+        own, theirs = weights(self.graph, self.ranks, self.node, self.rounds)
+        self.rounds += 1
+        if not theirs or not params:
+            return
+        flat = torch.cat([p.reshape(-1) for p in params])
+        inbox = self._exchange(flat, sorted(theirs), stats)
+        mixed = flat.mul_(own)
+        for peer, received in inbox.items():
+            mixed.add_(received, alpha=theirs[peer])
+        offset = 0
+        for p in params:
+            p.copy_(mixed[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    def _exchange(self, flat: torch.Tensor, peers: list[int],
+                  stats: CommStats) -> dict[int, torch.Tensor]:
+        """Send ``flat`` to every peer and receive each peer's, all in flight at once."""
+        inbox = {peer: torch.empty_like(flat) for peer in peers}
+        ops = []
+        for peer in peers:
+            # Posting every send and receive before waiting on any cannot deadlock.
+            ops.append(dist.P2POp(dist.isend, flat, group=self.group, group_peer=peer))
+            ops.append(dist.P2POp(dist.irecv, inbox[peer], group=self.group, group_peer=peer))
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        nbytes = flat.numel() * flat.element_size()
+        for _ in peers:  # one send and one receive per peer, as netsim records them
+            stats.add(nbytes, 0)
+            stats.add(0, nbytes)
+        return inbox
+
+    def state_dict(self) -> dict:
+        """The gossip round counter (a time-varying graph resumes at its place)."""
+        return {"rounds": self.rounds}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the round counter."""
+        self.rounds = int(state["rounds"])

@@ -1,0 +1,137 @@
+"""Gossip on real gloo ranks with FSDP2 inside the node, and the replica-variance measurement.
+
+4 ranks: 2 nodes x 2 and 4 nodes x 1. The replication group is made with netsim's counting
+backend, as a run makes it, so the bytes per step are read from netsim's trace.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import flexdemo
+from flexdemo import graphs
+from netsim import Link, Topology, TraceRecorder, shaping
+from tests.dist_utils import run_ranks
+
+STEPS = 3
+
+
+class _Tiny(torch.nn.Module):
+    """Two repeated blocks (FSDP2 shards each) and a head; sizes shard unevenly over 2 ranks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(9, 9) for _ in range(2)])
+        self.head = torch.nn.Linear(9, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x)
+
+
+def _setup(rank: int, nodes: int, per_node: int, method: str, graph: str = "ring"):
+    recorder = TraceRecorder(rank)
+    shaping.install(Topology(nodes=nodes, accelerators_per_node=per_node,
+                             intra=Link("100Gbit"), inter=Link("1Gbit")), mode="off",
+                    recorder=recorder)
+    torch.manual_seed(0)
+    model = _Tiny()
+    mesh = flexdemo.build_mesh(nodes, per_node, backend=shaping.BACKEND)
+    flexdemo.parallelize(model, mesh,
+                         inter_all_reduce=flexdemo.method_uses_inter_all_reduce(method))
+    opt = flexdemo.build_optimizer(method, model, mesh, lr=0.01, graph=graph)
+    return recorder, model, mesh, opt
+
+
+def _train_step(model, opt, recorder, rank: int, step: int) -> None:
+    g = torch.Generator().manual_seed(step * 100 + rank)  # every rank its own data
+    x, y = torch.randn(6, 9, generator=g), torch.randn(6, 3, generator=g)
+    recorder.begin_step(step)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    recorder.end_step(step)
+
+
+def _inter_rows(recorder: TraceRecorder, step: int):
+    trace = recorder.frame()
+    return trace[(trace["step"] == step) & (trace["kind"] == "collective") & trace["inter"]]
+
+
+def _shard_bytes(model) -> int:
+    return sum(flexdemo.local_tensor(p).numel() * 4 for p in model.parameters())
+
+
+def _direct_spread(model, nodes: int, per_node: int) -> tuple[float, float]:
+    """The metric from every rank's gathered shards: node vectors stacked, variance per entry."""
+    local = torch.cat([flexdemo.local_tensor(p).detach().reshape(-1).double()
+                       for p in model.parameters()])
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    # Node k's vector is its ranks' shards in order; entries line up across nodes.
+    x = torch.stack([torch.cat(gathered[k * per_node:(k + 1) * per_node]) for k in range(nodes)])
+    mean = x.mean(0)
+    variance = x.var(0, unbiased=False).mean().item()
+    distance = ((x - mean).square().sum(1).mean().sqrt() / mean.norm()).item()
+    return variance, distance
+
+
+def _gossip(rank, world, per_node, graph_names):
+    nodes = world // per_node
+    for graph in graph_names:
+        recorder, model, mesh, opt = _setup(rank, nodes, per_node, "gossip", graph)
+        try:
+            for step in range(1, STEPS + 1):
+                degree = opt.replicator.degree()
+                _train_step(model, opt, recorder, rank, step)
+                rows = _inter_rows(recorder, step)
+                assert set(rows["op"]) == {"send", "recv"}, (graph, rows["op"].tolist())
+                # One message each way per neighbour, of this rank's whole shard.
+                expected = degree * _shard_bytes(model)
+                assert degree == graphs.degree_of(graph, nodes, rank // per_node, step - 1)
+                assert rows["bytes_sent"].sum() == expected, (graph, step)
+                assert rows["bytes_received"].sum() == expected, (graph, step)
+                assert opt.last_step_comm == {"bytes_sent": expected,
+                                              "bytes_received": expected,
+                                              "calls": 2 * degree}
+            spread = flexdemo.replica_spread(model.parameters(), flexdemo.replicate_group(mesh))
+            direct = _direct_spread(model, nodes, per_node)
+            assert spread == pytest.approx(direct, rel=1e-9, abs=1e-15), graph
+            if opt.replicator.degree() == nodes - 1:
+                # Every other node a peer (complete; exponential on 4; anything on 2): a round
+                # with uniform weights is the exact average.
+                assert spread[0] < 1e-14, graph
+            else:
+                assert spread[0] > 1e-8  # replicas on their own data drift apart
+        finally:
+            shaping.uninstall()
+
+
+@pytest.mark.timeout(240)
+def test_gossip_on_4_nodes_of_1_rank_every_graph():
+    run_ranks(_gossip, 4, 1, ["ring", "torus", "exponential", "one-peer-exponential",
+                              "complete"])
+
+
+@pytest.mark.timeout(240)
+def test_gossip_on_2_nodes_of_2_ranks_shards_inside_the_node():
+    run_ranks(_gossip, 4, 2, ["ring", "complete"])
+
+
+def _centralized(rank, world):
+    for method in ("hsdp-adamw", "flexdemo"):
+        recorder, model, mesh, opt = _setup(rank, 2, 2, method)
+        try:
+            for step in range(1, STEPS + 1):
+                _train_step(model, opt, recorder, rank, step)
+            variance, distance = flexdemo.replica_spread(model.parameters(),
+                                                         flexdemo.replicate_group(mesh))
+            assert variance < 1e-20 and distance < 1e-9, (method, variance, distance)
+        finally:
+            shaping.uninstall()
+
+
+@pytest.mark.timeout(240)
+def test_centralized_methods_read_zero_replica_variance():
+    run_ranks(_centralized, 4)
