@@ -19,6 +19,7 @@ from typing import Any
 
 from experiments.config import ConfigError, RunConfig
 from experiments.io import check_output_folder, provenance
+from netsim.shaping.run_dir import pid_alive
 from netsim.trace import TRAIN, comm_per_step
 
 __all__ = ["RankResult", "RunFolder", "read_rank_result", "write_rank_result", "write_run"]
@@ -64,7 +65,7 @@ class RunFolder:
         check_output_folder(self.out)
         for stale in self.out.parent.glob(f".{self.out.name}.partial-*"):
             pid = stale.name.rpartition("-")[2]
-            if stale != self.work and pid.isdigit() and not _alive(int(pid)):
+            if stale != self.work and pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(stale, ignore_errors=True)
         try:
             self.work.mkdir(parents=True)
@@ -84,16 +85,6 @@ class RunFolder:
     def discard(self) -> None:
         """Remove the working folder and everything in it."""
         shutil.rmtree(self.work, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def write_rank_result(result: RankResult, folder: Path) -> None:

@@ -35,6 +35,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from netsim.shaping.run_dir import pid_alive
+
 __all__ = [
     "PREFIX", "INTERFACE", "MASTER_PORT", "KernelShapingError", "TcSettings", "KernelNetwork",
     "check_privileges", "has_netem", "clean_stale", "our_namespaces", "unavailable_reason",
@@ -123,16 +125,6 @@ def check_privileges() -> None:
             f"namespaces and qdiscs), and this process lacks {' and '.join(lacking)}.")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def our_namespaces() -> list[str]:
     """Every namespace on this machine whose name follows our pattern (any creator)."""
     proc = _run(["ip", "netns", "list"], check=False)
@@ -145,7 +137,7 @@ def clean_stale() -> list[str]:
     removed = []
     for name in our_namespaces():
         pid = int(_NAME.match(name).group(1))  # type: ignore[union-attr]
-        if pid != os.getpid() and not _pid_alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             _run(["ip", "netns", "del", name], check=False)
             removed.append(name)
     return removed

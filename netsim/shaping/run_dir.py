@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["ENV_VAR", "PREFIX", "RunDir", "clean_stale_run_dirs"]
+__all__ = ["ENV_VAR", "PREFIX", "RunDir", "clean_stale_run_dirs", "pid_alive"]
 
 ENV_VAR = "NETSIM_RUN_DIR"
 PREFIX = "netsim-run-"
@@ -73,6 +73,17 @@ class RunDir:
         self._owned = False
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (a live process of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _owner_alive(folder: Path) -> bool | None:
     """True/False for an owner process on this host; None if it lives elsewhere or is unknown."""
     try:
@@ -81,13 +92,8 @@ def _owner_alive(folder: Path) -> bool | None:
         return None
     if host != socket.gethostname():
         return None
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True  # a live process of another user (or a pid we cannot read): keep it
-    return True
+    # A pid we cannot read is kept: better a stale folder than someone else's removed.
+    return pid_alive(int(pid)) if pid.isdigit() else True
 
 
 def clean_stale_run_dirs(base: str | os.PathLike | None = None) -> list[Path]:
