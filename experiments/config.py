@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 # The one list of methods, chunkings and wire formats: the optimizer package owns them.
-from flexdemo import CHUNKINGS, GRAPHS, METHODS, VALUE_FORMATS
+from flexdemo import CHUNKINGS, GRAPHS, METHODS, VALUE_FORMATS, resolve_knobs
 from flexdemo.graphs import graph_problem
 
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
@@ -176,8 +176,6 @@ class RunConfig:
 
     def knobs(self) -> tuple[int, str, str | None]:
         """(topk, chunking, value_format) with the method's defaults filled in."""
-        from flexdemo import resolve_knobs
-
         dtype = torch.float32 if self.value_dtype == "fp32" else torch.bfloat16
         return resolve_knobs(self.method, self.topk, self.chunking, self.value_format, dtype)
 

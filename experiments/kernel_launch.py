@@ -91,12 +91,10 @@ def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
         procs = [_start_rank(net, cfg, folder, rank, quiet) for rank in range(cfg.world_size)]
         _wait(procs, folder, cfg, timeout_s)
         results = [read_rank_result(folder.work, r) for r in range(cfg.world_size)]
-        meta = write_run(results, folder.build)
         kernel = {**settings.describe(), "nodes": cfg.nodes}
         if net.node_settings:
             kernel["node_links"] = net.describe_nodes()  # these nodes' own rate and delay
-        meta.update(shaping="kernel", kernel=kernel)
-        (folder.build / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        write_run(results, folder.build, extra={"shaping": "kernel", "kernel": kernel})
         return folder.commit()
     except RankStalled as err:
         raise RunFailed(str(err)) from None

@@ -116,8 +116,9 @@ def read_rank_result(folder: Path, rank: int) -> RankResult:
     )
 
 
-def write_run(results: list[RankResult], folder: Path) -> dict[str, Any]:
-    """steps.parquet, trace.parquet and run.json from every rank's RankResult; returns run.json."""
+def write_run(results: list[RankResult], folder: Path,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """steps.parquet, trace.parquet and run.json (plus `extra` entries) from every rank's result."""
     import pandas as pd
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -162,6 +163,7 @@ def write_run(results: list[RankResult], folder: Path) -> dict[str, Any]:
         "inter_bytes_per_step": float(steps["inter_bytes_sent"].mean()),
         "intra_bytes_per_step": float(steps["intra_bytes"].mean()),
         **provenance(),
+        **(extra or {}),
     }
     (folder / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return meta
