@@ -2,7 +2,8 @@
 
     flexbench run --method flexdemo --nodes 2 --gpus-per-node 2 --workload lm-tiny --out runs/x
     flexbench simulate runs/x --inter-bw 1Gbit --inter-lat 20ms --out sim.csv
-    flexbench validate-sim
+    flexbench calibrate --shaping wall --out calibration.json
+    flexbench validate-sim --calibration calibration.json
     flexbench sweep experiments/configs/quick.toml
     flexbench report results/quick
     flexbench check-comm
@@ -20,7 +21,8 @@ from experiments.logs import configure_logging
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("experiments.run_command", "train one method on nodes x ranks, write its results"),
     "simulate": ("experiments.simulate", "replay a run's communication trace on another network"),
-    "validate-sim": ("experiments.validate", "compare the cost model with wall-shaped real runs"),
+    "validate-sim": ("experiments.validate", "compare the cost model with shaped real runs"),
+    "calibrate": ("experiments.calibrate", "fit the model's goodput and per-message cost"),
     "sweep": ("experiments.sweep", "methods x networks x seeds: time-to-target-loss"),
     "report": ("experiments.report", "figures and tables from a sweep's results"),
     "check-comm": ("experiments.check_comm", "fail when a method sends more bytes"),

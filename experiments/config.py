@@ -103,6 +103,8 @@ class RunConfig:
     """Process-group backend: auto (nccl with CUDA, else gloo), gloo or nccl."""
     threads_per_rank: int = 1
     """torch threads per rank when the launcher spawns ranks on this machine."""
+    pin_cores: bool = False
+    """Pin rank r to core r mod cores, so runs compared with each other share CPUs alike."""
     stall_timeout: float = 90.0
     """Seconds without progress on any rank before the run is stopped as stalled."""
     extra: dict[str, Any] = field(default_factory=dict)

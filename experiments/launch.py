@@ -150,6 +150,8 @@ def run_one_rank(rank: int, cfg: RunConfig, backend: str, folder: RunFolder, qui
     import torch.distributed as dist
 
     torch.set_num_threads(cfg.threads_per_rank)
+    if cfg.pin_cores:
+        pin_to_core(rank)
     _quiet_tqdm_internals()
     configure_logging(rank)
     if quiet:
@@ -167,6 +169,16 @@ def run_one_rank(rank: int, cfg: RunConfig, backend: str, folder: RunFolder, qui
     finally:
         _teardown()
         heartbeat.close()
+
+
+def pin_to_core(rank: int) -> None:
+    """Run this process on one core, rank mod the cores it may use (ranks of a node differ).
+
+    With more ranks than cores the scheduler otherwise moves ranks around differently in every
+    run, so a recording and a shaped run of the same step see different contention.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})
 
 
 def _quiet_tqdm_internals() -> None:

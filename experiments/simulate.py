@@ -23,6 +23,7 @@ from experiments.config import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.metrics import time_to_target
 from netsim import Link, Topology, parse_bandwidth, parse_latency
+from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import algorithm_summary, simulate
 from netsim.topology import parse_node_links
@@ -58,6 +59,7 @@ def simulate_run(
     intra: str = "recorded",
     algorithm: str = "auto",
     node_links: list[str] | None = None,
+    calibration: Calibration | None = None,
 ) -> pd.DataFrame:
     """Per-step times of a recorded run replayed on another network: [step, step_time_s, time_s].
 
@@ -65,8 +67,10 @@ def simulate_run(
     run's own. Intra-node collectives keep their recorded durations (real runs never shape them)
     unless `intra="model"` prices them on the intra link. `algorithm` picks the inter-node
     collective algorithms (netsim.model.simulate). `node_links` ("NODE=BANDWIDTH[,LATENCY]")
-    gives some nodes links of their own; None replays the run's own node_links. attrs["note"]
-    states the assumptions and attrs["algorithms"] the algorithms assumed.
+    gives some nodes links of their own; None replays the run's own node_links. `calibration`
+    (from `flexbench calibrate`) prices every inter-node link at its measured goodput and
+    per-message cost. attrs["note"] states the assumptions and attrs["algorithms"] the algorithms
+    assumed.
     """
     meta, _ = read_run(run_dir)
     cfg = meta["config"]
@@ -88,6 +92,8 @@ def simulate_run(
         inter=inter,
         node_links=per_node,
     )
+    if calibration is not None:
+        topology = calibration.topology(topology)
     trace_path = Path(run_dir) / "trace.parquet"
     if not trace_path.exists():
         raise ConfigError(f"{str(run_dir)!r} has no trace.parquet to replay.")
@@ -98,6 +104,8 @@ def simulate_run(
     # assign() copies attrs, so the note and the algorithms travel with the result.
     sim = sim.assign(step=range(1, len(sim) + 1))
     sim.attrs["node_links"] = topology.describe_node_links()
+    if calibration is not None:
+        sim.attrs["note"] = f"{sim.attrs.get('note', '')} Links {calibration.describe()}."
     return sim
 
 
@@ -131,6 +139,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="give node NODE a link of its own, e.g. 1=100Mbit,20ms (latency "
                         "defaults to --inter-lat); repeatable; replaces the run's own node links, "
                         "which are replayed when none is given")
+    parser.add_argument("--calibration", metavar="FILE",
+                        help="price links at the goodput and per-message cost measured by "
+                        "`flexbench calibrate` (default: the configured rate, no extra cost)")
     parser.add_argument("--target", type=float,
                         help="target validation loss (default: the run's final one)")
     parser.add_argument("--out", required=True, help="CSV file for the per-step times")
@@ -149,6 +160,7 @@ def main(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}.")
+    calibration = load_calibration(args.calibration) if args.calibration else None
     meta, steps = read_run(args.run_dir)
     scale = args.compute_scale or 1.0
     if args.step_compute is not None:
@@ -159,6 +171,7 @@ def main(args: argparse.Namespace) -> int:
         inter_lat_s=parse_latency(args.inter_lat), nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, steps=args.steps, compute_scale=scale,
         intra=args.intra, algorithm=args.algorithm, node_links=args.node_link,
+        calibration=calibration,
     )
     write_atomic(out, sim.to_csv(index=False))
     cfg = meta["config"]
@@ -171,6 +184,8 @@ def main(args: argparse.Namespace) -> int:
           f"ms -> {out}")
     for line in algorithm_summary(sim.attrs.get("algorithms", [])):
         print(f"  {line}")
+    if calibration is not None:
+        print(f"  links {calibration.describe()}")
     if sim.attrs.get("note"):
         log.info("model: %s", sim.attrs["note"])
     if scale != 1.0:

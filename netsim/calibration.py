@@ -1,0 +1,156 @@
+"""What a shaped link really delivers: a goodput factor and a per-message cost, fitted once.
+
+The alpha-beta model prices a collective as `latency_steps * latency + wire_bytes / bandwidth`.
+A real transfer through a shaped link pays more: TCP and framing leave a fraction `goodput` of
+the rate to the payload, and every message costs a fixed `per_message_s` (a round of handshakes
+in gloo, the shaper's own arrival exchange, the wake-up after a sleep). `flexbench calibrate`
+times real collectives of several sizes over shaped links and fits both numbers by least squares
+on relative error:
+
+    measured_s ~= latency_steps * (latency + per_message_s) + wire_bytes / (goodput * bandwidth)
+
+The model then runs on calibrated links (`Calibration.link`): the bandwidth times `goodput`, the
+latency plus `per_message_s`. The fit is made once per shaping mode and machine and written to a
+small JSON file; it is never tuned per validation point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from netsim.topology import Link, Topology
+
+__all__ = ["Calibration", "Sample", "fit_calibration", "load_calibration"]
+
+_FORMAT = "netsim-calibration/1"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed collective: its alpha-beta terms at the configured link and the median time."""
+
+    op: str
+    payload_bytes: int
+    rate_bps: float
+    latency_s: float
+    latency_steps: int
+    wire_bytes: float
+    measured_s: float
+
+    def predicted(self, goodput: float = 1.0, per_message_s: float = 0.0) -> float:
+        """The alpha-beta time of this collective on the calibrated link."""
+        steps = self.latency_steps * (self.latency_s + per_message_s)
+        return steps + self.wire_bytes / (goodput * self.rate_bps)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A shaping mode's fitted goodput factor and per-message cost, with the samples behind it."""
+
+    shaping: str
+    goodput: float
+    per_message_s: float
+    samples: tuple[Sample, ...] = field(default=())
+    made: str = ""  # when and where, for the reader of the file
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.goodput) and 0 < self.goodput <= 1.5):
+            raise ValueError(f"calibration goodput {self.goodput!r} must be in (0, 1.5].")
+        if not (math.isfinite(self.per_message_s) and abs(self.per_message_s) < 1.0):
+            raise ValueError(f"calibration per_message_s {self.per_message_s!r} must be a "
+                             "finite number of seconds below 1.")
+
+    def link(self, link: Link) -> Link:
+        """`link` as the model prices it: goodput times its rate, its latency plus the cost."""
+        # A negative fitted cost (a link whose bucket starts full) never makes a latency negative.
+        latency = max(0.0, link.latency + self.per_message_s)
+        return Link(link.bandwidth * self.goodput, latency, jitter=link.jitter, loss=link.loss)
+
+    def topology(self, topology: Topology) -> Topology:
+        """`topology` with every inter-node link calibrated (intra-node links are never shaped)."""
+        links = {node: self.link(link) for node, link in topology.node_links}
+        return Topology(topology.nodes, topology.accelerators_per_node, topology.intra,
+                        self.link(topology.inter), nic=topology.nic,
+                        node_speed=topology.node_speed, node_links=links)
+
+    def describe(self) -> str:
+        """One line saying what the model assumes, for command output and notes."""
+        return (f"calibrated for {self.shaping} shaping: goodput {self.goodput:.1%} of the rate, "
+                f"{self.per_message_s * 1e3:+.2f} ms per message"
+                f"{' (' + self.made + ')' if self.made else ''}")
+
+    def max_error(self) -> float:
+        """Largest relative error of the fit over its own samples."""
+        return max((abs(s.predicted(self.goodput, self.per_message_s) / s.measured_s - 1)
+                    for s in self.samples), default=0.0)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the calibration as JSON (the caller picks an atomic writer if it needs one)."""
+        Path(path).write_text(self.to_json())
+
+    def to_json(self) -> str:
+        """The file's text."""
+        body = {"format": _FORMAT, "shaping": self.shaping, "goodput": self.goodput,
+                "per_message_s": self.per_message_s, "made": self.made,
+                "max_fit_error": self.max_error(), "samples": [asdict(s) for s in self.samples]}
+        return json.dumps(body, indent=1) + "\n"
+
+
+def fit_calibration(samples: list[Sample], shaping: str, made: str = "") -> Calibration:
+    """Least-squares goodput and per-message cost over `samples`, weighting relative errors.
+
+    Unknowns a = per_message_s and b = 1 / goodput in
+    measured - steps * latency = steps * a + (wire / rate) * b, each row divided by measured.
+    """
+    if len(samples) < 2:
+        raise ValueError(f"a calibration needs at least 2 samples, got {len(samples)}.")
+    rows = np.array([[s.latency_steps, s.wire_bytes / s.rate_bps] for s in samples], dtype=float)
+    target = np.array([s.measured_s - s.latency_steps * s.latency_s for s in samples])
+    weight = 1.0 / np.array([s.measured_s for s in samples])
+    (per_message, inverse_goodput), *_ = np.linalg.lstsq(rows * weight[:, None], target * weight,
+                                                         rcond=None)
+    if not inverse_goodput > 0:
+        raise ValueError("the calibration samples do not grow with message size; time larger "
+                         "messages (a few hundred kB or more at the chosen rates).")
+    if 1.0 / inverse_goodput > 1.5:
+        raise ValueError(f"the calibration samples imply {1.0 / inverse_goodput:.3g} times the "
+                         "configured rate; the links were not shaped as configured.")
+    return Calibration(shaping, float(1.0 / inverse_goodput), float(per_message),
+                       tuple(samples), made)
+
+
+def load_calibration(path: str | os.PathLike, shaping: str | None = None) -> Calibration:
+    """Read a file written by `flexbench calibrate`; ValueError (one sentence) if it is not one.
+
+    With `shaping`, the file must have been fitted under that shaping mode.
+    """
+    where = str(path)
+    try:
+        body = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"calibration file {where!r} does not exist; write one with "
+                         "`flexbench calibrate --out FILE`.") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"calibration file {where!r} cannot be read as JSON ({err}); write "
+                         "one with `flexbench calibrate --out FILE`.") from None
+    if not isinstance(body, dict) or body.get("format") != _FORMAT:
+        raise ValueError(f"calibration file {where!r} is not a {_FORMAT} file; write one with "
+                         "`flexbench calibrate --out FILE`.")
+    try:
+        samples = tuple(Sample(**s) for s in body.get("samples", []))
+        found = Calibration(str(body["shaping"]), float(body["goodput"]),
+                            float(body["per_message_s"]), samples, str(body.get("made", "")))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"calibration file {where!r} is damaged ({err}); write it again with "
+                         "`flexbench calibrate --out FILE`.") from None
+    if shaping is not None and found.shaping != shaping:
+        raise ValueError(f"calibration file {where!r} was fitted under {found.shaping} shaping, "
+                         f"not {shaping}; calibrate with `flexbench calibrate --shaping "
+                         f"{shaping}`.")
+    return found
