@@ -1,0 +1,89 @@
+"""Does the model hold within ±5% in every one of several validate-sim reruns in a row?
+
+    python benchmarks/bench_validate_sim.py --shaping wall --calibration results/calibration/wall.json
+    python benchmarks/bench_validate_sim.py --shaping kernel \\
+        --calibration results/calibration/kernel.json
+    python benchmarks/bench_validate_sim.py --shaping wall --recordings 1 --no-pin   # the old way
+
+Runs `experiments.validate.validate` `--reruns` times (fresh recordings and shaped runs each
+time) and prints, per grid point, the measured and predicted median step times of every rerun,
+the error of each, and the worst; then the goal's verdict (every point of every rerun within the
+bound). These are real runs on this machine: run it on an idle one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments.validate import (  # noqa: E402
+    DEFAULT_BANDWIDTHS,
+    DEFAULT_LATENCIES,
+    KERNEL_BANDWIDTHS,
+    validate,
+)
+from netsim.calibration import load_calibration  # noqa: E402
+
+
+def main() -> int:
+    """Rerun validate-sim and print the per-point errors side by side."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shaping", choices=("wall", "kernel"), default="wall")
+    p.add_argument("--methods", nargs="+", default=["flexdemo", "hsdp-adamw"])
+    p.add_argument("--inter-bw", nargs="+", default=None)
+    p.add_argument("--inter-lat", nargs="+", default=None)
+    p.add_argument("--reruns", type=int, default=3)
+    p.add_argument("--recordings", type=int, default=3)
+    p.add_argument("--calibration", help="a file written by `flexbench calibrate`")
+    p.add_argument("--no-pin", action="store_true", help="let the scheduler place the ranks")
+    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--bound", type=float, default=0.05)
+    p.add_argument("--out", help="CSV of every rerun's rows")
+    args = p.parse_args()
+    kernel = args.shaping == "kernel"
+    bandwidths = args.inter_bw or list(KERNEL_BANDWIDTHS if kernel else DEFAULT_BANDWIDTHS)
+    latencies = args.inter_lat or (["0ms"] if kernel else list(DEFAULT_LATENCIES))
+    calibration = load_calibration(args.calibration, args.shaping) if args.calibration else None
+    settings = {"pin_cores": not args.no_pin}
+    tables = []
+    for rerun in range(args.reruns):
+        with tempfile.TemporaryDirectory(prefix="bench-validate-") as work:
+            table = validate(args.methods, bandwidths, latencies, workload="lm-tiny",
+                             steps=args.steps, warmup=args.warmup, bound=args.bound,
+                             work_dir=Path(work), settings=settings, shaping=args.shaping,
+                             recordings=args.recordings, calibration=calibration)
+        print(f"rerun {rerun + 1}: {table.attrs['assumed']}", flush=True)
+        tables.append(table.assign(rerun=rerun + 1))
+    rows = pd.concat(tables, ignore_index=True)
+    if args.out:
+        rows.to_csv(args.out, index=False)
+    point = ["method", "inter_bw", "inter_lat"]
+    wide = rows.pivot_table(index=point, columns="rerun", values="error_pct", sort=False)
+    wide.columns = [f"error_{c}" for c in wide.columns]
+    summary = rows.groupby(point, sort=False).agg(
+        measured_ms=("measured_ms", "median"), measured_spread_ms=("measured_ms", "max"),
+        measured_lo_ms=("measured_ms", "min"), predicted_ms=("predicted_ms", "median"))
+    summary["measured_spread_ms"] -= summary.pop("measured_lo_ms")
+    summary = summary.join(wide)
+    summary["worst_pct"] = rows.groupby(point, sort=False)["error_pct"].agg(
+        lambda e: e.abs().max())
+    with pd.option_context("display.width", 200, "display.float_format", "{:.1f}".format):
+        print(f"\n{args.shaping} shaping, {args.reruns} reruns, {args.recordings} recordings "
+              f"each, pinned: {not args.no_pin}, bound ±{args.bound:.0%}")
+        print(summary.reset_index().to_string(index=False))
+    inside = (rows["error_pct"].abs() <= 100 * args.bound)
+    print(f"\n{int(inside.sum())} of {len(rows)} point-reruns within ±{args.bound:.0%}; median "
+          f"|error| {rows['error_pct'].abs().median():.1f}%; goal (all, every rerun): "
+          f"{'met' if inside.all() else 'NOT met'}")
+    return 0 if inside.all() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
