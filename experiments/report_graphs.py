@@ -190,7 +190,8 @@ def plot_loss_vs_degree(res) -> Any:
     units = units.assign(x=units["graph_degree"].where(
         units["graph_degree"].notna() | (units["method"] != metrics.BASELINE),
         units["nodes"] - 1))
-    return _scatter(units, "x", res, xlabel="mean graph degree (peers per step)",
+    return _scatter(units, "x", res, _graph_markers(units["label"]),
+                    xlabel="mean graph degree (peers per step)",
                     title="final val loss against graph degree (hsdp-adamw drawn at n−1)",
                     log_x=False, plt=plt)
 
@@ -203,8 +204,10 @@ def plot_loss_vs_variance(res) -> Any:
     import matplotlib.pyplot as plt
 
     units = unit_table(res.runs)
+    # Markers from every unit, so that a graph has the same marker as in the degree figure.
     fig = _scatter(units[units["method"] != metrics.BASELINE], "replica_variance", res,
-                   xlabel="mean replica variance (log)", log_x=True, plt=plt,
+                   _graph_markers(units["label"]), xlabel="mean replica variance (log)",
+                   log_x=True, plt=plt,
                    title="final val loss against replica variance (dashed: hsdp-adamw)")
     ax = fig.axes[0]
     colours = _node_colours(units["nodes"])
@@ -215,14 +218,14 @@ def plot_loss_vs_variance(res) -> Any:
     return fig
 
 
-def _scatter(units: pd.DataFrame, x: str, res, *, xlabel: str, title: str, log_x: bool,
-             plt) -> Any:
+def _scatter(units: pd.DataFrame, x: str, res, markers: dict[str, str], *, xlabel: str,
+             title: str, log_x: bool, plt) -> Any:
     """One point per unit; a legend of node counts (colour) and graphs (marker)."""
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullFormatter
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     colours = _node_colours(units["nodes"])
-    markers = _graph_markers(units["label"])
     shown = units[units[x].map(lambda v: pd.notna(v) and math.isfinite(v) and (v > 0 or not
                                                                                 log_x))]
     for _, row in shown.iterrows():
@@ -231,6 +234,7 @@ def _scatter(units: pd.DataFrame, x: str, res, *, xlabel: str, title: str, log_x
                    linewidth=0.4, zorder=3)
     if log_x and len(shown):
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short ranges
     handles = [Line2D([], [], linestyle="", marker="o", color=c, label=f"{n} nodes")
                for n, c in colours.items()]
     handles += [Line2D([], [], linestyle="", marker=m, color="grey", label=g)
@@ -262,7 +266,7 @@ def plot_time_to_target_by_graph(res) -> Any:
     nets = sim.drop_duplicates("network").sort_values(["inter_lat_s", "inter_bw_bps"])
     colours = _node_colours(sim["nodes"])
     fig, axes = plt.subplots(1, max(len(nets), 1), figsize=(4.8 * max(len(nets), 1), 4.0),
-                             squeeze=False, sharey=True)
+                             squeeze=False)  # own y per panel: bandwidths differ tenfold
     width = 0.8 / max(len(colours), 1)
     for ax, network in zip(axes[0], nets["network"], strict=False):
         here = sim[sim["network"] == network]
