@@ -147,9 +147,13 @@ def graphs_markdown(runs: pd.DataFrame) -> str:
         "final val_loss (median)": table["loss"].map(lambda v: f"{v:.4f}"),
         "seeds": table["seeds"],
     }, index=table.index)
-    corr = correlations(units).set_index("units")
-    corr_shown = corr.map(lambda v: "-" if pd.isna(v) else f"{v:.3g}" if isinstance(v, float)
-                          else str(v))
+    corr = correlations(units)
+    if corr.empty:  # e.g. an Ada-only sweep: no fixed graphs to correlate over
+        corr_text = "No gossip units finished: nothing to correlate.\n"
+    else:
+        corr_shown = corr.set_index("units").map(
+            lambda v: "-" if pd.isna(v) else f"{v:.3g}" if isinstance(v, float) else str(v))
+        corr_text = metrics.markdown_table(corr_shown, index_name="units") + "\n"
     return "\n".join([
         "### Decentralized: graphs, replica spread and final loss\n",
         "Means over each run's steps (degree, counted from the trace) and evaluations (replica "
@@ -160,7 +164,7 @@ def graphs_markdown(runs: pd.DataFrame) -> str:
         "DBench's findings hold here if rho(loss, degree) < 0 (more peers, lower loss) and "
         f"rho(loss, variance) > 0. p: two-sided permutation test ({PERMUTATIONS:,} shuffles). "
         "Pooled mixes node counts, whose losses differ by cluster size.\n",
-        metrics.markdown_table(corr_shown, index_name="units") + "\n",
+        corr_text,
         f"### Does {ADAPTIVE} reach the target before every fixed graph?\n",
         *ada_verdicts(runs),
         "",

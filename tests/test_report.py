@@ -150,3 +150,18 @@ def test_ada_verdict_compares_with_every_fixed_graph_per_point_and_cluster() -> 
     lines = report_graphs.ada_verdicts(runs)
     assert lines[0].startswith("- 1Gbit / 10ms, 4 nodes: yes") and "complete 8.0 s" in lines[0]
     assert lines[1].startswith("- 1Gbit / 10ms, 8 nodes: no") and "not reached" in lines[1]
+
+
+@pytest.mark.timeout(30)
+def test_graph_summary_without_finished_gossip_units_says_so() -> None:
+    import pandas as pd
+
+    runs = pd.DataFrame([{"unit": "ada-s0", "kind": "train", "status": "done", "method": "ada",
+                          "variant": "ada", "seed": 0, "nodes": 4, "graph": None,
+                          "graph_degree": 2.5, "replica_variance": 1e-8,
+                          "consensus_distance": 1e-3, "final_val_loss": 2.5, "source": "sim",
+                          "on_grid": True, "network": "1Gbit / 10ms",
+                          "time_to_target_s": 3.0}])
+    assert report_graphs.has_graph_units(runs)
+    text = report_graphs.graphs_markdown(runs)
+    assert "nothing to correlate" in text and "| 4 nodes · ada | 2.50 |" in text
