@@ -30,6 +30,7 @@ __all__ = [
     "pivot",
     "speedups",
     "summary_markdown",
+    "target_text",
     "validation_table",
     "time_to_target",
 ]
@@ -102,21 +103,26 @@ def speedups(
     baseline: str = BASELINE,
     by: Sequence[str] = ("source", "network"),
     variant: str = "variant",
+    cohort: str = "baseline_cluster",
 ) -> pd.DataFrame:
     """Per variant and network point: median/min/max over seeds of baseline_median_ttt / ttt.
 
-    `runs` needs `method`, `variant`, `seed`, `time_to_target_s` and the `by` columns. A run that
-    never reaches the target has speed-up 0; when the baseline never does, a run that does gets
-    inf; when neither does, NaN (nothing to compare).
+    `runs` needs `method`, `variant`, `seed`, `time_to_target_s` and the `by` columns. When it
+    has a `cohort` column (the sweep's `baseline_cluster`), each run is compared with the
+    baseline runs of the cohort it names, e.g. hsdp-adamw on the same number of nodes. A run
+    that never reaches the target has speed-up 0; when the baseline never does, a run that does
+    gets inf; when neither does (or there is no baseline to compare with), NaN.
     """
     keys = list(by)
+    # The baseline's own rows name their own cluster, so grouping them by cohort is by cluster.
+    join = [*keys, cohort] if cohort in runs.columns else keys
     base = (
         runs[runs["method"] == baseline]
-        .groupby(keys, dropna=False)["time_to_target_s"]
+        .groupby(join, dropna=False)["time_to_target_s"]
         .median()
         .rename("baseline_ttt_s")
     )
-    merged = runs.join(base, on=keys)
+    merged = runs.join(base, on=join)
     pairs = zip(merged["baseline_ttt_s"], merged["time_to_target_s"], strict=True)
     merged["speedup"] = [_ratio(b, t) for b, t in pairs]
     grouped = merged.groupby([*keys, variant, "method"], dropna=False, sort=False)
@@ -200,8 +206,7 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     if runs.empty:
         return "No runs yet.\n"
     parts: list[str] = []
-    target = runs["target_val_loss"].dropna()
-    target_text = f"{target.iloc[0]:.4f}" if len(target) else "undetermined"
+    target = target_text(runs)
     sim = runs[(runs["source"] == "sim") & runs.get("on_grid", True)]
     if not sim.empty:
         table = speedups(sim, by=("network",))
@@ -212,7 +217,7 @@ def summary_markdown(runs: pd.DataFrame) -> str:
                               table["seeds"], strict=True)
         ]
         parts.append(
-            f"### Time to target val_loss {target_text} (simulated; median over seeds · "
+            f"### Time to target val_loss {target} (simulated; median over seeds · "
             f"speed-up vs {BASELINE}, median [min–max])\n"
         )
         parts.append(markdown_table(pivot(table, "cell"), index_name="method") + "\n")
@@ -236,6 +241,19 @@ def summary_markdown(runs: pd.DataFrame) -> str:
                      for u, s, e in zip(bad["unit"], bad["status"], bad["error"], strict=True))
         parts.append("")
     return "\n".join(parts)
+
+
+def target_text(runs: pd.DataFrame) -> str:
+    """'2.6500', or one target per baseline cluster ('2.7000 (4x1), 2.6500 (8x1)')."""
+    target = runs["target_val_loss"].dropna()
+    if target.empty:
+        return "undetermined"
+    if "baseline_cluster" not in runs.columns or target.nunique() == 1:
+        return f"{target.iloc[0]:.4f}"
+    per = runs.dropna(subset=["target_val_loss", "baseline_cluster"]).drop_duplicates(
+        "baseline_cluster")
+    return ", ".join(f"{t:.4f} ({c})" for c, t in zip(per["baseline_cluster"],
+                                                      per["target_val_loss"], strict=True))
 
 
 def _cell(ttt: float, median: float, low: float, high: float, reached: int, seeds: int) -> str:

@@ -4,7 +4,9 @@
 
 Figures: validation loss against (simulated or measured) wall-clock per method at every network
 point; time-to-target against bandwidth (log-log) with the speed-up over hsdp-adamw; bytes per
-step per method. Every file is written atomically.
+step per method; bytes against loss. A sweep with gossip or Ada units adds `report_graphs`'
+loss against graph degree and replica variance, and time to target per graph. Every file is
+written atomically.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments import metrics
+from experiments import metrics, report_graphs
 from experiments.io import write_atomic
 
 __all__ = [
@@ -59,6 +61,11 @@ class Results:
         values = self.runs["target_val_loss"].dropna()
         return float(values.iloc[0]) if len(values) else math.nan
 
+    def targets(self) -> list[float]:
+        """Every distinct finite target (one per baseline cluster when the sweep has several)."""
+        values = self.runs["target_val_loss"].dropna()
+        return [float(v) for v in dict.fromkeys(values) if math.isfinite(v)]
+
     def variants(self) -> list[str]:
         """Method variants in the order the sweep lists them."""
         return list(dict.fromkeys(self.runs["variant"]))
@@ -68,7 +75,9 @@ class Results:
         import seaborn as sns
 
         names = self.variants()
-        return dict(zip(names, sns.color_palette("tab10", max(len(names), 1)), strict=False))
+        # tab10 repeats itself past ten variants (a graph study has a dozen); tab20 does not.
+        scheme = "tab10" if len(names) <= 10 else "tab20" if len(names) <= 20 else "husl"
+        return dict(zip(names, sns.color_palette(scheme, max(len(names), 1)), strict=False))
 
 
 def load_results(path: Path | str) -> Results:
@@ -125,8 +134,8 @@ def plot_loss_vs_time(res: Results):
             if not len(here):
                 ax.text(0.5, 0.5, "not timed here", ha="center", va="center",
                         transform=ax.transAxes, color="grey")
-            if math.isfinite(res.target):
-                ax.axhline(res.target, color="grey", linewidth=0.8, linestyle=":")
+            for target in res.targets():
+                ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
             _log_x(ax)
             ax.set_title(f"{bw} / {lat}", fontsize=9)
             ax.set_xlabel("wall-clock (s)" if i == len(lats) - 1 else "")
@@ -181,8 +190,8 @@ def plot_time_to_target(res: Results):
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="center right", fontsize=8)
-    fig.suptitle(f"{res.name}: time to val_loss {res.target:.3f} (median, min–max over seeds; "
-                 "not reached = not drawn)", fontsize=10)
+    fig.suptitle(f"{res.name}: time to val_loss {metrics.target_text(res.runs)} (median, "
+                 "min–max over seeds; not reached = not drawn)", fontsize=10)
     fig.tight_layout(rect=(0, 0, 0.85, 1))
     return fig
 
@@ -311,6 +320,11 @@ def write_report(path: Path | str) -> list[Path]:
     written: list[Path] = []
     figures = {"loss_vs_wallclock": plot_loss_vs_time, "time_to_target": plot_time_to_target,
                "bytes_per_step": plot_bytes_per_step, "frontier": plot_frontier}
+    graphs = report_graphs.has_graph_units(res.runs)
+    if graphs:
+        figures.update(loss_vs_degree=report_graphs.plot_loss_vs_degree,
+                       loss_vs_variance=report_graphs.plot_loss_vs_variance,
+                       time_to_target_by_graph=report_graphs.plot_time_to_target_by_graph)
     for name, draw in figures.items():
         fig = draw(res)
         for fmt in FIGURE_FORMATS:
@@ -321,7 +335,10 @@ def write_report(path: Path | str) -> list[Path]:
             written.append(target)
         plt.close(fig)
     summary = res.path / "summary.md"
-    write_atomic(summary, f"## Sweep `{res.name}`\n\n{metrics.summary_markdown(res.runs)}")
+    text = f"## Sweep `{res.name}`\n\n{metrics.summary_markdown(res.runs)}"
+    if graphs:
+        text += "\n" + report_graphs.graphs_markdown(res.runs)
+    write_atomic(summary, text)
     written.append(summary)
     return written
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from tests.test_sweep_fakes import ensure_units_module, fake_launch, fake_simula
 
 ensure_units_module()
 
-from experiments import cli, report, sweep  # noqa: E402
+from experiments import cli, report, report_graphs, sweep  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +89,79 @@ def test_report_survives_a_sweep_whose_baseline_failed(tmp_path: Path) -> None:
     text = metrics.summary_markdown(res.runs)
     assert "val_loss undetermined" in text and "not reached (0/2 seeds)" in text
     assert "- `hsdp-adamw-s0`: failed (RuntimeError: boom)" in text
+
+
+@pytest.fixture(scope="module")
+def graph_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.test_sweep_graphs import graph_sweep
+
+    out, _ = graph_sweep(tmp_path_factory.mktemp("graph-report"))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_report_of_a_graph_sweep_adds_degree_variance_and_per_graph_figures(
+    graph_results: Path, results: Path
+) -> None:
+    written = report.write_report(graph_results)
+    for name in ("loss_vs_degree", "loss_vs_variance", "time_to_target_by_graph"):
+        png = graph_results / "figures" / f"{name}.png"
+        assert png in written and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (graph_results / "summary.md").read_text()
+    assert "### Decentralized: graphs, replica spread and final loss" in summary
+    assert "| 8 nodes · complete | 7.00 |" in summary
+    assert "| 4 nodes · hsdp-adamw | - |" in summary
+    # The fake gossip learns faster and drifts less with more peers: DBench's two signs.
+    corr = report_graphs.correlations(report_graphs.unit_table(report.load_results(
+        graph_results).runs)).set_index("units")
+    assert list(corr.index) == ["4 nodes", "8 nodes", "pooled"]
+    assert (corr["rho(loss, degree)"] < -0.8).all() and (corr["rho(loss, variance)"] > 0.8).all()
+    assert list(corr["n"]) == [6, 6, 12]
+    assert "No `ada` units in this sweep" in summary
+    # A sweep without gossip draws none of them.
+    report.write_report(results)
+    assert not (results / "figures" / "loss_vs_degree.png").exists()
+    assert "Decentralized" not in (results / "summary.md").read_text()
+
+
+@pytest.mark.timeout(30)
+def test_spearman_is_pearson_on_average_ranks() -> None:
+    assert report_graphs.spearman([1, 2, 3, 4], [10, 20, 30, 1000]) == pytest.approx(1.0)
+    assert report_graphs.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(report_graphs.spearman([1, 2], [2, 1]))  # too few points
+    assert math.isnan(report_graphs.spearman([1, 1, 1], [1, 2, 3]))  # no order in x
+    x, y = [1, 2, 2, 3, 5, float("inf")], [3, 1, 2, 5, 4, 0]
+    stats = pytest.importorskip("scipy.stats")
+    assert report_graphs.spearman(x, y) == pytest.approx(stats.spearmanr(x[:5], y[:5])[0])
+    assert report_graphs.permutation_p([1, 2, 3, 4, 5, 6, 7, 8], range(8)) < 0.01
+
+
+@pytest.mark.timeout(30)
+def test_ada_verdict_compares_with_every_fixed_graph_per_point_and_cluster() -> None:
+    import pandas as pd
+
+    def row(method: str, graph: str | None, nodes: int, ttt: float) -> dict:
+        return {"source": "sim", "on_grid": True, "kind": "train", "network": "1Gbit / 10ms",
+                "nodes": nodes, "method": method, "graph": graph, "time_to_target_s": ttt}
+
+    runs = pd.DataFrame([row("gossip", "ring", 4, 10.0), row("gossip", "complete", 4, 8.0),
+                         row("ada", None, 4, 7.0), row("hsdp-adamw", None, 4, 1.0),
+                         row("gossip", "ring", 8, 10.0), row("ada", None, 8, math.inf)])
+    lines = report_graphs.ada_verdicts(runs)
+    assert lines[0].startswith("- 1Gbit / 10ms, 4 nodes: yes") and "complete 8.0 s" in lines[0]
+    assert lines[1].startswith("- 1Gbit / 10ms, 8 nodes: no") and "not reached" in lines[1]
+
+
+@pytest.mark.timeout(30)
+def test_graph_summary_without_finished_gossip_units_says_so() -> None:
+    import pandas as pd
+
+    runs = pd.DataFrame([{"unit": "ada-s0", "kind": "train", "status": "done", "method": "ada",
+                          "variant": "ada", "seed": 0, "nodes": 4, "graph": None,
+                          "graph_degree": 2.5, "replica_variance": 1e-8,
+                          "consensus_distance": 1e-3, "final_val_loss": 2.5, "source": "sim",
+                          "on_grid": True, "network": "1Gbit / 10ms",
+                          "time_to_target_s": 3.0}])
+    assert report_graphs.has_graph_units(runs)
+    text = report_graphs.graphs_markdown(runs)
+    assert "nothing to correlate" in text and "| 4 nodes · ada | 2.50 |" in text

@@ -47,3 +47,18 @@ def test_every_shipped_config_loads_with_known_workloads_and_methods(path: Path)
     assert units and set(cfg.methods) <= set(METHODS)
     assert {u.config.workload for u in units} <= set(WORKLOAD_NAMES)
     assert {u.config.method for u in units} <= set(METHODS)
+
+
+@pytest.mark.timeout(30)
+def test_decentralized_config_is_the_promised_study() -> None:
+    cfg = sweep.load_config(CONFIGS / "decentralized.toml")
+    units = sweep.units_of(cfg)
+    gossip = [u for u in units if u.method == "gossip"]
+    assert {u.config.graph for u in gossip} == {"ring", "torus", "exponential",
+                                                "one-peer-exponential", "complete"}
+    assert {u.cluster for u in units} == {"4x1", "8x1"}
+    assert {u.cluster for u in units if u.method == "hsdp-adamw"} == {"4x1", "8x1"}
+    assert len(cfg.seeds) == 2 and len(units) == (5 + 1) * 2 * 2
+    assert len({n.inter_bw for n in cfg.networks}) == 2 and len(cfg.networks) == 2
+    # Derived per node count from the baseline, not a fixed number.
+    assert cfg.target is None and cfg.target_fraction is not None

@@ -16,7 +16,7 @@ from experiments.config import RunConfig
 
 # Bytes per step each fake method sends across nodes; hsdp-adamw sends the most.
 FAKE_BYTES = {"hsdp-adamw": 8e6, "flexdemo": 2e5, "demo": 4e5, "diloco": 8e6 / 5, "random": 1e5,
-              "striding": 1e5, "none": 0.0}
+              "striding": 1e5, "none": 0.0, "gossip": 1e6}
 COMPUTE_S = 0.1
 STEPS = 20
 EVAL_EVERY = 5
@@ -30,6 +30,27 @@ def fake_loss(method: str, seed: int, step: int) -> float:
     """A decreasing loss curve; hsdp-adamw learns fastest per step, the others a little slower."""
     rate = {"hsdp-adamw": 0.15, "flexdemo": 0.14, "demo": 0.11}.get(method, 0.08)
     return 2.0 + 3.0 * math.exp(-rate * step) + 0.01 * seed
+
+
+def fake_degree(cfg: RunConfig) -> float:
+    """Mean peers per node and round of a gossip run's graph (0 for every other method)."""
+    if cfg.method != "gossip":
+        return 0.0
+    from flexdemo.graphs import degree_of, period
+
+    rounds = range(period(cfg.graph, cfg.nodes))
+    total = sum(degree_of(cfg.graph, cfg.nodes, i, t) for i in range(cfg.nodes) for t in rounds)
+    return total / (cfg.nodes * len(rounds))
+
+
+def fake_gossip_loss(degree: float, seed: int, step: int) -> float:
+    """Gossip learns faster with more peers per round (the trend DBench reports)."""
+    return 2.0 + 3.0 * math.exp(-(0.1 + 0.02 * degree) * step) + 0.01 * seed
+
+
+def fake_variance(degree: float) -> float:
+    """Replicas drift apart less the more peers they average with."""
+    return 1e-6 / (1.0 + degree) ** 2
 
 
 def fake_launch(cfg: RunConfig, out: Path, *, timeout_s: float | None = None, **_: object) -> Path:
@@ -46,12 +67,17 @@ def fake_launch(cfg: RunConfig, out: Path, *, timeout_s: float | None = None, **
     per_step = FAKE_BYTES[cfg.method]
     bw = None if cfg.inter_bw is None else cfg.network()["inter_bw_bps"]
     comm = 0.0 if bw is None else per_step / bw
+    degree = fake_degree(cfg)
+    curve = [fake_gossip_loss(degree, cfg.seed, int(s)) if cfg.method == "gossip"
+             else fake_loss(cfg.method, cfg.seed, int(s)) for s in steps]
+    evaluated = steps % EVAL_EVERY == 0
     frame = pd.DataFrame({
         "step": steps,
         "wall_time_s": steps * (COMPUTE_S + comm),
-        "loss": [fake_loss(cfg.method, cfg.seed, int(s)) for s in steps],
-        "val_loss": [fake_loss(cfg.method, cfg.seed, int(s)) if s % EVAL_EVERY == 0 else np.nan
-                     for s in steps],
+        "loss": curve,
+        "val_loss": np.where(evaluated, curve, np.nan),
+        "replica_variance": np.where(evaluated, fake_variance(degree), np.nan),
+        "consensus_distance": np.where(evaluated, 1e-3 / (1.0 + degree), np.nan),
         "inter_bytes_sent": per_step,
         "inter_bytes_received": per_step,
         "inter_calls": 3 if per_step else 0,
@@ -62,11 +88,28 @@ def fake_launch(cfg: RunConfig, out: Path, *, timeout_s: float | None = None, **
     tmp = out.with_name(out.name + ".tmp")
     tmp.mkdir(parents=True)
     frame.to_parquet(tmp / "steps.parquet", index=False)
-    pd.DataFrame({"step": steps, "bytes": per_step}).to_parquet(tmp / "trace.parquet")
+    _fake_trace(cfg, per_step).to_parquet(tmp / "trace.parquet")
     final = float(frame["val_loss"].dropna().iloc[-1])
     (tmp / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "final_val_loss": final}))
     os.replace(tmp, out)
     return out
+
+
+def _fake_trace(cfg: RunConfig, per_step: float) -> pd.DataFrame:
+    """Gossip: a send per peer and round; others: an all-reduce per step; one eval-phase send."""
+    rows = []
+    for step in range(1, STEPS + 1):
+        for rank in range(cfg.nodes * cfg.gpus_per_node):
+            if cfg.method == "gossip":
+                from flexdemo.graphs import peers
+
+                node = rank // cfg.gpus_per_node
+                rows += [(rank, step, "send", True, "train", per_step)
+                         for _ in peers(cfg.graph, cfg.nodes, node, step - 1)]
+            else:
+                rows.append((rank, step, "all_reduce", True, "train", per_step))
+    rows.append((0, STEPS, "send", True, "eval", per_step))
+    return pd.DataFrame(rows, columns=["rank", "step", "op", "inter", "phase", "bytes"])
 
 
 def fake_simulate(run_dir: Path, *, inter_bw_bps: float, inter_lat_s: float,

@@ -21,7 +21,9 @@ Output folder layout (everything written atomically; a unit is done once its run
     steps.parquet         every unit's per-step rows with their keys and time axes
 
 Modules: `spec` (the sweep file), `plan` (units and their folders), `runner` (running them),
-`score` (timing and scoring: `collect`), `cli` (the command).
+`score` (timing and scoring: `collect`), `targets` (each unit's target: hsdp-adamw on the same
+cluster when it runs on several), `describe` (per-unit columns: cluster, graph, degree, replica
+spread), `cli` (the command).
 """
 
 from experiments.sweep.cli import configure, main

@@ -35,6 +35,11 @@ class Unit:
         """Method plus its knob values, e.g. 'flexdemo[topk=16]'; the row label of tables."""
         return variant_label(self.method, self.knobs)
 
+    @property
+    def cluster(self) -> str:
+        """Nodes x ranks per node, e.g. '8x1': the shape a unit is compared within."""
+        return f"{self.config.nodes}x{self.config.gpus_per_node}"
+
 
 def units_of(cfg: SweepConfig) -> list[Unit]:
     """Every unit of the sweep: training units first, then validation units."""

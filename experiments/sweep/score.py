@@ -1,12 +1,15 @@
 """Scoring a sweep: every finished unit timed on every network point, then time-to-target.
 
     sim/<unit>/<net>.parquet  cached simulated time axis of one unit at one network point
-    runs.parquet          one row per unit x network point x source ("sim" / "measured")
+    runs.parquet          one row per unit x network point x source ("sim" / "measured"), with
+                          the unit's cluster, graph, graph degree and replica spread (`describe`)
     speedups.parquet      per variant, network point and source: time-to-target and speed-up
                           over hsdp-adamw (median, min, max over seeds)
     steps.parquet         every unit's per-step rows with their keys and time axes
 
 A diverged run (run.json status "diverged") and a failed unit count as never reaching the target.
+Each unit is scored against the baseline of its own cluster when hsdp-adamw runs on several
+(`targets`); `baseline_cluster` names the one it was scored against.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from tqdm import tqdm
 
 from experiments import metrics
 from experiments.io import write_atomic
+from experiments.sweep.describe import run_columns, unit_columns
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.spec import NetworkPoint, SweepConfig
+from experiments.sweep.targets import baseline_clusters, final_val_loss, targets
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +38,9 @@ __all__ = ["KEY_COLUMNS", "Simulator", "collect", "parquet_bytes"]
 
 Simulator = Callable[..., pd.DataFrame]
 
-KEY_COLUMNS = ["unit", "kind", "method", "variant", "knobs", "seed", "network", "inter_bw",
-               "inter_lat", "inter_bw_bps", "inter_lat_s", "source", "on_grid"]
+KEY_COLUMNS = ["unit", "kind", "method", "variant", "knobs", "seed", "nodes", "cluster", "graph",
+               "network", "inter_bw", "inter_lat", "inter_bw_bps", "inter_lat_s", "source",
+               "on_grid"]
 
 
 def collect(
@@ -49,20 +55,23 @@ def collect(
     units = units_of(cfg)
     simulate = simulator or _default_simulator()
     train = [u for u in units if u.kind == "train"]
-    target = cfg.target if cfg.target is not None else _derived_target(cfg, out, train)
+    compare = baseline_clusters(train)
+    goals = targets(cfg, out, train)
     rows: list[dict[str, Any]] = []
     step_frames: list[pd.DataFrame] = []
     work = [(u, net, "sim") for u in train for net in _sim_points(cfg, units, u)]
     work += [(u, u.network, "measured") for u in units if u.kind == "validate"]
     for unit, net, source in tqdm(work, desc="timing", unit="point", disable=not progress):
         on_grid = net in cfg.networks  # validation-only points stay out of the headline table
-        row, steps = _time_unit(out, unit, net, source, target, simulate, on_grid)
+        base = compare.get(unit.cluster)
+        row, steps = _time_unit(out, unit, net, source, goals[base], simulate, on_grid)
+        row["baseline_cluster"] = base
         rows.append(row)
         if steps is not None:
             step_frames.append(steps)
     runs = pd.DataFrame(rows)
     runs["sweep"] = cfg.name
-    _warn_unreached(runs, target)
+    _warn_unreached(runs)
     write_atomic(out / "runs.parquet", parquet_bytes(runs))
     all_steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame()
     write_atomic(out / "steps.parquet", parquet_bytes(all_steps))
@@ -70,34 +79,18 @@ def collect(
     write_atomic(out / "speedups.parquet", parquet_bytes(table))
     return runs
 
-def _warn_unreached(runs: pd.DataFrame, target: float) -> None:
-    """Say which trained variants never reach the target (the loss per step is network-free)."""
-    trained = runs[(runs["source"] == "sim") & (runs["status"] == "done")]
-    if trained.empty or math.isnan(target):
+def _warn_unreached(runs: pd.DataFrame) -> None:
+    """Say which trained variants never reach their target (the loss per step is network-free)."""
+    trained = runs[(runs["source"] == "sim") & (runs["status"] == "done")
+                   & runs["target_val_loss"].notna()]
+    if trained.empty:
         return
-    reached = trained.groupby("variant", sort=False)["reached"].any()
-    missing = list(reached.index[~reached])
-    if missing:
-        log.warning("target val_loss %.4f is never reached by %s within its budget.", target,
-                    ", ".join(missing))
-
-
-def _derived_target(cfg: SweepConfig, out: Path, train: list[Unit]) -> float:
-    """The target from the baseline's finished runs, by the rule the sweep names; NaN if none."""
-    done = [u for u in train if u.method == metrics.BASELINE and unit_state(out, u) == "done"]
-    try:
-        if cfg.target_fraction is not None:
-            curves = [pd.read_parquet(unit_dir(out, u) / "steps.parquet") for u in done]
-            return metrics.baseline_target_at(curves, cfg.target_fraction)
-        finals = pd.DataFrame(
-            [{"method": u.method, "final_val_loss": _final_val_loss(unit_dir(out, u))}
-             for u in done],
-            columns=["method", "final_val_loss"],
-        )
-        return metrics.default_target(finals)
-    except ValueError as err:
-        log.warning("%s Every time-to-target is reported as not reached.", err)
-        return math.nan
+    per = trained.groupby("variant", sort=False).agg(reached=("reached", "any"),
+                                                      target=("target_val_loss", "first"))
+    missing = per[~per["reached"]]
+    if len(missing):
+        log.warning("never reached within its budget: %s.", ", ".join(
+            f"{v} (target val_loss {t:.4f})" for v, t in missing["target"].items()))
 
 
 def _sim_points(cfg: SweepConfig, units: list[Unit], train: Unit) -> list[NetworkPoint]:
@@ -121,7 +114,7 @@ def _time_unit(
     """One runs.parquet row (and its per-step rows) for a unit at a network point."""
     row: dict[str, Any] = {
         "unit": unit.id, "kind": unit.kind, "method": unit.method, "variant": unit.variant,
-        "knobs": json.dumps(unit.knobs, sort_keys=True), "seed": unit.seed,
+        "knobs": json.dumps(unit.knobs, sort_keys=True), "seed": unit.seed, **unit_columns(unit),
         "network": net.label, "inter_bw": net.inter_bw, "inter_lat": net.inter_lat,
         "inter_bw_bps": net.inter_bw_bps, "inter_lat_s": net.inter_lat_s, "source": source,
         "on_grid": on_grid,
@@ -130,7 +123,8 @@ def _time_unit(
         "final_time_s": math.nan, "steps": 0, "inter_bytes_per_step": math.nan,
         "inter_bytes_received_per_step": math.nan, "inter_calls_per_step": math.nan,
         "diverged": False,
-        "intra_bytes_per_step": math.nan,
+        "intra_bytes_per_step": math.nan, "graph_degree": math.nan,
+        "replica_variance": math.nan, "consensus_distance": math.nan,
     }
     run_dir = unit_dir(out, unit)
     if row["status"] == "failed":
@@ -156,7 +150,7 @@ def _time_unit(
         diverged=diverged,
         time_to_target_s=ttt,
         reached=bool(math.isfinite(ttt)),
-        final_val_loss=_final_val_loss(run_dir),
+        final_val_loss=final_val_loss(run_dir),
         final_time_s=float(steps["time_s"].iloc[-1]) if len(steps) else math.nan,
         steps=int(steps["step"].max()) if len(steps) else 0,
         evaluations=len(evals),
@@ -164,6 +158,7 @@ def _time_unit(
         inter_bytes_received_per_step=float(steps["inter_bytes_received"].mean()),
         inter_calls_per_step=float(steps["inter_calls"].mean()),
         intra_bytes_per_step=float(steps["intra_bytes"].mean()),
+        **run_columns(run_dir, steps),
     )
     keys = {k: row[k] for k in KEY_COLUMNS}
     return row, steps.assign(**keys)
@@ -187,18 +182,6 @@ def _run_status(run_dir: Path) -> str:
         return str(json.loads((run_dir / "run.json").read_text()).get("status", "done"))
     except (OSError, ValueError):
         return "done"
-
-def _final_val_loss(run_dir: Path) -> float:
-    """run.json's final_val_loss, else the last evaluated val_loss in steps.parquet."""
-    try:
-        value = json.loads((run_dir / "run.json").read_text()).get("final_val_loss")
-        if value is not None and math.isfinite(float(value)):
-            return float(value)
-    except (OSError, ValueError, TypeError):
-        pass
-    steps = pd.read_parquet(run_dir / "steps.parquet")
-    evals = steps["val_loss"].dropna()
-    return float(evals.iloc[-1]) if len(evals) else math.nan
 
 def _default_simulator() -> Simulator:
     from experiments.simulate import simulate_run

@@ -1,0 +1,66 @@
+"""Per-unit columns of runs.parquet: the cluster, the graph and what gossip did to the replicas.
+
+    nodes, gpus_per_node, cluster   the unit's shape ("8x1"), from its config
+    graph                 the gossip graph (None for methods that do not gossip over a fixed one)
+    graph_degree          peers a rank sent to per training step, mean over steps and ranks,
+                          counted from trace.parquet (NaN when the run sent nothing point to point)
+    replica_variance, consensus_distance   mean over the run's evaluations (steps.parquet)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.sweep.plan import Unit
+from netsim.trace import TRAIN
+
+__all__ = ["GRAPH_METHODS", "SPREAD_COLUMNS", "graph_label", "mean_degree", "run_columns",
+           "unit_columns"]
+
+# Methods whose `graph` setting says who talks to whom; Ada's adaptive graph joins when merged.
+GRAPH_METHODS = ("gossip",)
+
+SPREAD_COLUMNS = ("replica_variance", "consensus_distance")
+
+
+def graph_label(unit: Unit) -> str | None:
+    """The unit's gossip graph, or None when its method has no fixed graph."""
+    return unit.config.graph if unit.method in GRAPH_METHODS else None
+
+
+def unit_columns(unit: Unit) -> dict[str, Any]:
+    """The columns known from the unit's config alone (also for units that never finished)."""
+    return {"nodes": unit.config.nodes, "gpus_per_node": unit.config.gpus_per_node,
+            "cluster": unit.cluster, "graph": graph_label(unit)}
+
+
+def run_columns(run_dir: Path, steps: pd.DataFrame) -> dict[str, float]:
+    """The columns measured from a finished run: mean graph degree and mean replica spread."""
+    out = {"graph_degree": mean_degree(run_dir / "trace.parquet", len(steps))}
+    for col in SPREAD_COLUMNS:
+        values = steps[col].dropna() if col in steps.columns else pd.Series(dtype=float)
+        out[col] = float(values.mean()) if len(values) else math.nan
+    return out
+
+
+def mean_degree(trace_path: Path, steps: int) -> float:
+    """Inter-node sends per rank per training step, over every step and rank; NaN if none.
+
+    Gossip sends once to each peer of the round, so this is the degree of the graph it used,
+    averaged over time-varying schedules (and, for Ada, over its adapted graphs). Collectives
+    such as all-reduce have no degree and give NaN.
+    """
+    try:
+        trace = pd.read_parquet(trace_path, columns=["rank", "op", "inter", "phase"])
+    except (OSError, ValueError, KeyError):  # older or hand-made traces lack these columns
+        return math.nan
+    train = trace[trace["phase"] == TRAIN]
+    sends = train[(train["op"] == "send") & train["inter"].astype(bool)]
+    ranks = train["rank"].nunique()
+    if sends.empty or steps <= 0 or ranks == 0:
+        return math.nan
+    return len(sends) / (steps * ranks)
