@@ -1,6 +1,7 @@
 """Does the model hold within ±5% in every one of several validate-sim reruns in a row?
 
-    python benchmarks/bench_validate_sim.py --shaping wall --calibration results/calibration/wall.json
+    python benchmarks/bench_validate_sim.py --shaping wall \\
+        --calibration results/calibration/wall.json
     python benchmarks/bench_validate_sim.py --shaping kernel \\
         --calibration results/calibration/kernel.json
     python benchmarks/bench_validate_sim.py --shaping wall --recordings 1 --no-pin   # the old way
