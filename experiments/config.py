@@ -19,7 +19,8 @@ import torch
 
 # The one list of methods, chunkings and wire formats: the optimizer package owns them.
 from flexdemo import CHUNKINGS, GRAPHS, METHODS, VALUE_FORMATS, resolve_knobs
-from flexdemo.graphs import graph_problem
+from flexdemo.graphs import graph_ladder, graph_problem
+from flexdemo.replicators.ada import DEFAULT_EVERY, DEFAULT_HIGH, DEFAULT_LOW
 
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
@@ -36,7 +37,8 @@ class RunConfig:
     """Everything that defines one training run (method, workload, cluster shape, network)."""
 
     method: str = "flexdemo"
-    """Training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding, none or gossip."""
+    """Training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding, none, gossip or
+    ada."""
     workload: str = "lm-tiny"
     """Model and data: lm-tiny, lm-small, vision-tiny, or your own factory as "module.path:attr"."""
     nodes: int = 2
@@ -80,7 +82,15 @@ class RunConfig:
     outer_momentum: float = 0.9
     """DiLoCo: outer Nesterov momentum."""
     graph: str = "ring"
-    """Gossip: communication graph: ring, torus, exponential, one-peer-exponential or complete."""
+    """Gossip: communication graph: ring, torus, exponential, one-peer-exponential or complete
+    (ada picks its own)."""
+    ada_every: int = DEFAULT_EVERY
+    """Ada: gossip rounds between two measurements of the replica spread (the graph changes at
+    most this often)."""
+    ada_high: float = DEFAULT_HIGH
+    """Ada: relative consensus distance above which the graph moves one rung denser."""
+    ada_low: float = DEFAULT_LOW
+    """Ada: relative consensus distance below which the graph moves one rung sparser."""
     replicate_every: int = 1
     """Replicate only every k-th step."""
     inter_bw: str | None = None
@@ -128,6 +138,7 @@ class RunConfig:
         _at_least("nodes", self.nodes, 1)
         _at_least("gpus_per_node", self.gpus_per_node, 1)
         _at_least("diloco_h", self.diloco_h, 1)
+        _at_least("ada_every", self.ada_every, 1)
         _at_least("replicate_every", self.replicate_every, 1)
         _at_least("threads_per_rank", self.threads_per_rank, 1)
         for name in ("steps", "batch_size", "eval_every"):
@@ -148,6 +159,7 @@ class RunConfig:
                               f"{self.stall_timeout}.")
         if self.method == "gossip" and graph_problem(self.graph, self.nodes):
             raise ConfigError(graph_problem(self.graph, self.nodes))
+        self._check_ada()
         self._check_shaping()
         self.network()  # parses the unit strings
         self.node_link_map()
@@ -167,6 +179,15 @@ class RunConfig:
         if chunking == "flat" and topk > self.chunk:
             raise ConfigError(f"topk={topk} is larger than a flat chunk of chunk="
                               f"{self.chunk} elements; use topk <= chunk or chunking=block.")
+
+    def _check_ada(self) -> None:
+        """Ada's thresholds, and a graph ladder on this many nodes."""
+        if not 0 <= self.ada_low < self.ada_high:
+            raise ConfigError(f"ada_low={self.ada_low} and ada_high={self.ada_high} must satisfy "
+                              "0 <= ada_low < ada_high.")
+        if self.method == "ada" and not graph_ladder(self.nodes):
+            raise ConfigError(f"method='ada' needs at least 2 nodes to gossip between, got "
+                              f"nodes={self.nodes}; use nodes >= 2.")
 
     def _check_shaping(self) -> None:
         """Shaping needs a bandwidth; kernel shaping runs gloo ranks in namespaces."""

@@ -126,6 +126,8 @@ def write_run(results: list[RankResult], folder: Path,
     per_rank = pd.concat(
         [pd.DataFrame(r.steps).assign(rank=r.rank) for r in results], ignore_index=True
     )
+    if "graph" not in per_rank:  # results of a rank that predates the column
+        per_rank["graph"] = None
     steps = per_rank.groupby("step").agg(
         wall_time_s=("wall_time_s", "max"),  # a synchronous step ends when its slowest rank does
         loss=("loss", "mean"),
@@ -134,7 +136,11 @@ def write_run(results: list[RankResult], folder: Path,
         # Every rank computed the same totals at an evaluation (NaN between evaluations).
         replica_variance=("replica_variance", "mean"),
         consensus_distance=("consensus_distance", "mean"),
+        # The gossip graph of the step's round: all ranks gossip on the same one (Ada agrees
+        # on it); a string, so taken, not averaged. Missing for methods without a graph.
+        graph=("graph", "first"),
     ).reset_index()
+    steps["graph"] = steps["graph"].astype("str")  # pandas' string dtype; NaN where none
     trace = pd.concat([r.trace for r in results if r.trace is not None], ignore_index=True)
     trace = trace[trace["phase"] == TRAIN]  # evaluation traffic is measured apart
     comm = comm_per_step(trace)

@@ -69,7 +69,8 @@ def _build(cfg: RunConfig, workload: Workload, device: torch.device):
         sign=cfg.sign, value_dtype=torch.bfloat16 if cfg.value_dtype == "bf16" else torch.float32,
         diloco_h=cfg.diloco_h, outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum,
         replicate_every=cfg.replicate_every, seed=cfg.seed, chunking=cfg.chunking,
-        value_format=cfg.value_format, graph=cfg.graph,
+        value_format=cfg.value_format, graph=cfg.graph, ada_every=cfg.ada_every,
+        ada_high=cfg.ada_high, ada_low=cfg.ada_low,
     )
     if flexdemo.method_uses_sharding(cfg.method):
         mesh = flexdemo.build_mesh(
@@ -85,6 +86,14 @@ def _build(cfg: RunConfig, workload: Workload, device: torch.device):
                                    backend=shaping.BACKEND)
     opt = flexdemo.build_optimizer(cfg.method, model, mesh, lr=cfg.lr, **knobs)
     return model, opt, mesh
+
+
+def round_graph(opt: torch.optim.Optimizer) -> str | None:
+    """The graph of the gossip round of the step just taken (gossip, ada); None without one."""
+    replicator = getattr(opt, "replicator", None)
+    graph = getattr(replicator, "graph", None)
+    # A step off the replicator's schedule mixed with nobody: it has no graph.
+    return graph if graph is not None and replicator.replicates_on(opt.steps) else None
 
 
 def lr_factor(step: int, total: int, schedule: str, warmup: float) -> float:
@@ -165,7 +174,8 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
         now = shaping.clock() - start - eval_s
         # Byte and call counts come from the trace after the run, off the training clock.
         row = {"step": step, "wall_time_s": now, "loss": loss_value, "val_loss": math.nan,
-               "step_s": step_s, "replica_variance": math.nan, "consensus_distance": math.nan}
+               "step_s": step_s, "replica_variance": math.nan, "consensus_distance": math.nan,
+               "graph": round_graph(opt)}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             recorder.set_phase(EVAL)  # evaluation traffic is its own phase, left out
             e0 = shaping.clock()

@@ -17,8 +17,8 @@ Where things live: ``optimizer.py`` (FlexDeMo), ``bases.py`` (sign-SGD and AdamW
 ``replicators/`` (one module per family), ``dct.py`` and ``chunking.py`` (the transform),
 ``codec.py`` (top-k and index wire format), ``formats.py`` and ``bitpack.py`` (the value
 formats, quantizers and bit-packed indices), ``wire.py`` (the bucket and byte counts),
-``graphs.py`` (gossip graphs and mixing matrices), ``consensus.py`` (replica variance),
-``methods.py`` (method name -> replicator and base), ``hsdp.py`` (mesh and FSDP2).
+``graphs.py`` (gossip graphs, mixing matrices and Ada's ladder), ``consensus.py`` (replica
+variance), ``methods.py`` (method name -> replicator and base), ``hsdp.py`` (mesh and FSDP2).
 Only torch is imported here.
 """
 
@@ -29,7 +29,7 @@ from .codec import index_dtype, mean_decode, topk_encode
 from .consensus import replica_spread
 from .dct import dct_chunked, dct_matrix, idct_chunked
 from .formats import VALUE_FORMATS, WireFormat, make_format
-from .graphs import GRAPHS, check_graph, mixing_matrix
+from .graphs import GRAPHS, check_graph, graph_ladder, mixing_matrix
 from .hsdp import build_mesh, parallelize, replicate_group, shard_group
 from .methods import (
     DEFAULT_KNOBS,
@@ -43,6 +43,7 @@ from .methods import (
 from .optimizer import FlexDeMo, local_tensor
 from .replicators import (
     REPLICATORS,
+    AdaReplicator,
     DeMoReplicator,
     DiLoCoReplicator,
     FullReplicator,
@@ -62,6 +63,7 @@ __all__ = [
     "GRAPHS",
     "METHODS",
     "REPLICATORS",
+    "AdaReplicator",
     "BlockLayout",
     "CommStats",
     "DeMoReplicator",
@@ -80,6 +82,7 @@ __all__ = [
     "build_mesh",
     "build_optimizer",
     "check_graph",
+    "graph_ladder",
     "dct_chunked",
     "dct_matrix",
     "idct_chunked",

@@ -12,6 +12,8 @@ mixing matrix symmetric and doubly stochastic; on the regular graphs here that i
   ``i XOR 2^(t mod ceil(log2 n))`` (2^k hops away), weights 1/2; when n is a power of two,
   log2(n) steps give the exact average (recursive doubling). A partner >= n sits the step out.
 - ``complete``: every other node; one step is the exact average.
+
+:func:`graph_ladder` orders the graphs that fit a node count from sparsest to densest, for Ada.
 """
 
 from __future__ import annotations
@@ -117,3 +119,26 @@ def mixing_matrix(graph: str, nodes: int, step: int = 0) -> torch.Tensor:
         for j, wij in theirs.items():
             w[i, j] = wij
     return w
+
+
+def mean_degree(graph: str, nodes: int) -> float:
+    """Peers per node and round, averaged over the nodes and one period of the schedule."""
+    rounds = period(graph, nodes)
+    total = sum(degree_of(graph, nodes, i, t) for t in range(rounds) for i in range(nodes))
+    return total / (nodes * rounds)
+
+
+def graph_ladder(nodes: int) -> list[str]:
+    """The graphs fitting ``nodes`` nodes from sparsest to densest, each costlier than the last.
+
+    Sorted by :func:`mean_degree` (the messages a node sends per round, so the bytes a round
+    costs). Graphs of equal mean degree cost the same, so only one of them is a rung: the first
+    in :data:`GRAPHS` order, except that a graph of degree ``nodes - 1`` is the complete graph
+    and is called so (on 4 nodes: one-peer-exponential, ring, complete). Empty on one node.
+    """
+    by_cost: dict[float, str] = {}
+    for graph in fitting_graphs(nodes):
+        by_cost.setdefault(mean_degree(graph, nodes), graph)
+    if nodes > 1:
+        by_cost[float(nodes - 1)] = "complete"
+    return [by_cost[cost] for cost in sorted(by_cost)]

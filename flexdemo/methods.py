@@ -10,9 +10,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from .hsdp import replicate_group
+from .hsdp import replicate_group, shard_group
 from .optimizer import FlexDeMo
 from .replicators import (
+    AdaReplicator,
     DeMoReplicator,
     DiLoCoReplicator,
     GossipReplicator,
@@ -21,8 +22,10 @@ from .replicators import (
     Replicator,
     StridingReplicator,
 )
+from .replicators.ada import DEFAULT_EVERY, DEFAULT_HIGH, DEFAULT_LOW
 
-METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none", "gossip")
+METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none", "gossip",
+           "ada")
 
 # Tuned on lm-tiny, 2 nodes x 2, 300 steps, constant lr (README "Learning rates"): both
 # hsdp-adamw and flexdemo degrade sharply above about 1.2e-3.
@@ -36,6 +39,7 @@ DEFAULT_LR = {
     "none": 1e-3,
     # Not tuned: the AdamW base of hsdp-adamw at its default.
     "gossip": 1e-3,
+    "ada": 1e-3,
 }
 
 
@@ -83,6 +87,8 @@ _RECIPES = {
     "none": _Recipe(NoReplicator, ()),
     # Gossip's local step is plain AdamW, as DiLoCo's inner one.
     "gossip": _Recipe(GossipReplicator, ("graph", "replicate_every"), takes_sign=False),
+    "ada": _Recipe(AdaReplicator, ("ada_every", "ada_high", "ada_low", "seed", "node_group",
+                                   "replicate_every"), takes_sign=False),
 }
 
 
@@ -119,6 +125,11 @@ def _replication_group(method: str, mesh: DeviceMesh | None) -> dist.ProcessGrou
     return None if mesh is None else replicate_group(mesh)
 
 
+def _node_group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
+    """The ranks of this rank's node, which Ada's spread is summed over (None: one rank each)."""
+    return None if mesh is None or mesh.size(1) == 1 else shard_group(mesh)
+
+
 def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: float | None = None,
                     *, topk: int | None = None, chunk: int = 64, decay: float = 0.999,
                     value_dtype: torch.dtype = torch.bfloat16, weight_decay: float = 0.0,
@@ -128,7 +139,9 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
                     betas: tuple[float, float] = (0.9, 0.999),
                     eps: float = 1e-8, chunking: str | None = None,
                     value_format: str | None = None,
-                    graph: str = "ring") -> torch.optim.Optimizer:
+                    graph: str = "ring", ada_every: int = DEFAULT_EVERY,
+                    ada_high: float = DEFAULT_HIGH,
+                    ada_low: float = DEFAULT_LOW) -> torch.optim.Optimizer:
     """Return the optimizer implementing ``method`` for ``model`` on ``mesh``.
 
     Sharded methods expect ``parallelize(model, mesh, method_uses_inter_all_reduce(method))``
@@ -137,7 +150,8 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
     ``mesh=None`` for the other methods means no sharding, the default group as replicas.
     ``lr=None`` takes ``DEFAULT_LR``; ``topk``, ``chunking`` and ``value_format`` left None take
     the method's ``DEFAULT_KNOBS`` (``resolve_knobs``). Each knob keeps its name from the run
-    config to the replicator class; knobs a method does not take are ignored.
+    config to the replicator class; knobs a method does not take are ignored. ``ada`` also
+    gets the mesh's shard group, over which the ranks of a node agree on the measured spread.
     """
     _check_method(method)
     lr = DEFAULT_LR[method] if lr is None else lr
@@ -152,7 +166,8 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
              "value_format": value_format, "chunking": chunking,
              "replicate_every": replicate_every, "skip_every": skip_every, "rate": rate,
              "seed": seed, "diloco_h": diloco_h, "outer_lr": outer_lr,
-             "outer_momentum": outer_momentum, "graph": graph}
+             "outer_momentum": outer_momentum, "graph": graph, "ada_every": ada_every,
+             "ada_high": ada_high, "ada_low": ada_low, "node_group": _node_group(mesh)}
     replicator = _make_replicator(method, **knobs)
     return FlexDeMo(model.parameters(), lr=lr, weight_decay=weight_decay,
                     sign=sign if _RECIPES[method].takes_sign else None, replicator=replicator,

@@ -104,6 +104,7 @@ def test_real_runs_write_results_and_count_inter_node_bytes(tmp_path):
         assert steps["wall_time_s"].is_monotonic_increasing
         assert steps["val_loss"].notna().sum() == STEPS // 2
         assert (steps["intra_bytes"] > 0).all()
+        assert steps["graph"].isna().all()  # no gossip graph
     # FSDP2's inter-node all-reduce of fp32 gradient shards: each node's two ranks together send
     # the whole model once per step (ring all-reduce over 2 nodes sends n per rank).
     params = hsdp_meta["params"]
@@ -145,6 +146,7 @@ def test_demo_method_runs_unsharded_over_all_ranks(tmp_path):
 def test_gossip_run_sends_degree_times_the_model_and_logs_replica_variance(tmp_path):
     steps, meta = _run(tmp_path, "gossip", nodes=4, gpus_per_node=1, graph="ring")
     assert meta["config"]["graph"] == "ring"
+    assert steps["graph"].tolist() == ["ring"] * STEPS
     # One rank per node holds the whole fp32 model and sends it to its 2 ring neighbours.
     assert steps["inter_bytes_sent"].tolist() == [2 * 4.0 * meta["params"]] * STEPS
     assert steps["inter_bytes_received"].tolist() == [2 * 4.0 * meta["params"]] * STEPS

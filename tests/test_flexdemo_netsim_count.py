@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from flexdemo import (
+    AdaReplicator,
     DeMoReplicator,
     DiLoCoReplicator,
     FlexDeMo,
@@ -29,6 +30,8 @@ CASES = {
     "random": lambda: RandomReplicator(rate=0.3),
     "striding": lambda: StridingReplicator(rate=0.3, chunk=4),
     "diloco": lambda: DiLoCoReplicator(diloco_h=2),
+    # Gossip with the complete graph of 2 nodes, plus the spread all-reduce every 2nd round.
+    "ada": lambda: AdaReplicator(ada_every=2),
 }
 STEPS = 4
 

@@ -9,6 +9,8 @@ One class per scheme, each owning its knobs and its schedule (``replicates_on(st
   parameter-space momentum.
 - ``gossip.py``: :class:`GossipReplicator`, decentralized: parameters mixed with the
   neighbours of a communication graph (``flexdemo/graphs.py``), point to point.
+- ``ada.py``: :class:`AdaReplicator`, gossip whose graph moves along a ladder of graphs with
+  the replica spread it measures (``sampled_spread.py``) every few rounds.
 - ``diloco.py``: :class:`DiLoCoReplicator`, local steps and a periodic outer Nesterov step.
 
 A new scheme is one subclass of :class:`Replicator` (``base.py``) and one entry in ``REPLICATORS``.
@@ -16,6 +18,7 @@ A new scheme is one subclass of :class:`Replicator` (``base.py``) and one entry 
 
 from __future__ import annotations
 
+from .ada import AdaReplicator
 from .base import Replicator
 from .demo import DeMoReplicator
 from .dense import FullReplicator, NoReplicator
@@ -27,11 +30,12 @@ from .partial import RandomReplicator, StridingReplicator
 REPLICATORS: dict[str, type[Replicator]] = {
     cls.name: cls for cls in (DeMoReplicator, FullReplicator, NoReplicator, RandomReplicator,
                               StridingReplicator, DiLoCoReplicator,
-                              GossipReplicator)
+                              GossipReplicator, AdaReplicator)
 }
 
 __all__ = [
     "REPLICATORS",
+    "AdaReplicator",
     "DeMoReplicator",
     "DiLoCoReplicator",
     "FullReplicator",
