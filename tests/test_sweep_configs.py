@@ -58,7 +58,8 @@ def test_decentralized_config_is_the_promised_study() -> None:
                                                 "one-peer-exponential", "complete"}
     assert {u.cluster for u in units} == {"4x1", "8x1"}
     assert {u.cluster for u in units if u.method == "hsdp-adamw"} == {"4x1", "8x1"}
-    assert len(cfg.seeds) == 2 and len(units) == (5 + 1) * 2 * 2
+    assert {u.cluster for u in units if u.method == "ada"} == {"4x1", "8x1"}
+    assert len(cfg.seeds) == 2 and len(units) == (5 + 1 + 1) * 2 * 2
     assert len({n.inter_bw for n in cfg.networks}) == 2 and len(cfg.networks) == 2
     # Derived per node count from the baseline, not a fixed number.
     assert cfg.target is None and cfg.target_fraction is not None

@@ -161,6 +161,9 @@ def _time_unit(
         **run_columns(run_dir, steps),
     )
     keys = {k: row[k] for k in KEY_COLUMNS}
+    # A run's own per-step `graph` (the graph Ada or gossip mixed on) would clash with the unit
+    # key of the same name, which names the unit's fixed graph.
+    steps = steps.rename(columns={"graph": "step_graph"})
     return row, steps.assign(**keys)
 
 def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulator) -> pd.DataFrame:
