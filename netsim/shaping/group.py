@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
 
-from netsim.costs import CollectiveVolume, collective_volume, default_algorithm
+from netsim.costs import P2P_OPS, CollectiveVolume, collective_volume, default_algorithm
 from netsim.nic import Timeline, fair_share_finishes
 from netsim.shaping.work import ShapedWork
 from netsim.topology import Link, ring_nic_share
@@ -38,7 +38,6 @@ BACKEND = "netsim"
 
 Launch = Callable[[Any], Any]  # runs the op on a wrapped backend; returns a Work or a list
 
-P2P_OPS = ("send", "recv")
 # Added to a message's tag for its issue-time stamp, so a stamp never matches a payload.
 _STAMP_TAG = 1 << 30
 
