@@ -79,11 +79,16 @@ def fair_share_finishes(begins: list[float], sizes: list[float], bandwidth: floa
         raise ValueError(f"{len(begins)} flow starts do not match {len(sizes)} flow sizes.")
     if not bandwidth > 0:
         raise ValueError(f"bandwidth {bandwidth!r} bytes/s must be positive.")
-    left = {i: float(n) for i, n in enumerate(sizes)}
     finishes = [float(b) for b in begins]  # an empty flow ends where it starts
-    pending = sorted((b, i) for i, b in enumerate(begins) if left[i] > 0)
+    flows = [i for i, n in enumerate(sizes) if n > 0]
+    if not flows:
+        return finishes
+    # Times relative to the first start: absolute clock readings (~1e9 s) would eat the bytes.
+    t0 = min(begins[i] for i in flows)
+    pending = sorted((begins[i] - t0, i) for i in flows)
+    left = {i: float(sizes[i]) for i in flows}
     active: list[int] = []
-    now = pending[0][0] if pending else 0.0
+    now = 0.0
     while pending or active:
         while pending and pending[0][0] <= now:
             active.append(pending.pop(0)[1])
@@ -91,12 +96,17 @@ def fair_share_finishes(begins: list[float], sizes: list[float], bandwidth: floa
             now = pending[0][0]
             continue
         rate = bandwidth / len(active)
-        first_end = now + min(left[i] for i in active) / rate
-        until = min(first_end, pending[0][0]) if pending else first_end
+        smallest = min(left[i] for i in active)
+        if pending and pending[0][0] < now + smallest / rate:
+            moved = rate * (pending[0][0] - now)  # a newcomer arrives before anyone is done
+            now = pending[0][0]
+        else:
+            moved = smallest
+            now += smallest / rate
+            # The smallest flows end now by construction: no rounding sliver may keep them.
+            for i in [i for i in active if left[i] <= smallest * (1 + 1e-12)]:
+                finishes[i] = t0 + now
+                active.remove(i)
         for i in active:
-            left[i] -= rate * (until - now)
-        now = until
-        for i in [i for i in active if left[i] <= 1e-9 * max(1.0, sizes[i])]:
-            finishes[i] = now
-            active.remove(i)
+            left[i] -= moved
     return finishes
