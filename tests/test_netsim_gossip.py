@@ -217,7 +217,7 @@ def test_cli_prints_the_rebuilt_graph_and_refuses_one_that_does_not_fit(tmp_path
 def _late_sender_and_shared_nic(rank: int, world: int, out: str) -> None:
     topo = Topology.from_strings(3, 1, "80Mbit", "10ms")
     rec = TraceRecorder(rank, topo)
-    shaping.install(topo, "virtual", rec, run_dir=out)
+    shaper = shaping.install(topo, "virtual", rec, run_dir=out)
     try:
         group = dist.new_group([0, 1, 2], backend=shaping.BACKEND)
         x = torch.ones(SHARD // 4)
@@ -236,22 +236,29 @@ def _late_sender_and_shared_nic(rank: int, world: int, out: str) -> None:
         elif rank == 0:
             dist.recv(torch.empty_like(x), group=group, group_src=1)
         rec.end_step(2)
+        # Each rank's times count from its own start: shift them onto the shared wall clock.
         frames = [None] * world
-        dist.all_gather_object(frames, rec.frame())
+        dist.all_gather_object(frames, rec.frame().assign(
+            start_s=lambda f: f["start_s"] + shaper.t0, end_s=lambda f: f["end_s"] + shaper.t0))
     finally:
         shaping.uninstall()
     if rank == 0:
         trace = pd.concat(frames, ignore_index=True)
         rows = trace[trace["kind"] == "collective"].set_index(["step", "rank", "op", "peer"])
-        both = 2 * SHARD / BW + LAT
-        assert rows.loc[(1, 0, "send", 1), "modeled_s"] == pytest.approx(both, rel=0.02)
-        assert rows.loc[(1, 0, "send", 2), "modeled_s"] == pytest.approx(both, rel=0.02)
+        sends = rows.loc[[(1, 0, "send", 1), (1, 0, "send", 2)]]
+        ends = sends["start_s"] + sends["modeled_s"]
+        # Half the rate each: the two end together, up to the microseconds between their issues
+        # (the first had the NIC alone until then), and the pair takes twice one's time.
+        stagger = sends["start_s"].max() - sends["start_s"].min()
+        assert ends.max() - ends.min() <= stagger + 1e-6
+        assert ends.max() - sends["start_s"].min() == pytest.approx(2 * SHARD / BW + LAT,
+                                                                    rel=0.01)
+        # A receive is paced by its own NIC (the sender's other messages are not visible to it).
         assert rows.loc[(1, 2, "recv", 0), "modeled_s"] == pytest.approx(SHARD / BW + LAT,
-                                                                         rel=0.02)
+                                                                         rel=0.01)
         sent = rows.loc[(2, 1, "send", 0), "start_s"]
         got = rows.loc[(2, 0, "recv", 1), "end_s"]
-        # Clocks of different processes share the wall clock here (virtual leads are small).
-        assert got >= sent + SHARD / BW + LAT - 0.02
+        assert got >= sent + SHARD / BW + LAT - 1e-3
 
 
 @pytest.mark.timeout(120)
@@ -289,7 +296,7 @@ def _wall_gossip(rank: int, world: int, out: str) -> None:
         modeled = 2 * SHARD / BW + LAT
         # A behaviour check, not a speed test: the wall never beats the model, and a loaded
         # machine may add some; the replay's steps carry the same communication.
-        assert (measured >= 0.95 * modeled).all() and (measured <= 2.0 * modeled).all()
+        assert (measured >= 0.95 * modeled).all() and (measured <= 3.0 * modeled).all()
         steps = trace[trace["kind"] == "step"].groupby("step")
         spans = (steps["end_s"].max() - steps["start_s"].min()).to_numpy()
         assert (sim["step_time_s"].to_numpy() >= 0.95 * modeled).all()

@@ -11,6 +11,8 @@ transfer starts when both ends are there. Messages a rank has in flight together
 fairly (processor sharing), each way on its own: a rank sending to two neighbours at once moves
 each at half the rate. They are booked as one batch when the first of them is waited on, after
 the other ranks' traffic on the node's NIC timeline, and each ends one latency after its bytes.
+A receive is paced by the receiving NIC and the pair's link rate: the sender's other messages
+are not visible to it (on a regular graph, such as gossip's, both ends carry the same load).
 """
 
 from __future__ import annotations
