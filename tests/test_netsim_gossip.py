@@ -292,15 +292,15 @@ def _wall_gossip(rank: int, world: int, out: str) -> None:
         trace = pd.concat(frames, ignore_index=True)
         measured = comm_per_step(trace)["comm_s"]
         degrees, _ = gossip_degrees(_meta("ring"), _steps(3), world)
-        sim = simulate(trace, topo, degrees=degrees)
+        # Compute scaled to nothing: the model's step is its communication alone.
+        model = simulate(trace, topo, degrees=degrees, compute_scale=1e-9)["step_time_s"]
         modeled = 2 * SHARD / BW + LAT
-        # A behaviour check, not a speed test: the wall never beats the model, and a loaded
-        # machine may add some; the replay's steps carry the same communication.
-        assert (measured >= 0.95 * modeled).all() and (measured <= 3.0 * modeled).all()
-        steps = trace[trace["kind"] == "step"].groupby("step")
-        spans = (steps["end_s"].max() - steps["start_s"].min()).to_numpy()
-        assert (sim["step_time_s"].to_numpy() >= 0.95 * modeled).all()
-        assert sim["step_time_s"].sum() == pytest.approx(spans.sum(), rel=0.5)
+        seen = (modeled, measured.tolist(), model.tolist())
+        assert model.tolist() == pytest.approx([modeled] * 3, rel=0.01), seen
+        # A behaviour check, not a speed test: the wall never beats the model; a loaded machine
+        # may add to it (a late peer, a slow first step), so only the median is bounded above.
+        assert (measured >= 0.95 * modeled).all(), seen
+        assert measured.median() <= 2.0 * modeled, seen
 
 
 @pytest.mark.timeout(180)
