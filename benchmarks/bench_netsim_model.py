@@ -2,8 +2,9 @@
 
 Run: python benchmarks/bench_netsim_model.py
 Prints seconds and peak memory for (a) replaying 1,000 steps of a 2-node x 2 trace (target < 2 s),
-(b) 1,024 nodes x 8 accelerators for 100 steps (target < 60 s on one core, < 2 GB), and (c) how
-the cost grows with nodes and steps.
+(b) 1,024 nodes x 8 accelerators for 100 steps (target < 60 s on one core, < 2 GB), (c) how
+the cost grows with nodes and steps, and (d) gossip recorded on 4 nodes replayed on 1,024 nodes
+for ring, torus and exponential graphs (target: seconds; the step cost follows the degree).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 
 import pandas as pd
 
+from experiments.simulate import gossip_degrees
+from flexdemo import graphs
 from netsim import Topology, TraceRecorder, simulate
 
 
@@ -45,6 +48,30 @@ def hsdp_like_trace(steps: int, nodes: int = 2, per_node: int = 2) -> pd.DataFra
                 coll("reduce_scatter", shard, 4_000_000)
             coll("all_reduce", rep, 8_000_000, wait_after=0.005)  # overlapped with 5 ms compute
             now[0] += 0.002  # optimizer step
+            rec.end_step(step)
+        frames.append(rec.frame())
+    return pd.concat(frames, ignore_index=True)
+
+
+def gossip_trace(steps: int, graph: str, nodes: int = 4, shard: int = 4_000_000) -> pd.DataFrame:
+    """A synthetic gossip trace: per step 20 ms compute, then a send and a recv per neighbour."""
+    topo = Topology.from_strings(nodes, 1)
+    frames = []
+    for rank in range(nodes):
+        now = [0.0]
+        rec = TraceRecorder(rank, topo, clock=lambda now=now: now[0])
+        for step in range(steps):
+            rec.begin_step(step)
+            now[0] += 0.020
+            rows = [
+                rec.record_collective(op, range(nodes), True, "direct", shard,
+                                      shard if op == "send" else 0,
+                                      0 if op == "send" else shard, now[0], peer=peer)
+                for peer in graphs.peers(graph, nodes, rank, step) for op in ("send", "recv")
+            ]  # fmt: skip
+            for row in rows:
+                rec.complete(row, now[0], now[0] + 0.01)
+            now[0] += 0.01
             rec.end_step(step)
         frames.append(rec.frame())
     return pd.concat(frames, ignore_index=True)
@@ -86,6 +113,17 @@ def main() -> None:
         "(with a straggler node: 2 speed classes x per_node processes; cost is linear in steps and"
         "\n per_node, flat in the node count)"
     )
+    print("\ngossip recorded on 4 nodes x 1, replayed on 1,024 nodes x 1 (1,000 steps, 10 Gbit/s):")
+    print(f"{'graph':<14}{'degree':>8}{'seconds':>10}{'step (ms)':>12}{'target':>10}")
+    for graph in ("ring", "torus", "exponential"):
+        trace = gossip_trace(100, graph)
+        steps = pd.DataFrame({"step": range(100)})
+        degrees, _ = gossip_degrees({"config": {"method": "gossip", "graph": graph}}, steps, 1024)
+        topo = Topology.from_strings(1024, 1, "10Gbit", "1ms")
+        secs, out = timed(lambda t=trace, d=degrees, topo=topo: simulate(t, topo, steps=1000,
+                                                                        degrees=d))
+        print(f"{graph:<14}{out.attrs['p2p_degrees'][0]:>8}{secs:>10.3f}"
+              f"{out['step_time_s'].median() * 1e3:>12.2f}{'seconds':>10}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@
 
 For synchronous schemes the loss at step t does not depend on the network, so the run's loss
 curve placed on the simulated time axis predicts the time to reach a target loss.
+
+Gossip runs (method gossip, or ada, whose graph steps.parquet records per step) are replayed on
+their communication graph rebuilt at the target node count: each node exchanges with its
+neighbours there, so a step costs what the graph's degree costs, whatever the node count.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import argparse
 import json
 import logging
 import math
+from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +28,7 @@ import pandas as pd
 from experiments.config import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.metrics import time_to_target
+from flexdemo.graphs import degree_of, graph_problem, period
 from netsim import Link, Topology, parse_bandwidth, parse_latency
 from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
@@ -30,7 +37,9 @@ from netsim.topology import parse_node_links
 
 log = logging.getLogger(__name__)
 
-__all__ = ["simulate_run", "read_run", "loss_on_time_axis", "configure", "main"]
+__all__ = ["simulate_run", "read_run", "gossip_degrees", "loss_on_time_axis", "configure", "main"]
+
+GOSSIP_METHODS = ("gossip", "ada")  # methods whose traffic is messages to graph neighbours
 
 
 def read_run(run_dir: Path | str) -> tuple[dict, pd.DataFrame]:
@@ -45,6 +54,56 @@ def read_run(run_dir: Path | str) -> tuple[dict, pd.DataFrame]:
     except (OSError, ValueError) as err:
         raise ConfigError(f"cannot read the run in {str(run_dir)!r}: {err}") from None
     return meta, steps
+
+
+@lru_cache(maxsize=4096)
+def _busiest_degree(graph: str, nodes: int, round_: int) -> int:
+    """Peers of the busiest node of `graph` on `nodes` nodes at gossip round `round_`."""
+    round_ %= period(graph, nodes)
+    if graph == "one-peer-exponential":
+        # Off a power of two some nodes sit a round out; the busiest one paces its neighbours.
+        return max(degree_of(graph, nodes, node, round_) for node in range(nodes))
+    # The other graphs are vertex-transitive: every node has node 0's degree.
+    return degree_of(graph, nodes, 0, round_)
+
+
+def gossip_degrees(
+    meta: dict, steps: pd.DataFrame, nodes: int
+) -> tuple[Callable[[int, int], int] | None, list[str]]:
+    """The gossip graph of a run rebuilt on `nodes` nodes: peers per (step, round), and a summary.
+
+    The graph is the run's `graph` setting, or per step steps.parquet's `graph` column where a
+    run recorded one (method ada; empty entries fall back to the setting). (None, []) for runs
+    of other methods. ConfigError (one sentence) if a graph cannot be built on `nodes` nodes.
+    """
+    cfg = meta["config"]
+    method = cfg.get("method")
+    if method not in GOSSIP_METHODS:
+        return None, []
+    default = cfg.get("graph") or "ring"
+    by_step: dict[int, str] = {}
+    if "graph" in steps.columns:
+        by_step = {int(step): str(graph) for step, graph in zip(steps["step"], steps["graph"],
+                                                                 strict=True)
+                   if isinstance(graph, str) and graph}
+    used = sorted(set(by_step.values()) | ({default} if len(by_step) < len(steps) else set()))
+    for graph in used:
+        problem = graph_problem(graph, nodes)
+        if problem is not None:
+            raise ConfigError(f"cannot rebuild the {method} run's graph on --nodes {nodes}: "
+                              f"{problem}")
+
+    def degrees(step: int, round_: int) -> int:
+        return _busiest_degree(by_step.get(step, default), nodes, round_)
+
+    lines = []
+    for graph in used:
+        found = sorted({_busiest_degree(graph, nodes, r) for r in range(period(graph, nodes))})
+        degree = "/".join(str(d) for d in found)
+        extra = (f" (one new peer a round, {period(graph, nodes)}-round period)"
+                 if graph == "one-peer-exponential" else "")
+        lines.append(f"{method} graph {graph} rebuilt on {nodes} nodes: degree {degree}{extra}")
+    return degrees, lines
 
 
 def simulate_run(
@@ -70,9 +129,10 @@ def simulate_run(
     gives some nodes links of their own; None replays the run's own node_links. `calibration`
     (from `flexbench calibrate`) prices every inter-node link at its measured goodput and
     per-message cost. attrs["note"] states the assumptions and attrs["algorithms"] the algorithms
-    assumed.
+    assumed. Gossip runs replay their graph rebuilt on the target nodes (`gossip_degrees`;
+    attrs["graphs"] describes it).
     """
-    meta, _ = read_run(run_dir)
+    meta, recorded_steps = read_run(run_dir)
     cfg = meta["config"]
     net = {
         "intra_bw": parse_bandwidth(cfg["intra_bw"]),
@@ -97,13 +157,15 @@ def simulate_run(
     trace_path = Path(run_dir) / "trace.parquet"
     if not trace_path.exists():
         raise ConfigError(f"{str(run_dir)!r} has no trace.parquet to replay.")
+    degrees, graphs = gossip_degrees(meta, recorded_steps, n_nodes)
     sim = simulate(
         trace_path, topology, steps=steps, compute_scale=compute_scale, intra=intra,
-        algorithm=algorithm,
+        algorithm=algorithm, degrees=degrees,
     )  # fmt: skip
     # assign() copies attrs, so the note and the algorithms travel with the result.
     sim = sim.assign(step=range(1, len(sim) + 1))
     sim.attrs["node_links"] = topology.describe_node_links()
+    sim.attrs["graphs"] = graphs if sim.attrs.get("p2p_degrees") else []
     if calibration is not None:
         sim.attrs["note"] = f"{sim.attrs.get('note', '')} Links {calibration.describe()}."
     return sim
@@ -182,6 +244,8 @@ def main(args: argparse.Namespace) -> int:
           f"{' (node links ' + ', '.join(links) + ')' if links else ''}: total "
           f"{sim['time_s'].iloc[-1]:.2f} s, median step {sim['step_time_s'].median() * 1e3:.1f} "
           f"ms -> {out}")
+    for line in sim.attrs.get("graphs", []):
+        print(f"  {line}")
     for line in algorithm_summary(sim.attrs.get("algorithms", [])):
         print(f"  {line}")
     if calibration is not None:

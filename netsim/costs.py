@@ -27,6 +27,7 @@ from netsim.topology import Link
 
 __all__ = [
     "OPS",
+    "P2P_OPS",
     "ALGORITHMS",
     "CollectiveVolume",
     "collective_volume",
@@ -57,6 +58,7 @@ OPS = (
     "scatter",
     "reduce",
 )
+P2P_OPS = ("send", "recv")  # point-to-point: one message between two ranks
 # "allreduce": what gloo really runs for reduce_scatter_tensor (all-reduce, then a local slice).
 ALGORITHMS = ("ring", "allreduce", "pipeline", "direct", "hierarchical", "tree", "bruck")
 # What a model user may ask for: the library's pick, always the ring, always the log-depth one.

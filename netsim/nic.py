@@ -8,7 +8,7 @@ import struct
 import threading
 from pathlib import Path
 
-__all__ = ["Timeline"]
+__all__ = ["Timeline", "fair_share_finishes"]
 
 _FORMAT = "<dd"  # egress free-at, ingress free-at (seconds on the shared time base)
 
@@ -31,6 +31,12 @@ class Timeline:
 
     def reserve(self, start: float, sent: float, received: float, bandwidth: float) -> float:
         """Book `sent`/`received` bytes at `bandwidth` from `start`; returns when both are done."""
+        return max(self.reserve_each(start, sent, received, bandwidth))
+
+    def reserve_each(
+        self, start: float, sent: float, received: float, bandwidth: float
+    ) -> tuple[float, float]:
+        """Book like `reserve`; returns when the sent and when the received bytes are done."""
         with self._lock:
             if self._fd is None:
                 return self._book(self._free, start, sent, received, bandwidth)
@@ -45,18 +51,62 @@ class Timeline:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     @staticmethod
-    def _book(free: list[float], start: float, sent: float, received: float, bw: float) -> float:
-        finish = start
+    def _book(
+        free: list[float], start: float, sent: float, received: float, bw: float
+    ) -> tuple[float, float]:
+        done = [start, start]
         for direction, nbytes in enumerate((sent, received)):
             if nbytes <= 0:
                 continue
             begin = max(start, free[direction])
-            free[direction] = begin + nbytes / bw
-            finish = max(finish, free[direction])
-        return finish
+            free[direction] = done[direction] = begin + nbytes / bw
+        return done[0], done[1]
 
     def close(self) -> None:
         """Release the shared file handle."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def fair_share_finishes(begins: list[float], sizes: list[float], bandwidth: float) -> list[float]:
+    """When each flow ends if flows in flight share `bandwidth` equally (processor sharing).
+
+    Flow i starts at begins[i] with sizes[i] bytes; a rank sending to two neighbours at once
+    moves each message at half the rate, so both end together.
+    """
+    if len(begins) != len(sizes):
+        raise ValueError(f"{len(begins)} flow starts do not match {len(sizes)} flow sizes.")
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth {bandwidth!r} bytes/s must be positive.")
+    finishes = [float(b) for b in begins]  # an empty flow ends where it starts
+    flows = [i for i, n in enumerate(sizes) if n > 0]
+    if not flows:
+        return finishes
+    # Times relative to the first start: absolute clock readings (~1e9 s) would eat the bytes.
+    t0 = min(begins[i] for i in flows)
+    pending = sorted((begins[i] - t0, i) for i in flows)
+    left = {i: float(sizes[i]) for i in flows}
+    active: list[int] = []
+    now = 0.0
+    while pending or active:
+        while pending and pending[0][0] <= now:
+            active.append(pending.pop(0)[1])
+        if not active:
+            now = pending[0][0]
+            continue
+        rate = bandwidth / len(active)
+        smallest = min(left[i] for i in active)
+        if pending and pending[0][0] < now + smallest / rate:
+            moved = rate * (pending[0][0] - now)  # a newcomer arrives before anyone is done
+            now = pending[0][0]
+        else:
+            moved = smallest
+            now += smallest / rate
+            # The smallest flows end now by construction: no rounding sliver may keep them.
+            for i in [i for i in active if left[i] <= smallest * (1 + 1e-12)]:
+                finishes[i] = t0 + now
+                active.remove(i)
+        for i in active:
+            left[i] -= moved
+    return finishes

@@ -7,6 +7,9 @@ are seconds on the recorder's clock (the shaping clock when shaping is installed
 virtual time). A combined trace is the concatenation of all ranks' frames; `comm_per_step` sums
 either into the per-step communication figures the runs report.
 
+A point-to-point message (op "send" or "recv") is a row of its own; `peer` names the global rank
+at its other end (-1 for collectives, and for traces written before the column existed).
+
 Every row carries a `phase`: "train" for the training loop, "eval" (or another name) for traffic
 that must never be mixed into the training figures, such as evaluation. Traces written before the
 column existed labelled evaluation traffic as step 0; `validate_trace` reads them that way.
@@ -48,6 +51,7 @@ TRACE_COLUMNS: dict[str, str] = {
     "op": "object",
     "group": "object",
     "group_size": "int64",
+    "peer": "int64",
     "inter": "bool",
     "algorithm": "object",
     "bytes": "int64",
@@ -129,6 +133,7 @@ class TraceRecorder:
                 "op": "",
                 "group": "",
                 "group_size": 0,
+                "peer": -1,
                 "inter": False,
                 "algorithm": "",
                 "bytes": 0,
@@ -177,8 +182,12 @@ class TraceRecorder:
         end: float = math.nan,
         wait: float = math.nan,
         modeled: float = math.nan,
+        peer: int = -1,
     ) -> dict:
-        """Record one collective of this rank; returns the row so completion times can be filled."""
+        """Record one collective or message of this rank; returns the row to fill in later.
+
+        `peer` is the global rank at the other end of a send or recv (-1 for collectives).
+        """
         ranks = list(group)
         return self._append(
             {
@@ -186,6 +195,7 @@ class TraceRecorder:
                 "op": op,
                 "group": _group_key(ranks),
                 "group_size": len(ranks),
+                "peer": int(peer),
                 "inter": bool(inter),
                 "algorithm": algorithm,
                 "bytes": int(nbytes),
@@ -247,6 +257,8 @@ def _fill_derived(df: pd.DataFrame) -> pd.DataFrame:
         df["seq"] = range(len(df))
     if "group_size" not in df.columns:
         df["group_size"] = [len(str(g).split(",")) if str(g) else 0 for g in df["group"]]
+    if "peer" not in df.columns:
+        df["peer"] = -1  # older traces did not name a message's other end
     for col in ("wait_s", "modeled_s"):
         if col not in df.columns:
             df[col] = math.nan
@@ -286,13 +298,29 @@ def load_trace(path: str | os.PathLike) -> pd.DataFrame:
 _PER_STEP = ("inter_bytes_sent", "inter_bytes_received", "inter_calls", "intra_bytes", "comm_s")
 
 
+def _covered(coll: pd.DataFrame) -> pd.Series:
+    """Seconds each op adds to the union of its rank's inter-node op spans within a step."""
+    inter = coll[coll["inter"].astype(bool)]
+    start = inter["start_s"]
+    end = inter["end_s"].fillna(start)  # never returned: no span, as before
+    order = pd.DataFrame({"step": inter["step"], "rank": inter["rank"], "start": start,
+                          "end": end}).sort_values(["step", "rank", "start"], kind="stable")
+    keys = [order["step"], order["rank"]]
+    # How far the earlier ops of the same (step, rank) already reach: only time past it is new.
+    reach = order.groupby(keys)["end"].cummax().groupby(keys).shift(fill_value=-math.inf)
+    added = (order["end"] - order["start"].where(order["start"] > reach, reach)).clip(lower=0.0)
+    return added.reindex(coll.index, fill_value=0.0)
+
+
 def comm_per_step(trace: pd.DataFrame) -> pd.DataFrame:
     """Communication of each training step: the one per-step summary of a trace.
 
     Takes one rank's frame or a combined trace (all ranks' frames concatenated) and returns one
     row per training step with `inter_bytes_sent`, `inter_bytes_received` and `intra_bytes`
     (wire bytes sent, summed over the trace's ranks), and `inter_calls` and `comm_s` (inter-node
-    collectives and the seconds from their issue to their return) of the busiest rank. Only phase
+    collectives, and the seconds in which at least one of them was between its issue and its
+    return) of the busiest rank. Ops in flight together count once: gossip's concurrent
+    messages to its neighbours take the span of the slowest, not the sum of all. Only phase
     "train" counts (a trace older than the phase column reads as `validate_trace` reads it); a
     step without collectives has zeros.
     """
@@ -306,7 +334,7 @@ def comm_per_step(trace: pd.DataFrame) -> pd.DataFrame:
         inter_bytes_received=coll["bytes_received"].where(inter, 0.0),
         inter_calls=inter.astype("int64"),
         intra_bytes=coll["bytes_sent"].where(~inter, 0.0),
-        comm_s=(coll["end_s"] - coll["start_s"]).where(inter, 0.0),
+        comm_s=_covered(coll).where(inter, 0.0),
     ).groupby(["step", "rank"])[list(_PER_STEP)].sum()
     per_step = per_rank.groupby(level="step").agg(
         inter_bytes_sent=("inter_bytes_sent", "sum"),

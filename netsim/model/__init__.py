@@ -8,6 +8,12 @@ transfer of its wire bytes over the NICs; ring phases are aggregated analyticall
 therefore grows with steps x accelerators_per_node x node classes x events per step, and not
 with the node count.
 
+Point-to-point messages (gossip) are not collectives: a round of a node's messages is one
+exchange with its neighbours, with no rendezvous of all nodes, priced on the node's NIC egress
+and ingress by the target graph's degree (`simulate(degrees=...)`). On a vertex-transitive graph
+every node does the same at the same time, so the class's process stands for all its nodes and
+a step's cost grows with the degree, not with the node count (P2P_NOTE).
+
 Assumptions (also returned in the result's attrs["note"]):
 - Compute between a rank's collectives (gaps in its trace where it was not blocked in wait()) is
   the per-step compute; it is scaled by compute_scale and divided by the node's speed. Explicit
@@ -28,7 +34,7 @@ Where things live: `programs` turns a trace into typed per-step programs, `clust
 replays them in SimPy over `shared_link.SharedLink` NICs, `replay.simulate` ties them together.
 """
 
-from netsim.model.replay import MODEL_NOTE, algorithm_summary, simulate
+from netsim.model.replay import MODEL_NOTE, P2P_NOTE, algorithm_summary, simulate
 from netsim.model.shared_link import SharedLink
 
-__all__ = ["SharedLink", "simulate", "algorithm_summary", "MODEL_NOTE"]
+__all__ = ["SharedLink", "simulate", "algorithm_summary", "MODEL_NOTE", "P2P_NOTE"]

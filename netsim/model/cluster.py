@@ -1,19 +1,26 @@
 """The SimPy side of the model: one process per (node speed class, accelerator position).
 
 Programs are first compiled for the target topology into few, cheap steps (`Delay`, `InterOp`,
-`IntraOp`, `Wait`); a collective is a rendezvous of its member processes, then its latency steps
-and a processor-shared transfer of its wire bytes over the NICs (`SharedLink`).
+`IntraOp`, `Exchange`, `Wait`); a collective is a rendezvous of its member processes, then its
+latency steps and a processor-shared transfer of its wire bytes over the NICs (`SharedLink`).
+
+A round of point-to-point messages (gossip) is one `Exchange`: no rendezvous with other nodes,
+the node's messages to and from its neighbours leave through its NIC's egress and arrive through
+its ingress at once, processor-shared with the node's other traffic, and end one latency later.
+On a vertex-transitive graph every node does this at the same time, so the class's one process
+stands for all of its nodes, and the cost grows with the degree, not with the node count.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import NamedTuple
 
 import simpy
 
 from netsim.costs import (
+    P2P_OPS,
     CollectiveVolume,
     choose_algorithm,
     collective_volume,
@@ -23,7 +30,10 @@ from netsim.model.programs import Compute, Issue, Item, OpSpec, Wait
 from netsim.model.shared_link import SharedLink
 from netsim.topology import Topology
 
-__all__ = ["Cluster", "Delay", "InterOp", "IntraOp", "Step"]
+__all__ = ["Cluster", "Delay", "Exchange", "InterOp", "IntraOp", "Step", "Degrees"]
+
+# (recorded step number, gossip round on the target) -> peers per node: the graph rebuilt.
+Degrees = Callable[[int, int], int]
 
 
 class Delay(NamedTuple):
@@ -49,7 +59,22 @@ class IntraOp(NamedTuple):
     seconds: float
 
 
-Step = Delay | InterOp | IntraOp | Wait
+class Exchange(NamedTuple):
+    """Issue one round of point-to-point messages, named `op`, of recorded step index `step`.
+
+    `sent` and `received` are one message's bytes each way (the largest recorded); `sends` and
+    `recvs` the recorded message counts, kept when no graph rebuilds the round's peers.
+    """
+
+    op: int
+    step: int
+    sent: float
+    received: float
+    sends: int
+    recvs: int
+
+
+Step = Delay | InterOp | IntraOp | Exchange | Wait
 
 
 class Cluster:
@@ -65,6 +90,8 @@ class Cluster:
         compute_scale: float,
         intra: str = "model",
         algorithm: str = "auto",
+        degrees: Degrees | None = None,
+        step_numbers: list[int] | None = None,
     ) -> None:
         self.env = simpy.Environment()
         self.topo = topology
@@ -74,6 +101,10 @@ class Cluster:
         self.compute_scale = compute_scale
         self.intra = intra
         self.algorithm = algorithm
+        self.degrees = degrees
+        self.step_numbers = step_numbers or list(range(n_recorded))
+        self._degree_cache: dict[tuple[int, int], int] = {}
+        self.p2p_degrees: set[int] = set()  # peers per node in the rounds replayed, for reporting
         # (op, algorithm run, group size, one rank per node) -> message sizes, for reporting.
         self.choices: dict[tuple[str, str, int, bool], set[int]] = defaultdict(set)
         # Nodes of equal speed and link behave alike: class c runs at speed classes[c] and its
@@ -97,10 +128,17 @@ class Cluster:
         else:
             self.nics = {c: SharedLink(self.env, link.effective_bandwidth)
                          for c, link in enumerate(self.links)}
+        # Messages arrive through a NIC's other direction: only traces with messages need it, so
+        # collectives keep their one (busier-direction) link and their speed everywhere else.
+        self.ingress: dict | None = None
+        if any(spec.scope == "p2p" for spec in specs):
+            self.ingress = {key: SharedLink(self.env, nic.bandwidth)
+                            for key, nic in self.nics.items()}
         self.rendezvous: dict[tuple, list] = {}
         self.step_end: list[float] = []
         self._volumes: dict[int, tuple[int, CollectiveVolume]] = {}  # spec id -> (p, volume)
-        self.compiled = {slot: self._compile(program) for slot, program in programs.items()}
+        self.compiled = {slot: self._compile(program, slot[1])
+                         for slot, program in programs.items()}
 
     # -- compiling programs for the target topology -------------------------------------------
     def _group_size(self, spec: OpSpec) -> int:
@@ -137,25 +175,50 @@ class Cluster:
             self._volumes[spec_id] = (p, volume)
         return self._volumes[spec_id]
 
-    def _compile(self, program: list[Item]) -> list[Step]:
+    def _compile(self, program: list[Item], step: int) -> list[Step]:
         """Resolve a program for this topology: intra ops become delays or meetings, delays merge.
 
-        Folding keeps SimPy events per step few, which keeps replay fast.
+        A round of messages (those issued before the first of them is waited on) becomes one
+        Exchange, waited on where the first of them was. Folding keeps SimPy events per step
+        few, which keeps replay fast.
         """
         out: list[Step] = []
         waited_at_once: set[int] = set()
+        round_: list | None = None  # [index in out, first op, sizes sent, sizes received]
+        in_round: set[int] = set()  # messages of the open round
+        folded: set[int] = set()  # messages of closed rounds: their waits are the round's
         for n, item in enumerate(program):
             if type(item) is Compute:
                 self._add_delay(out, item.seconds, 0.0)
+            elif type(item) is Issue and self.specs[item.spec].scope == "p2p":
+                spec = self.specs[item.spec]
+                if round_ is None:
+                    round_ = [len(out), item.op, [], []]
+                    out.append(None)  # the round's Exchange, filled in when it closes
+                round_[2 if spec.op == "send" else 3].append(spec.nbytes)
+                in_round.add(item.op)
             elif type(item) is Issue:
                 following = program[n + 1] if n + 1 < len(program) else None
                 if self._compile_issue(out, item, following):
                     waited_at_once.add(item.op)
+            elif item.op in in_round:
+                out.append(Wait(round_[1]))
+                self._close_round(out, round_, step)
+                folded |= in_round
+                round_, in_round = None, set()
             elif item.op in waited_at_once:
                 waited_at_once.discard(item.op)
-            else:
+            elif item.op not in folded:
                 out.append(item)
+        if round_ is not None:  # never waited on: the step's end waits for it
+            self._close_round(out, round_, step)
         return out
+
+    @staticmethod
+    def _close_round(out: list[Step], round_: list, step: int) -> None:
+        at, op, sent, received = round_
+        out[at] = Exchange(op, step, float(max(sent, default=0)), float(max(received, default=0)),
+                           len(sent), len(received))
 
     def _compile_issue(self, out: list[Step], item: Issue, following: Item | None) -> bool:
         """Append the steps of one issued op; True if it became a plain delay (drop its wait)."""
@@ -165,7 +228,7 @@ class Cluster:
             out.append(InterOp(item.op, item.spec, volume))
             return False
         seconds = item.recorded_s if self.intra == "recorded" else volume.time(self.topo.intra)
-        if p > 1:
+        if p > 1 and spec.op not in P2P_OPS:
             # A real collective holds every member until the last one arrives; a plain delay
             # would let a node's positions drift a step apart, and the one ahead would then use
             # the shared NIC alone while the other is still behind.
@@ -258,7 +321,58 @@ class Cluster:
                 flows.append(self._nic(c, self.topo.accelerators_per_node - 1).transfer(nbytes))
             else:
                 flows.append(self._nic(c, j).transfer(nbytes * spec.nic_share))
+        if self.ingress is not None:
+            # Messages share the arriving direction: a collective moves its bytes both ways.
+            for c, flow_bytes in enumerate(self._collective_bytes(spec, nbytes)):
+                flows.append(self._ingress(c, j, spec).transfer(flow_bytes))
         yield self.env.all_of(flows)
+        done.succeed()
+
+    def _collective_bytes(self, spec: OpSpec, nbytes: float) -> list[float]:
+        """Bytes each class's NIC carries for a collective (as booked on the egress side)."""
+        share = 1.0 if spec.scope in ("replicate", "world") else spec.nic_share
+        return [nbytes * share] * len(self.classes)
+
+    def _ingress(self, c: int, j: int, spec: OpSpec | None = None) -> SharedLink:
+        if self.topo.nic != "per-accelerator":
+            return self.ingress[c]
+        if spec is not None and spec.scope == "world":
+            return self.ingress[(c, self.topo.accelerators_per_node - 1)]
+        return self.ingress[(c, j)]
+
+    def _degree(self, step: int, round_: int) -> int:
+        """Peers per node in gossip round `round_` of recorded step index `step` on the target."""
+        key = (self.step_numbers[step], round_)
+        if key not in self._degree_cache:
+            self._degree_cache[key] = int(self.degrees(*key))
+        return self._degree_cache[key]
+
+    def _launch_p2p(self, item: Exchange, j: int, round_: int, counters: dict) -> simpy.Event:
+        """Start a round of messages; with several node classes they meet, so the slowest paces."""
+        _op, step, sent, received, sends, recvs = item
+        if self.degrees is not None:
+            degree = self._degree(step, round_)
+            sends, recvs = (degree if sends else 0), (degree if recvs else 0)
+        self.p2p_degrees.add(max(sends, recvs))
+        entry = self._meet(("p2p", j), len(self.classes), counters)
+        if entry[0] == len(self.classes):
+            self.env.process(self._exchange(sends, sent, recvs, received, j, entry[1]))
+        return entry[1]
+
+    def _exchange(
+        self, sends: int, sent: float, recvs: int, received: float, j: int, done: simpy.Event
+    ) -> Generator:
+        """Every class sends `sends` messages and receives `recvs` at once, then one latency."""
+        flows = []
+        for c in range(len(self.classes)):
+            # One weighted flow per direction: the equal messages share the NIC and end together.
+            if sends:
+                flows.append(self._nic(c, j).transfer(sends * sent, sends))
+            if recvs:
+                flows.append(self._ingress(c, j).transfer(recvs * received, recvs))
+        if flows:
+            yield self.env.all_of(flows)
+            yield self.env.timeout(self.path.latency)
         done.succeed()
 
     # -- the processes ------------------------------------------------------------------------
@@ -267,6 +381,7 @@ class Cluster:
         g_rec = self.recorded.accelerators_per_node
         counters: dict = defaultdict(int)
         env = self.env
+        rounds = 0  # gossip rounds so far: a time-varying graph's peers depend on it
         for s in range(n_steps):
             pending: dict[int, simpy.Event] = {}
             # Hot loop: records are unpacked positionally, which is cheaper than by field name.
@@ -278,6 +393,9 @@ class Cluster:
                 elif kind is InterOp:
                     op, spec, volume = item
                     pending[op] = self._launch(self.specs[spec], volume, j, counters)
+                elif kind is Exchange:
+                    pending[item.op] = self._launch_p2p(item, j, rounds, counters)
+                    rounds += 1
                 elif kind is IntraOp:
                     op, spec, seconds = item
                     pending[op] = (

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from netsim.costs import P2P_OPS
 from netsim.topology import Topology, ring_nic_share
 
 __all__ = ["OpSpec", "Compute", "Issue", "Wait", "Item", "Programs", "build_programs"]
@@ -33,7 +34,7 @@ class OpSpec:
     algorithm: str
     nbytes: int
     inter: bool
-    scope: str  # "replicate", "world", "other" (inter) or "intra"
+    scope: str  # "replicate", "world", "other", "p2p" (inter) or "intra"
     positions: frozenset  # recorded accelerator positions taking part (inter "other")
     size: int  # group size for non-scaling groups
     nic_share: float  # bytes through one node's NIC per rank's wire bytes
@@ -68,6 +69,7 @@ class Programs(NamedTuple):
     by_slot: dict[tuple[int, int], list[Item]]
     specs: list[OpSpec]
     n_steps: int
+    step_numbers: list[int]  # the trace's step number of each recorded step index
 
 
 # A moment in a rank's step, as a plain tuple (built ~10^5 times per replay, so no NamedTuple):
@@ -117,6 +119,9 @@ class _SpecCatalog:
         if group not in self._groups:
             self._groups[group] = _classify(group, self.recorded)
         scope, positions, size, share = self._groups[group]
+        if op in P2P_OPS and inter:
+            # A message meets only its peer, whatever group it was sent on.
+            scope, share = "p2p", 1.0
         key = (op, algorithm, int(nbytes), bool(inter), scope, positions, size)
         if key not in self._ids:
             self._ids[key] = len(self.specs)
@@ -263,4 +268,4 @@ def build_programs(df: pd.DataFrame, recorded: Topology) -> Programs:
         points = _points(cols, i, j, span, catalog)
         program = _program(points, span or _fallback_span(cols, i, j), own, occurrence)
         per_rank[(recorded.local_of(rank), step_index[step], recorded.node_of(rank))] = program
-    return Programs(_merge_nodes(per_rank), catalog.specs, len(steps))
+    return Programs(_merge_nodes(per_rank), catalog.specs, len(steps), [int(s) for s in steps])

@@ -11,17 +11,28 @@ import numpy as np
 import pandas as pd
 
 from netsim.costs import ALGORITHM_CHOICES
-from netsim.model.cluster import Cluster
+from netsim.model.cluster import Cluster, Degrees
 from netsim.model.programs import build_programs
 from netsim.topology import Topology
 from netsim.trace import TRAIN, load_trace, validate_trace
 
-__all__ = ["simulate", "algorithm_summary", "MODEL_NOTE"]
+__all__ = ["simulate", "algorithm_summary", "MODEL_NOTE", "P2P_NOTE"]
 
 MODEL_NOTE = (
     "weak scaling: per-step compute and payload sizes as recorded; steps beyond the recording "
     "cycle through recorded steps; replicate groups span all target nodes; compute scaled by "
     "compute_scale / node_speed; jitter enters with its mean (zero)."
+)
+P2P_NOTE = (
+    "point-to-point messages: a round of a node's messages (sent before the first is waited on) "
+    "is one exchange with its neighbours, no rendezvous with other nodes: degree messages each "
+    "way at once, processor-shared on the NIC's egress and ingress with the node's other "
+    "traffic, one latency per message (they overlap). The graph is taken as vertex-transitive "
+    "(ring, torus, exponential, complete, one-peer-exponential on a power of two): every node "
+    "does the same work at the same time, so one representative node per class stands for all; "
+    "on other graphs it carries the busiest node's degree (an upper bound). With several node "
+    "classes (node_links, node_speed) the classes meet at every round, so the slowest paces, as "
+    "in the steady state of a connected graph."
 )
 
 
@@ -86,6 +97,7 @@ def simulate(
     compute_scale: float = 1.0,
     intra: str = "model",
     algorithm: str = "auto",
+    degrees: Degrees | None = None,
 ) -> pd.DataFrame:
     """Predict per-step times of a recorded run on `topology`: DataFrame[step, step_time_s, time_s].
 
@@ -102,6 +114,10 @@ def simulate(
             (tree all-reduce, Bruck all-gather) by their alpha-beta time as NCCL's tuner does;
             "ring" keeps the recorded algorithms; "tree" forces the log-depth ones.
             attrs["algorithms"] lists what was assumed (`algorithm_summary` prints it).
+        degrees: for traces with point-to-point messages (gossip), the peers each node has on
+            the target, given (recorded step number, gossip round); None keeps the recorded
+            messages, which only fits the recorded node count. attrs["p2p_degrees"] lists
+            those replayed.
     """
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
@@ -117,9 +133,16 @@ def simulate(
         programs = build_programs(df, recorded)
         n_steps = programs.n_steps if steps is None else steps
         _check_steps_and_intra(n_steps, steps, intra)
+        p2p = any(spec.scope == "p2p" for spec in programs.specs)
+        if p2p and degrees is None and topology.nodes != nodes:
+            raise ValueError(
+                f"the trace has point-to-point messages recorded on {nodes} nodes, whose peers on "
+                f"{topology.nodes} nodes are unknown; pass degrees= (peers per node there), as "
+                f"flexbench simulate does from the run's gossip graph."
+            )
         cluster = Cluster(
             topology, recorded, programs.by_slot, programs.specs, programs.n_steps,
-            float(compute_scale), intra, algorithm,
+            float(compute_scale), intra, algorithm, degrees, programs.step_numbers,
         )  # fmt: skip
     times = np.asarray(cluster.run(int(n_steps)), dtype=float)
     out = pd.DataFrame(
@@ -129,7 +152,8 @@ def simulate(
             "time_s": times,
         }
     )
-    out.attrs["note"] = MODEL_NOTE
+    out.attrs["note"] = MODEL_NOTE + (" " + P2P_NOTE if p2p else "")
+    out.attrs["p2p_degrees"] = sorted(cluster.p2p_degrees)
     out.attrs["recorded_topology"] = (nodes, per_node)
     out.attrs["algorithms"] = [
         {"op": op, "algorithm": algo, "ranks": p, "one_per_node": alone,

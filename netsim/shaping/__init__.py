@@ -12,6 +12,9 @@ The modeled start of a collective is the latest arrival among its ranks (exchang
 all-reduce on the wrapped group), so a late peer delays everybody as on a real network. Bytes go
 through a reservation timeline per node NIC (shared by the node's processes through a locked file
 in the run folder, see run_dir.py) or per accelerator, so concurrent transfers share bandwidth.
+Point-to-point messages (send/recv, e.g. gossip's batch_isend_irecv) meet only their peer: a
+message starts when both ends are there, and a rank's messages in flight together share its NIC
+fairly each way (group.py).
 
 Where things live: `shaper.Shaper` holds one process's state and makes the groups;
 `group.ShapedProcessGroup` funnels every collective through one path; `work.ShapedWork` holds

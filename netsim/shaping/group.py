@@ -4,11 +4,21 @@ Each collective method below only says which trace op it is, which tensors it co
 wrapped backend runs it; `_funnel` does the rest once for all of them: pick the wrapped backend by
 device, compute the wire volume, exchange arrival times, launch, record, and hand back a
 ShapedWork that holds completion to the modeled time.
+
+Point-to-point messages (send, recv; `dist.batch_isend_irecv` posts one per op) meet only their
+peer: the sender hands its issue time to the receiver in a tiny message of its own, and the
+transfer starts when both ends are there. Messages a rank has in flight together share its NIC
+fairly (processor sharing), each way on its own: a rank sending to two neighbours at once moves
+each at half the rate. They are booked as one batch when the first of them is waited on, after
+the other ranks' traffic on the node's NIC timeline, and each ends one latency after its bytes.
+A receive is paced by the receiving NIC and the pair's link rate: the sender's other messages
+are not visible to it (on a regular graph, such as gossip's, both ends carry the same load).
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
 
-from netsim.costs import CollectiveVolume, collective_volume, default_algorithm
-from netsim.nic import Timeline
+from netsim.costs import P2P_OPS, CollectiveVolume, collective_volume, default_algorithm
+from netsim.nic import Timeline, fair_share_finishes
 from netsim.shaping.work import ShapedWork
 from netsim.topology import Link, ring_nic_share
 
@@ -29,6 +39,9 @@ __all__ = ["BACKEND", "ShapedProcessGroup"]
 BACKEND = "netsim"
 
 Launch = Callable[[Any], Any]  # runs the op on a wrapped backend; returns a Work or a list
+
+# Added to a message's tag for its issue-time stamp, so a stamp never matches a payload.
+_STAMP_TAG = 1 << 30
 
 
 def _nbytes(tensors: Any) -> int:
@@ -50,6 +63,10 @@ def _first_tensor(tensors: Any) -> torch.Tensor | None:
     return None
 
 
+def _as_list(works: Any) -> list:
+    return works if isinstance(works, list) else [works]
+
+
 def _a(opts: Any) -> tuple:
     """Pass options through only when the caller gave them (the backends have defaults)."""
     return () if opts is None else (opts,)
@@ -66,6 +83,30 @@ def _pairs(method: str, outputs: list, inputs: list, opts: Any) -> Launch:
     return lambda g: [
         getattr(g, method)(o, i, *_a(opts)) for o, i in zip(outputs, inputs, strict=True)
     ]
+
+
+class _Message:
+    """One shaped send or recv of this rank, waiting to be booked on the NIC with its batch."""
+
+    __slots__ = ("sending", "nbytes", "issued", "link", "inter", "stamp", "stamp_work", "booked")
+
+    def __init__(self, sending: bool, nbytes: int, issued: float, link: Link, inter: bool) -> None:
+        self.sending = sending
+        self.nbytes = nbytes
+        self.issued = issued
+        self.link = link
+        self.inter = inter
+        self.stamp: torch.Tensor | None = None  # a receive's copy of the sender's issue time
+        self.stamp_work: Any = None
+        self.booked: tuple[float, float] | None = None  # (begin, finish) from this rank's side
+
+    def lateness(self) -> float:
+        """How much later than this rank the other end issued it (a receive waits for that)."""
+        if self.stamp_work is None:
+            return 0.0
+        if not self.stamp_work.is_completed():  # gloo hangs on a second wait() of a receive
+            self.stamp_work.wait()
+        return max(0.0, float(self.stamp[0].item()) - self.issued)
 
 
 class ShapedProcessGroup(dist.ProcessGroup):
@@ -97,6 +138,8 @@ class ShapedProcessGroup(dist.ProcessGroup):
         self._shaped = shaper.mode != "off" and (self._inter or shaper.shape_intra)
         self._nic_share = ring_nic_share(self._ranks, topo) if self._inter else 1.0
         self._rng = random.Random(f"{shaper.seed}:{self._global_rank}:{self._ranks}")
+        self._unbooked: list[_Message] = []  # messages issued, not yet booked on a NIC
+        self._p2p_lock = threading.Lock()
         self.closed = False
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -111,9 +154,9 @@ class ShapedProcessGroup(dist.ProcessGroup):
         self.closed = True
 
     # -- modeling ------------------------------------------------------------------------------
-    def _timeline(self) -> Timeline:
+    def _timeline(self, inter: bool | None = None) -> Timeline:
         topo, shaper = self._shaper.topology, self._shaper
-        if not self._inter:
+        if not (self._inter if inter is None else inter):
             return shaper.timeline(("intra", self._global_rank), None)
         if topo.nic == "per-accelerator":
             return shaper.timeline(("nic", self._global_rank), None)
@@ -123,12 +166,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
     def _model_finish(self, begin: float, volume: CollectiveVolume) -> float:
         """Modeled completion time of a collective that starts at `begin`."""
         link = self._link
-        latency = volume.latency_steps * link.latency
-        if link.jitter > 0 and volume.latency_steps:
-            latency += sum(
-                self._rng.uniform(-link.jitter, link.jitter) for _ in range(volume.latency_steps)
-            )
-            latency = max(0.0, latency)
+        latency = self._jittered(volume.latency_steps * link.latency, link, volume.latency_steps)
         share = self._nic_share
         through = self._timeline().reserve(
             begin,
@@ -137,6 +175,85 @@ class ShapedProcessGroup(dist.ProcessGroup):
             link.effective_bandwidth,
         )
         return through + latency
+
+    def _jittered(self, latency: float, link: Link, steps: int = 1) -> float:
+        if link.jitter > 0 and steps:
+            latency += sum(self._rng.uniform(-link.jitter, link.jitter) for _ in range(steps))
+        return max(0.0, latency)
+
+    def _message_span(self, message: _Message) -> tuple[float, float]:
+        """(begin, finish) of a message; the first one asked books all this rank has in flight.
+
+        Every message issued and not yet booked belongs to the batch: a receive's start is taken
+        as its own issue time there (waiting for other stamps could deadlock), and the whole
+        span moves later by however late its sender turns out to have been.
+        """
+        with self._p2p_lock:
+            if message.booked is None:
+                batch, self._unbooked = self._unbooked, []
+                for inter in (True, False):
+                    self._book_batch([m for m in batch if m.inter == inter], inter)
+            late = message.lateness()
+            return message.booked[0] + late, message.booked[1] + late
+
+    def _book_batch(self, batch: list[_Message], inter: bool) -> None:
+        """Processor-shared NIC time of messages in flight together, queued after other ranks'."""
+        if not batch:
+            return
+        topo = self._shaper.topology
+        nic = topo.node_link(topo.node_of(self._global_rank)) if inter else topo.intra
+        bandwidth = nic.effective_bandwidth
+        start = min(m.issued for m in batch)
+        ends: dict[int, float] = {}
+        totals = []
+        for sending in (True, False):
+            ids = [i for i, m in enumerate(batch) if m.sending == sending]
+            shared = fair_share_finishes([batch[i].issued for i in ids],
+                                         [batch[i].nbytes for i in ids], bandwidth)
+            ends.update(zip(ids, shared, strict=True))
+            totals.append(sum(batch[i].nbytes for i in ids))
+        # The node's other ranks may hold the NIC already: the batch then waits its turn.
+        booked = self._timeline(inter).reserve_each(start, totals[0], totals[1], bandwidth)
+        delay = [0.0, 0.0]
+        for d, sending in enumerate((True, False)):
+            last = max((ends[i] for i, m in enumerate(batch) if m.sending == sending),
+                       default=start)
+            delay[d] = max(0.0, booked[d] - last) if totals[d] else 0.0
+        for i, m in enumerate(batch):
+            # A slower link at the other end paces the message too.
+            through = max(ends[i] + delay[0 if m.sending else 1],
+                          m.issued + m.nbytes / m.link.effective_bandwidth)
+            m.booked = (m.issued, through + self._jittered(m.link.latency, m.link))
+
+    def _message(
+        self, op: str, tensors: Any, peer: int | None, tag: int, launch: Launch, row: dict | None,
+        issued: float, device: str, inner: Any,
+    ) -> ShapedWork:
+        """A send or recv: shaped as a pairwise transfer that starts when both ends are there."""
+        topo, shaper = self._shaper.topology, self._shaper
+        if peer is None:  # from any source: the group's link, no stamp to wait for
+            link, inter = self._link, self._inter
+        else:
+            pair = [self._global_rank, self._ranks[peer]]
+            link, inter = topo.link_for(pair), topo.crosses_nodes(pair)
+        if shaper.mode == "off" or not (inter or shaper.shape_intra):
+            return ShapedWork(shaper, _as_list(launch(inner)), None, row, issued)
+        message = _Message(op == "send", _nbytes(tensors), issued, link, inter)
+        works = []
+        if peer is not None:
+            # The stamp goes first on both ends, so backends that match by order pair them too.
+            if message.sending:
+                stamp = torch.tensor([issued], dtype=torch.float64, device=device)
+                works.append(inner.send([stamp], peer, tag + _STAMP_TAG))
+            else:
+                message.stamp = torch.empty(1, dtype=torch.float64, device=device)
+                message.stamp_work = inner.recv([message.stamp], peer, tag + _STAMP_TAG)
+                works.append(message.stamp_work)
+        works += _as_list(launch(inner))
+        with self._p2p_lock:
+            self._unbooked.append(message)
+        span = lambda: self._message_span(message)
+        return ShapedWork(shaper, works, None, row, issued, span=span)
 
     # -- the funnel ----------------------------------------------------------------------------
     def _inner_for(self, tensors: Any) -> tuple[str, Any]:
@@ -149,13 +266,14 @@ class ShapedProcessGroup(dist.ProcessGroup):
         return device, self._inners[device][1]
 
     def _funnel(
-        self, op: str, tensors: Any, launch: Launch, root: int | None = None, exchange: bool = True
+        self, op: str, tensors: Any, launch: Launch, root: int | None = None,
+        peer: int | None = None, tag: int = 0,
     ) -> ShapedWork:
         """Every op's one path: count `tensors`, launch on the wrapped backend, record, shape.
 
         Args:
             root: group rank of a rooted op's root (its volume differs from the others').
-            exchange: whether ranks swap arrival times first (not for point-to-point ops).
+            peer, tag: a send's or recv's other end (group rank; None: any source) and tag.
         """
         shaper = self._shaper
         device, inner = self._inner_for(tensors)
@@ -164,18 +282,23 @@ class ShapedProcessGroup(dist.ProcessGroup):
         volume = collective_volume(op, self.size(), nbytes, algorithm, is_root=self.rank() == root)
         issued = shaper.now()
         row = None
+        p2p = op in P2P_OPS
+        peer_rank = self._ranks[peer] if p2p and peer is not None else -1
         if shaper.recorder is not None:
+            inter = self._inter if peer_rank < 0 else self._shaper.topology.crosses_nodes(
+                [self._global_rank, peer_rank])
             row = shaper.recorder.record_collective(
-                op, self._ranks, self._inter, algorithm, nbytes, volume.bytes_sent,
-                volume.bytes_received, issued - shaper.t0,
+                op, self._ranks, inter, algorithm, nbytes, volume.bytes_sent,
+                volume.bytes_received, issued - shaper.t0, peer=peer_rank,
             )  # fmt: skip
+        if p2p:
+            return self._message(op, tensors, peer, tag, launch, row, issued, device, inner)
         arrival = sync = None
-        if self._shaped and exchange and self.size() > 1:
+        if self._shaped and self.size() > 1:
             # Everybody's arrival time, so the modeled transfer starts when the last rank shows up.
             arrival = torch.tensor([issued], dtype=torch.float64, device=device)
             sync = inner.allreduce([arrival], _max_options())
-        works = launch(inner)
-        works = works if isinstance(works, list) else [works]
+        works = _as_list(launch(inner))
         finish = (lambda begin: self._model_finish(begin, volume)) if self._shaped else None
         return ShapedWork(shaper, works, finish, row, issued, arrival, sync)
 
@@ -269,16 +392,18 @@ class ShapedProcessGroup(dist.ProcessGroup):
     # Point-to-point: only two ranks take part, so no arrival exchange over the whole group.
     def send(self, tensors, dst, tag=0):
         """Send through the funnel."""
-        return self._funnel("send", tensors, lambda g: g.send(tensors, dst, tag), exchange=False)
+        launch = lambda g: g.send(tensors, dst, tag)
+        return self._funnel("send", tensors, launch, peer=dst, tag=tag)
 
     def recv(self, tensors, src, tag=0):
         """Receive through the funnel."""
-        return self._funnel("recv", tensors, lambda g: g.recv(tensors, src, tag), exchange=False)
+        launch = lambda g: g.recv(tensors, src, tag)
+        return self._funnel("recv", tensors, launch, peer=src, tag=tag)
 
     def recv_anysource(self, tensors, tag=0):
         """Receive from any rank through the funnel."""
         launch = lambda g: g.recv_anysource(tensors, tag)
-        return self._funnel("recv", tensors, launch, exchange=False)
+        return self._funnel("recv", tensors, launch, tag=tag)
 
     def barrier(self, opts=None):
         """Barrier through the funnel (no payload)."""

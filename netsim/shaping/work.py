@@ -26,6 +26,8 @@ class ShapedWork(dist.Work):
             group is not shaped (count and trace only).
         arrival, sync: this rank's issue time being MAX-all-reduced over the group, and the work
             of that exchange; the modeled transfer starts when the last rank has arrived.
+        span: (begin, finish) of the modeled transfer, asked once; point-to-point messages
+            use it instead of `model_finish`, since their NIC booking is made per batch.
     """
 
     def __init__(
@@ -37,6 +39,7 @@ class ShapedWork(dist.Work):
         issued: float,
         arrival: torch.Tensor | None = None,
         sync: dist.Work | None = None,
+        span: Callable[[], tuple[float, float]] | None = None,
     ) -> None:
         super().__init__()
         self._shaper = shaper
@@ -46,12 +49,16 @@ class ShapedWork(dist.Work):
         self._issued = issued
         self._arrival = arrival
         self._sync = sync
+        self._span_of = span
+        self._shaped = model_finish is not None or span is not None
         self._done = False
         self._span: tuple[float, float] | None = None
         self._lock = threading.Lock()
 
     def _modeled(self) -> tuple[float, float]:
         """(begin, finish) of the modeled transfer; booked on the NIC once, when first asked."""
+        if self._span is None and self._span_of is not None:
+            self._span = self._span_of()
         if self._span is None:
             begin = self._issued
             if self._sync is not None:
@@ -78,7 +85,7 @@ class ShapedWork(dist.Work):
             for work in self._works:
                 work.wait()
             modeled = math.nan
-            if self._model_finish is not None:
+            if self._shaped:
                 begin, finish = self._modeled()
                 modeled = finish - begin
                 self._hold_until(finish)
@@ -95,7 +102,7 @@ class ShapedWork(dist.Work):
             return True
         if not all(w.is_completed() for w in self._works):
             return False
-        if self._model_finish is None:
+        if not self._shaped:
             return True
         if self._sync is not None and not self._sync.is_completed():
             return False
