@@ -291,16 +291,19 @@ def _wall_gossip(rank: int, world: int, out: str) -> None:
     if rank == 0:
         trace = pd.concat(frames, ignore_index=True)
         measured = comm_per_step(trace)["comm_s"]
+        messages = trace[trace["kind"] == "collective"].groupby(["step", "rank"])
+        per_rank = messages["end_s"].max() - messages["start_s"].min()
         degrees, _ = gossip_degrees(_meta("ring"), _steps(3), world)
         # Compute scaled to nothing: the model's step is its communication alone.
         model = simulate(trace, topo, degrees=degrees, compute_scale=1e-9)["step_time_s"]
         modeled = 2 * SHARD / BW + LAT
-        seen = (modeled, measured.tolist(), model.tolist())
+        seen = (modeled, measured.tolist(), per_rank.tolist(), model.tolist())
         assert model.tolist() == pytest.approx([modeled] * 3, rel=0.01), seen
         # A behaviour check, not a speed test: the wall never beats the model; a loaded machine
-        # may add to it (a late peer, a slow first step), so only the median is bounded above.
-        assert (measured >= 0.95 * modeled).all(), seen
-        assert measured.median() <= 2.0 * modeled, seen
+        # may add to it (a late peer, a slow first step), so only the median of the ranks'
+        # step spans is bounded above, loosely.
+        assert (measured >= 0.95 * modeled).all() and (per_rank >= 0.95 * modeled).all(), seen
+        assert per_rank.median() <= 3.0 * modeled, seen
 
 
 @pytest.mark.timeout(180)
