@@ -47,6 +47,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bound", type=float, default=0.05)
     p.add_argument("--out", help="CSV of every rerun's rows")
+    p.add_argument("--keep", help="keep every rerun's runs in this folder (rerun-K/...)")
     args = p.parse_args()
     kernel = args.shaping == "kernel"
     bandwidths = args.inter_bw or list(KERNEL_BANDWIDTHS if kernel else DEFAULT_BANDWIDTHS)
@@ -55,10 +56,11 @@ def main() -> int:
     settings = {"pin_cores": not args.no_pin}
     tables = []
     for rerun in range(args.reruns):
-        with tempfile.TemporaryDirectory(prefix="bench-validate-") as work:
+        with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:
+            work = Path(args.keep) / f"rerun-{rerun + 1}" if args.keep else Path(tmp)
             table = validate(args.methods, bandwidths, latencies, workload="lm-tiny",
                              steps=args.steps, warmup=args.warmup, bound=args.bound,
-                             work_dir=Path(work), settings=settings, shaping=args.shaping,
+                             work_dir=work, settings=settings, shaping=args.shaping,
                              recordings=args.recordings, calibration=calibration)
         print(f"rerun {rerun + 1}: {table.attrs['assumed']}", flush=True)
         tables.append(table.assign(rerun=rerun + 1))
