@@ -299,11 +299,14 @@ def _wall_gossip(rank: int, world: int, out: str) -> None:
         modeled = 2 * SHARD / BW + LAT
         seen = (modeled, measured.tolist(), per_rank.tolist(), model.tolist())
         assert model.tolist() == pytest.approx([modeled] * 3, rel=0.01), seen
-        # A behaviour check, not a speed test: the wall never beats the model; a loaded machine
-        # may add to it (a late peer, a slow first step), so only the median of the ranks'
-        # step spans is bounded above, loosely.
+        # A behaviour check, not a speed test: the wall never beats the model (a loaded machine
+        # may add to it: a late peer, a slow first step, so no upper bound on wall time).
         assert (measured >= 0.95 * modeled).all() and (per_rank >= 0.95 * modeled).all(), seen
-        assert per_rank.median() <= 3.0 * modeled, seen
+        # What the shaper held each message to: between one message alone on the NIC and two
+        # sharing it all the way (issues a few ms apart share it for part of the time).
+        held = trace.loc[trace["op"].isin(["send", "recv"]), "modeled_s"]
+        assert len(held) == 3 * world * 2 * 2  # steps x ranks x 2 neighbours x (send, recv)
+        assert held.between(SHARD / BW + LAT - 1e-6, modeled + 1e-6).all(), held.tolist()
 
 
 @pytest.mark.timeout(180)
