@@ -22,7 +22,10 @@ from netsim.trace import comm_per_step, load_trace
 
 
 def make_trace(topo, steps=2, compute=0.05, ops=(("all_reduce", "ring", 1_000_000),), groups=None):
-    """A combined trace where every rank computes, then runs each op on its replicate group."""
+    """A combined trace where every rank computes, then runs each op on its replicate group.
+
+    `compute`: seconds per step, or a function of (rank, step) giving them.
+    """
     g = topo.accelerators_per_node
     frames = []
     for rank in range(topo.world_size):
@@ -31,7 +34,7 @@ def make_trace(topo, steps=2, compute=0.05, ops=(("all_reduce", "ring", 1_000_00
         group = groups(rank) if groups else [rank % g + k * g for k in range(topo.nodes)]
         for step in range(steps):
             rec.begin_step(step)
-            now[0] += compute
+            now[0] += compute(rank, step) if callable(compute) else compute
             for op, algorithm, nbytes in ops:
                 t = now[0]
                 row = rec.record_collective(
@@ -42,6 +45,20 @@ def make_trace(topo, steps=2, compute=0.05, ops=(("all_reduce", "ring", 1_000_00
             rec.end_step(step)
         frames.append(rec.frame())
     return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_the_slowest_recorded_node_sets_each_steps_pace(nodes):
+    # Node 0 is slow at step 0, node 1 at step 1: a synchronous step waits for the slower one,
+    # also when the recording is replayed on more nodes (a median node would be 25% too fast).
+    recorded = Topology.from_strings(2, 1, "80Mbit", "0ms")
+    slow = {(0, 0): 0.10, (1, 1): 0.12}
+    trace = make_trace(recorded, steps=2, compute=lambda rank, step: slow.get((rank, step), 0.05),
+                       ops=(("all_reduce", "ring", 1_000_000),))
+    target = Topology.from_strings(nodes, 1, "80Mbit", "0ms")
+    got = simulate(trace, target, algorithm="ring")["step_time_s"].tolist()
+    op = collective_time("all_reduce", nodes, 1_000_000, target.inter, "ring")
+    assert got == pytest.approx([0.10 + op, 0.12 + op], rel=1e-6)
 
 
 @pytest.mark.parametrize("nodes", [2, 4, 16])
