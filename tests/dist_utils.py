@@ -34,3 +34,17 @@ def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple) -> None:
 def run_ranks(fn: Callable, world: int, *args) -> None:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; any failure re-raises."""
     mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=True)
+
+
+class TinyBlocks(torch.nn.Module):
+    """Two repeated blocks (FSDP2 shards each) and a head; sizes shard unevenly over 2 ranks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(9, 9) for _ in range(2)])
+        self.head = torch.nn.Linear(9, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x)

@@ -16,7 +16,7 @@ from flexdemo.graphs import fitting_graphs, mean_degree
 from flexdemo.replicators.ada import AdaRule
 from flexdemo.replicators.sampled_spread import SampledSpread
 from netsim import Link, Topology, TraceRecorder, shaping
-from tests.dist_utils import run_ranks
+from tests.dist_utils import TinyBlocks, run_ranks
 
 HIGH, LOW = 0.1, 0.01
 
@@ -113,27 +113,13 @@ def test_sample_is_seeded_inside_the_shard_and_whole_when_small():
 # --- real ranks --------------------------------------------------------------------------
 
 
-class _Tiny(torch.nn.Module):
-    """Two blocks FSDP2 shards unevenly over 2 ranks, and a head (210 entries in all)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList([torch.nn.Linear(9, 9) for _ in range(2)])
-        self.head = torch.nn.Linear(9, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = torch.tanh(block(x))
-        return self.head(x)
-
-
 def _setup(rank: int, nodes: int, per_node: int, **knobs):
     recorder = TraceRecorder(rank)
     shaping.install(Topology(nodes=nodes, accelerators_per_node=per_node,
                              intra=Link("100Gbit"), inter=Link("1Gbit")), mode="off",
                     recorder=recorder)
     torch.manual_seed(0)
-    model = _Tiny()
+    model = TinyBlocks()
     mesh = flexdemo.build_mesh(nodes, per_node, backend=shaping.BACKEND)
     flexdemo.parallelize(model, mesh, inter_all_reduce=False)
     return recorder, model, mesh, flexdemo.build_optimizer("ada", model, mesh, lr=0.01, **knobs)

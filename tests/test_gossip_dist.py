@@ -11,23 +11,9 @@ import torch.distributed as dist
 import flexdemo
 from flexdemo import graphs
 from netsim import Link, Topology, TraceRecorder, shaping
-from tests.dist_utils import run_ranks
+from tests.dist_utils import TinyBlocks, run_ranks
 
 STEPS = 3
-
-
-class _Tiny(torch.nn.Module):
-    """Two repeated blocks (FSDP2 shards each) and a head; sizes shard unevenly over 2 ranks."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList([torch.nn.Linear(9, 9) for _ in range(2)])
-        self.head = torch.nn.Linear(9, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = torch.tanh(block(x))
-        return self.head(x)
 
 
 def _setup(rank: int, nodes: int, per_node: int, method: str, graph: str = "ring"):
@@ -36,7 +22,7 @@ def _setup(rank: int, nodes: int, per_node: int, method: str, graph: str = "ring
                              intra=Link("100Gbit"), inter=Link("1Gbit")), mode="off",
                     recorder=recorder)
     torch.manual_seed(0)
-    model = _Tiny()
+    model = TinyBlocks()
     mesh = flexdemo.build_mesh(nodes, per_node, backend=shaping.BACKEND)
     flexdemo.parallelize(model, mesh,
                          inter_all_reduce=flexdemo.method_uses_inter_all_reduce(method))
