@@ -4,11 +4,11 @@ For each method, `--recordings` runs record traces (unshaped; for `--shaping ker
 same namespaces on a 10 Gbit/s link, so that recording and measured runs start their ranks the
 same way); then, at every grid point, a real run with `wall` (netsim's waits) or `kernel` (Linux
 tc) shaping is measured and every recorded trace is replayed through the model on the same
-network. The table compares median step times:
-the prediction is the median over the recordings, with their range beside it, so one unlucky
-recording cannot swing a point. Every run pins its ranks to cores (`pin_cores`), so recordings
-and shaped runs share the CPUs alike. `--calibration FILE` prices the links at the goodput and
-per-message cost that `flexbench calibrate` measured. Exit 1 when a point is outside the bound.
+network. The table compares median step times; the prediction is the median over the
+recordings, with their range beside it, so one unlucky recording cannot swing a point. Every run
+pins its ranks to cores (`pin_cores`), so recordings and shaped runs share the CPUs alike.
+`--calibration FILE` prices the links at the goodput and per-message cost that `flexbench
+calibrate` measured. Exit 1 when a point is outside the bound.
 
     flexbench validate-sim            # flexdemo and hsdp-adamw, 3 bandwidths x 2 latencies
     flexbench validate-sim --methods flexdemo --inter-bw 100Mbit --inter-lat 1ms --steps 6
@@ -39,8 +39,8 @@ DEFAULT_BANDWIDTHS = ("10Mbit", "100Mbit", "1Gbit")
 KERNEL_BANDWIDTHS = ("10Mbit", "50Mbit", "200Mbit")  # tc on veths: what the CPUs keep up with
 # Kernel-shaped runs are recorded through the same launcher and namespaces, on a link fast
 # enough to hide (a 74 kB exchange takes 0.06 ms): their ranks are fresh interpreters in network
-# namespaces, and on this machine those computed 12% slower than spawned ranks (213 against
-# 239 ms per flexdemo step), which no network model should be asked to explain.
+# namespaces, and on this machine those computed 12% slower than spawned ranks (211 against
+# 239 ms of compute per flexdemo step), which no network model should be asked to explain.
 KERNEL_RECORDING_BW = "10Gbit"
 DEFAULT_LATENCIES = ("1ms", "20ms")
 
@@ -60,8 +60,9 @@ def validate(
     """Run the grid and return one row per (method, bandwidth, latency) with both step times.
 
     `settings` are further run settings (RunConfig names) shared by every run; `shaping` is how
-    the measured runs are slowed down ("wall" or "kernel"); `recordings` unshaped runs per method
-    are replayed at every point (prediction: their median; predicted_lo/hi: their range).
+    the measured runs are slowed down ("wall" or "kernel"); `recordings` runs per method
+    (unshaped, or kernel-shaped at KERNEL_RECORDING_BW) are replayed at every point (prediction:
+    their median; predicted_lo/hi: their range).
     """
     base = RunConfig(workload=workload, steps=steps, seed=seed, eval_every=steps + 1,
                      pin_cores=True)
@@ -123,7 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of medians")
     parser.add_argument("--bound", type=float, default=0.10, help="allowed relative error")
     parser.add_argument("--recordings", type=int, default=3,
-                        help="unshaped runs per method whose predictions are pooled (median)")
+                        help="recorded runs per method whose predictions are pooled (median)")
     parser.add_argument("--calibration", metavar="FILE",
                         help="price links as `flexbench calibrate` measured them (its shaping "
                         "must match --shaping)")
