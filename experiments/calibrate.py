@@ -26,6 +26,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -44,7 +45,8 @@ _RANKS = 2
 _TIMEOUT_S = 300.0
 
 
-def _time_ops(group, plan: list[tuple[str, int]], repeats: int, gap_s: float) -> list[list[float]]:
+def _time_ops(group: Any, plan: list[tuple[str, int]], repeats: int,
+              gap_s: float) -> list[list[float]]:
     """Inside a rank: the seconds of each (op, payload bytes) of `plan`, `repeats` times each."""
     import torch
     import torch.distributed as dist
@@ -192,7 +194,11 @@ def main(args: argparse.Namespace) -> int:
         from netsim.kernel import check_privileges
 
         check_privileges()
-    found = calibrate(args.shaping, args.rates, args.payloads, args.repeats)
+    try:
+        found = calibrate(args.shaping, args.rates, args.payloads, args.repeats)
+    except (RuntimeError, subprocess.TimeoutExpired) as err:
+        print(f"flexbench calibrate: {err}", file=sys.stderr)
+        return 1
     write_atomic(out, found.to_json())
     print(f"{found.describe()}; largest fit error {found.max_error():.1%} over "
           f"{len(found.samples)} samples -> {out}")
