@@ -48,3 +48,37 @@ class TinyBlocks(torch.nn.Module):
         for block in self.blocks:
             x = torch.tanh(block(x))
         return self.head(x)
+
+
+def shaped_world(rank: int, nodes: int, per_node: int, method: str, **knobs):
+    """TinyBlocks under `method` on a netsim-recorded world: recorder, model, mesh, opt."""
+    import flexdemo
+    from netsim import Link, Topology, TraceRecorder, shaping
+
+    recorder = TraceRecorder(rank)
+    shaping.install(Topology(nodes=nodes, accelerators_per_node=per_node,
+                             intra=Link("100Gbit"), inter=Link("1Gbit")), mode="off",
+                    recorder=recorder)
+    torch.manual_seed(0)
+    model = TinyBlocks()
+    mesh = flexdemo.build_mesh(nodes, per_node, backend=shaping.BACKEND)
+    flexdemo.parallelize(model, mesh,
+                         inter_all_reduce=flexdemo.method_uses_inter_all_reduce(method))
+    return recorder, model, mesh, flexdemo.build_optimizer(method, model, mesh, lr=0.01, **knobs)
+
+
+def train_step(model, opt, recorder, rank: int, step: int) -> None:
+    """One recorded training step on this rank's own data."""
+    g = torch.Generator().manual_seed(step * 100 + rank)  # every rank its own data
+    x, y = torch.randn(6, 9, generator=g), torch.randn(6, 3, generator=g)
+    recorder.begin_step(step)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    recorder.end_step(step)
+
+
+def inter_rows(recorder, step: int):
+    """The recorder's inter-node collective rows of `step`."""
+    trace = recorder.frame()
+    return trace[(trace["step"] == step) & (trace["kind"] == "collective") & trace["inter"]]

@@ -15,8 +15,8 @@ from flexdemo import AdaReplicator, graph_ladder
 from flexdemo.graphs import fitting_graphs, mean_degree
 from flexdemo.replicators.ada import AdaRule
 from flexdemo.replicators.sampled_spread import SampledSpread
-from netsim import Link, Topology, TraceRecorder, shaping
-from tests.dist_utils import TinyBlocks, run_ranks
+from netsim import shaping
+from tests.dist_utils import inter_rows, run_ranks, shaped_world, train_step
 
 HIGH, LOW = 0.1, 0.01
 
@@ -113,29 +113,10 @@ def test_sample_is_seeded_inside_the_shard_and_whole_when_small():
 # --- real ranks --------------------------------------------------------------------------
 
 
-def _setup(rank: int, nodes: int, per_node: int, **knobs):
-    recorder = TraceRecorder(rank)
-    shaping.install(Topology(nodes=nodes, accelerators_per_node=per_node,
-                             intra=Link("100Gbit"), inter=Link("1Gbit")), mode="off",
-                    recorder=recorder)
-    torch.manual_seed(0)
-    model = TinyBlocks()
-    mesh = flexdemo.build_mesh(nodes, per_node, backend=shaping.BACKEND)
-    flexdemo.parallelize(model, mesh, inter_all_reduce=False)
-    return recorder, model, mesh, flexdemo.build_optimizer("ada", model, mesh, lr=0.01, **knobs)
-
-
 def _step(model, opt, recorder, rank: int, step: int) -> dict[str, int]:
     """One training step on this rank's own data; netsim's inter-node record of it."""
-    g = torch.Generator().manual_seed(step * 100 + rank)
-    x, y = torch.randn(6, 9, generator=g), torch.randn(6, 3, generator=g)
-    recorder.begin_step(step)
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-    recorder.end_step(step)
-    trace = recorder.frame()
-    rows = trace[(trace["step"] == step) & (trace["kind"] == "collective") & trace["inter"]]
+    train_step(model, opt, recorder, rank, step)
+    rows = inter_rows(recorder, step)
     return {"bytes_sent": int(rows["bytes_sent"].sum()),
             "bytes_received": int(rows["bytes_received"].sum()), "calls": len(rows)}
 
@@ -149,7 +130,8 @@ def _agreed(value) -> bool:
 
 def _walk_the_ladder(rank, world):
     # Far above any spread: every measurement says "sparser" until the thresholds change.
-    recorder, model, mesh, opt = _setup(rank, 4, 1, ada_every=2, ada_low=1e6, ada_high=2e6)
+    recorder, model, mesh, opt = shaped_world(rank, 4, 1, "ada", ada_every=2, ada_low=1e6,
+                                              ada_high=2e6)
     rep = opt.replicator
     try:
         graphs, calls = [], []
@@ -178,7 +160,7 @@ def test_ada_on_4_nodes_walks_the_ladder_and_all_ranks_agree():
 
 
 def _agree_inside_the_node(rank, world):
-    recorder, model, mesh, opt = _setup(rank, 2, 2, ada_every=1)
+    recorder, model, mesh, opt = shaped_world(rank, 2, 2, "ada", ada_every=1)
     rep = opt.replicator
     try:
         for step in range(1, 4):

@@ -10,39 +10,10 @@ import torch.distributed as dist
 
 import flexdemo
 from flexdemo import graphs
-from netsim import Link, Topology, TraceRecorder, shaping
-from tests.dist_utils import TinyBlocks, run_ranks
+from netsim import shaping
+from tests.dist_utils import inter_rows, run_ranks, shaped_world, train_step
 
 STEPS = 3
-
-
-def _setup(rank: int, nodes: int, per_node: int, method: str, graph: str = "ring"):
-    recorder = TraceRecorder(rank)
-    shaping.install(Topology(nodes=nodes, accelerators_per_node=per_node,
-                             intra=Link("100Gbit"), inter=Link("1Gbit")), mode="off",
-                    recorder=recorder)
-    torch.manual_seed(0)
-    model = TinyBlocks()
-    mesh = flexdemo.build_mesh(nodes, per_node, backend=shaping.BACKEND)
-    flexdemo.parallelize(model, mesh,
-                         inter_all_reduce=flexdemo.method_uses_inter_all_reduce(method))
-    opt = flexdemo.build_optimizer(method, model, mesh, lr=0.01, graph=graph)
-    return recorder, model, mesh, opt
-
-
-def _train_step(model, opt, recorder, rank: int, step: int) -> None:
-    g = torch.Generator().manual_seed(step * 100 + rank)  # every rank its own data
-    x, y = torch.randn(6, 9, generator=g), torch.randn(6, 3, generator=g)
-    recorder.begin_step(step)
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-    recorder.end_step(step)
-
-
-def _inter_rows(recorder: TraceRecorder, step: int):
-    trace = recorder.frame()
-    return trace[(trace["step"] == step) & (trace["kind"] == "collective") & trace["inter"]]
 
 
 def _shard_bytes(model) -> int:
@@ -66,12 +37,12 @@ def _direct_spread(model, nodes: int, per_node: int) -> tuple[float, float]:
 def _gossip(rank, world, per_node, graph_names):
     nodes = world // per_node
     for graph in graph_names:
-        recorder, model, mesh, opt = _setup(rank, nodes, per_node, "gossip", graph)
+        recorder, model, mesh, opt = shaped_world(rank, nodes, per_node, "gossip", graph=graph)
         try:
             for step in range(1, STEPS + 1):
                 degree = opt.replicator.degree()
-                _train_step(model, opt, recorder, rank, step)
-                rows = _inter_rows(recorder, step)
+                train_step(model, opt, recorder, rank, step)
+                rows = inter_rows(recorder, step)
                 assert set(rows["op"]) == {"send", "recv"}, (graph, rows["op"].tolist())
                 # One message each way per neighbour, of this rank's whole shard.
                 expected = degree * _shard_bytes(model)
@@ -107,10 +78,10 @@ def test_gossip_on_2_nodes_of_2_ranks_shards_inside_the_node():
 
 def _centralized(rank, world):
     for method in ("hsdp-adamw", "flexdemo"):
-        recorder, model, mesh, opt = _setup(rank, 2, 2, method)
+        recorder, model, mesh, opt = shaped_world(rank, 2, 2, method, graph="ring")
         try:
             for step in range(1, STEPS + 1):
-                _train_step(model, opt, recorder, rank, step)
+                train_step(model, opt, recorder, rank, step)
             variance, distance = flexdemo.replica_spread(model.parameters(),
                                                          flexdemo.replicate_group(mesh))
             assert variance < 1e-20 and distance < 1e-9, (method, variance, distance)
