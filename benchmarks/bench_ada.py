@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 
 import flexdemo
 from experiments.config import RunConfig
-from experiments.launch import launch
+from experiments.run.launch import launch
 from experiments.workloads import make_workload
 from flexdemo.replicators.sampled_spread import SampledSpread
 

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from experiments.config import RunConfig
-from experiments.launch import launch
+from experiments.run.launch import launch
 
 GOAL = 0.03
 

@@ -14,7 +14,7 @@ import time
 
 import pandas as pd
 
-from experiments.simulate import gossip_degrees
+from experiments.replay.simulate import gossip_degrees
 from flexdemo import graphs
 from netsim import Topology, TraceRecorder, simulate
 

@@ -6,7 +6,7 @@
         --calibration results/calibration/kernel.json
     python benchmarks/bench_validate_sim.py --shaping wall --recordings 1 --no-pin   # the old way
 
-Runs `experiments.validate.validate` `--reruns` times (fresh recordings and shaped runs each
+Runs `experiments.replay.validate.validate` `--reruns` times (fresh recordings and shaped runs each
 time) and prints, per grid point, the measured and predicted median step times of every rerun,
 the error of each, and the worst; then the goal's verdict (every point of every rerun within the
 bound). These are real runs on this machine: run it on an idle one.
@@ -23,7 +23,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.validate import (  # noqa: E402
+from experiments.replay.validate import (  # noqa: E402
     DEFAULT_BANDWIDTHS,
     DEFAULT_LATENCIES,
     KERNEL_BANDWIDTHS,

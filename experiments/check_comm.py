@@ -48,7 +48,7 @@ def measure(methods: Iterable[str], settings: dict[str, Any]) -> dict[str, dict[
     import pandas as pd
     from tqdm import tqdm
 
-    from experiments.launch import launch
+    from experiments.run.launch import launch
 
     methods = list(methods)
     found: dict[str, dict[str, float]] = {}

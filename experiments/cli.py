@@ -19,10 +19,11 @@ from experiments.logs import configure_logging
 
 # name -> (module, one-line help); a module is imported only when its command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("experiments.run_command", "train one method on nodes x ranks, write its results"),
-    "simulate": ("experiments.simulate", "replay a run's communication trace on another network"),
-    "validate-sim": ("experiments.validate", "compare the cost model with shaped real runs"),
-    "calibrate": ("experiments.calibrate", "fit the model's goodput and per-message cost"),
+    "run": ("experiments.run.command", "train one method on nodes x ranks, write its results"),
+    "simulate": ("experiments.replay.simulate",
+                 "replay a run's communication trace on another network"),
+    "validate-sim": ("experiments.replay.validate", "compare the cost model with shaped real runs"),
+    "calibrate": ("experiments.replay.calibrate", "fit the model's goodput and per-message cost"),
     "sweep": ("experiments.sweep", "methods x networks x seeds: time-to-target-loss"),
     "report": ("experiments.report", "figures and tables from a sweep's results"),
     "check-comm": ("experiments.check_comm", "fail when a method sends more bytes"),

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from experiments.errors import ConfigError
+
 # The one list of methods, chunkings and wire formats: the optimizer package owns them.
 from flexdemo import CHUNKINGS, GRAPHS, METHODS, VALUE_FORMATS, resolve_knobs
 from flexdemo.graphs import graph_ladder, graph_problem
@@ -26,10 +28,6 @@ WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
 SCHEDULES = ("constant", "warmup", "cosine")
 VALUE_DTYPES = ("bf16", "fp32")
-
-
-class ConfigError(ValueError):
-    """A configuration value is out of range; the message names the value and what is allowed."""
 
 
 @dataclass

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.config import ConfigError
+from experiments.errors import ConfigError
 
 __all__ = ["check_output_file", "check_output_folder", "provenance", "write_atomic"]
 

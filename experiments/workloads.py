@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from experiments.config import ConfigError
+from experiments.errors import ConfigError
 
 __all__ = ["Workload", "BuiltinWorkload", "make_workload", "check_workload", "WORKLOAD_NAMES",
            "TinyGPT", "TinyCNN"]

@@ -27,10 +27,10 @@ spread), `cli` (the command).
 """
 
 from experiments.sweep.cli import configure, main
-from experiments.sweep.plan import Unit, units_of
+from experiments.sweep.plan import Unit, load_config, units_of
 from experiments.sweep.runner import run_sweep
 from experiments.sweep.score import collect
-from experiments.sweep.spec import NetworkPoint, SweepConfig, load_config
+from experiments.sweep.spec import NetworkPoint, SweepConfig
 
 __all__ = [
     "NetworkPoint",

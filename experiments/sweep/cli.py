@@ -11,12 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from experiments import metrics
-from experiments.executors import EXECUTORS
 from experiments.io import check_output_folder
-from experiments.sweep.plan import units_of
+from experiments.report import metrics
+from experiments.sweep.executors import EXECUTORS
+from experiments.sweep.plan import load_config, units_of
 from experiments.sweep.runner import run_sweep
-from experiments.sweep.spec import load_config
 
 __all__ = ["configure", "main"]
 

@@ -8,15 +8,23 @@ A unit is done once its run.json exists, failed while its failure record exists,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.config import ConfigError, RunConfig
-from experiments.sweep.spec import NetworkPoint, SweepConfig, network_point, slug
+from experiments.config import RunConfig
+from experiments.errors import ConfigError
+from experiments.sweep.spec import (
+    NetworkPoint,
+    SweepConfig,
+    network_point,
+    read_config,
+    slug,
+)
 
-__all__ = ["Unit", "failure_path", "knob_label", "unit_dir", "unit_state", "units_of",
-           "variant_label"]
+__all__ = ["Unit", "failure_path", "knob_label", "load_config", "unit_dir", "unit_state",
+           "units_of", "variant_label"]
 
 @dataclass
 class Unit:
@@ -39,6 +47,14 @@ class Unit:
     def cluster(self) -> str:
         """Nodes x ranks per node, e.g. '8x1': the shape a unit is compared within."""
         return f"{self.config.nodes}x{self.config.gpus_per_node}"
+
+
+def load_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
+    """Read a sweep TOML with its `--set` overrides and check every unit; ConfigError if bad."""
+    cfg = read_config(path, overrides)
+    if not units_of(cfg):  # builds and validates every unit's RunConfig
+        raise ConfigError("the sweep grid is empty.")
+    return cfg
 
 
 def units_of(cfg: SweepConfig) -> list[Unit]:

@@ -1,6 +1,6 @@
 """Running a sweep: claim the folder, run every pending unit, record states, then collect.
 
-Units run through an executor (`experiments.executors`: one at a time here, or Slurm jobs); a
+Units run through an executor (`experiments.sweep.executors`: one at a time here, or Slurm jobs); a
 unit that fails is recorded and the sweep goes on. Rerunning the same command resumes: done units
 are kept, debris of a killed unit is removed and the unit runs again.
 """
@@ -18,9 +18,9 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.config import ConfigError
-from experiments.executors import Job, execute
+from experiments.errors import ConfigError
 from experiments.io import provenance, write_atomic
+from experiments.sweep.executors import Job, execute
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.score import Simulator, collect
 from experiments.sweep.spec import SweepConfig

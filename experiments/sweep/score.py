@@ -25,8 +25,8 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from experiments import metrics
 from experiments.io import write_atomic
+from experiments.report import metrics
 from experiments.sweep.describe import run_columns, unit_columns
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.spec import NetworkPoint, SweepConfig
@@ -187,7 +187,7 @@ def _run_status(run_dir: Path) -> str:
         return "done"
 
 def _default_simulator() -> Simulator:
-    from experiments.simulate import simulate_run
+    from experiments.replay.simulate import simulate_run
 
     return simulate_run
 

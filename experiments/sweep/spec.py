@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.config import METHODS, ConfigError, RunConfig, parse_overrides
-from experiments.executors import EXECUTORS
+from experiments.config import METHODS, RunConfig, parse_overrides
+from experiments.errors import ConfigError
+from experiments.sweep.executors import EXECUTORS
 
-__all__ = ["GRID_KEYS", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig", "load_config",
-           "network_point", "parse_config", "slug"]
+__all__ = ["GRID_KEYS", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig",
+           "network_point", "parse_config", "read_config", "slug"]
 
 TOP_KEYS = ("name", "timeout_s", "run", "grid", "target", "validate", "executor")
 
@@ -82,8 +83,11 @@ class SweepConfig:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def load_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
-    """Read a sweep TOML, apply `--set key=value` overrides, validate; ConfigError on bad input."""
+def read_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
+    """Read a sweep TOML and apply `--set key=value` overrides; ConfigError on bad input.
+
+    Its units are checked by `experiments.sweep.plan.load_config`, which callers use.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep config {str(path)!r} does not exist.")
@@ -135,14 +139,9 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
         target=target, target_fraction=fraction, validate=validate, timeout_s=timeout,
         executor=executor, raw=raw,
     )
-    from experiments.sweep.plan import units_of  # plan builds on this module
-
-    units = units_of(cfg)  # builds and validates every unit's RunConfig
     if target is None and "hsdp-adamw" not in methods:
         raise ConfigError("without [target] val_loss the target comes from hsdp-adamw; add "
                           "'hsdp-adamw' to grid.methods or set target.val_loss.")
-    if not units:
-        raise ConfigError("the sweep grid is empty.")
     return cfg
 
 def _parse_value(text: str) -> Any:

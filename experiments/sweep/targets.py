@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import metrics
+from experiments.report import metrics
 from experiments.sweep.plan import Unit, unit_dir, unit_state
 from experiments.sweep.spec import SweepConfig
 

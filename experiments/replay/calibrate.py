@@ -1,0 +1,210 @@
+"""`flexbench calibrate`: time real collectives over shaped links and fit the model's overheads.
+
+    flexbench calibrate --shaping kernel --out results/calibration/kernel.json   # root
+    flexbench calibrate --shaping wall --out results/calibration/wall.json
+
+Two ranks, one per emulated node, time all-reduces and all-gathers of a few sizes at a few rates
+(the median of `--repeats` each, every one after an idle gap like the compute between steps);
+`netsim.calibration.fit_calibration` turns them into a goodput factor and a per-message cost,
+written to a small JSON file that `flexbench simulate` and `flexbench validate-sim` read with
+`--calibration FILE`. Under `kernel` shaping each rank runs in its node's network namespace with
+tbf on the links (as `flexbench run --shaping kernel`); under `wall` both ranks run here, on
+loopback, through netsim's wall-clock shaper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from experiments.errors import ConfigError
+from experiments.io import check_output_file, write_atomic
+from netsim import parse_bandwidth
+from netsim.calibration import Calibration, Sample, fit_calibration
+from netsim.costs import collective_volume
+
+__all__ = ["calibrate", "configure", "main", "DEFAULT_RATES", "DEFAULT_PAYLOADS", "OPS"]
+
+DEFAULT_RATES = ("20Mbit", "100Mbit")
+DEFAULT_PAYLOADS = (32 << 10, 256 << 10, 2 << 20)
+OPS = ("all_reduce", "all_gather")
+_RANKS = 2
+_TIMEOUT_S = 300.0
+
+
+def _time_ops(group: Any, plan: list[tuple[str, int]], repeats: int,
+              gap_s: float) -> list[list[float]]:
+    """Inside a rank: the seconds of each (op, payload bytes) of `plan`, `repeats` times each."""
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1024), group=group)  # connections made before the clock starts
+    timings = []
+    for op, payload in plan:
+        data = torch.ones(max(1, payload // 4))
+        gathered = torch.empty(data.numel() * _RANKS)
+        times = []
+        for _ in range(repeats):
+            time.sleep(gap_s)  # an idle link, as after a step's compute
+            dist.barrier()  # on the default group: both ranks start together
+            t0 = time.perf_counter()
+            if op == "all_reduce":
+                dist.all_reduce(data, group=group)
+            else:
+                dist.all_gather_into_tensor(gathered, data, group=group)
+            times.append(time.perf_counter() - t0)
+        timings.append(times)
+    return timings
+
+
+def _rank_main(spec: dict) -> None:
+    """One rank: join the rendezvous, shape (wall) or not (kernel: tc does), time, print JSON."""
+    import torch
+    import torch.distributed as dist
+
+    import netsim
+    from netsim import shaping
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    init = spec.get("init_method", "env://")
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=_RANKS)
+    try:
+        group = None
+        if spec["shaping"] == "wall":
+            topology = netsim.Topology.from_strings(_RANKS, 1, inter_bw=spec["rate_bps"])
+            shaping.install(topology, mode="wall", run_dir=spec["work"])
+            group = dist.new_group(list(range(_RANKS)), backend=shaping.BACKEND)
+        plan = [tuple(p) for p in spec["plan"]]
+        timings = _time_ops(group, plan, spec["repeats"], spec["gap_s"])
+        if rank == 0:
+            print(json.dumps({"times_s": timings}), flush=True)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+        shaping.uninstall()
+
+
+def _run_ranks(commands: list[list[str]], envs: list[dict]) -> str:
+    """Start the ranks, wait for them (killing all on a failure), return rank 0's stdout."""
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+             for cmd, env in zip(commands, envs, strict=True)]
+    try:
+        outputs = [p.communicate(timeout=_TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    failed = [k for k, p in enumerate(procs) if p.returncode]
+    if failed:
+        tail = (outputs[failed[0]][1] or "").strip().splitlines()[-3:]
+        raise RuntimeError(f"calibration rank {failed[0]} failed: {' / '.join(tail)}")
+    return outputs[0][0]
+
+
+def _measure(shaping: str, rate_bps: float, plan: list[tuple[str, int]], repeats: int,
+             gap_s: float) -> list[float]:
+    """Median seconds of each planned collective between two ranks on links of `rate_bps`."""
+    base_env = {**os.environ, "WORLD_SIZE": str(_RANKS), "TORCH_CPP_LOG_LEVEL": "ERROR",
+                "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory(prefix="flexbench-calibrate-") as work:
+        spec = {"shaping": shaping, "rate_bps": rate_bps, "plan": plan, "repeats": repeats,
+                "gap_s": gap_s, "work": work}
+        command = [sys.executable, "-m", "experiments.replay.calibrate", "--rank"]
+        if shaping == "kernel":
+            from netsim.kernel import INTERFACE, MASTER_PORT, KernelNetwork, TcSettings
+
+            with KernelNetwork(_RANKS, TcSettings(rate_bps)) as net:
+                envs = [{**base_env, "RANK": str(k), "MASTER_ADDR": net.address(0),
+                         "MASTER_PORT": str(MASTER_PORT), "GLOO_SOCKET_IFNAME": INTERFACE}
+                        for k in range(_RANKS)]
+                cmds = [net.exec_prefix(k) + command + [json.dumps(spec)] for k in range(_RANKS)]
+                out = _run_ranks(cmds, envs)
+        else:
+            spec["init_method"] = f"file://{Path(work) / 'store'}"
+            envs = [{**base_env, "RANK": str(k), "GLOO_SOCKET_IFNAME": _loopback()}
+                    for k in range(_RANKS)]
+            out = _run_ranks([command + [json.dumps(spec)]] * _RANKS, envs)
+    timings = json.loads(out.strip().splitlines()[-1])["times_s"]
+    return [statistics.median(times) for times in timings]
+
+
+def _loopback() -> str:
+    """The loopback interface's name (gloo binds there, so nothing listens beyond it)."""
+    names = [name for _, name in socket.if_nameindex()]
+    return "lo" if "lo" in names else names[0]
+
+
+def calibrate(shaping: str, rates: list[str], payloads: list[int], repeats: int = 5,
+              gap_s: float = 0.1) -> Calibration:
+    """Time every (op, payload) at every rate under `shaping` and fit the calibration."""
+    plan = [(op, payload) for op in OPS for payload in payloads]
+    samples = []
+    for rate in tqdm(rates, desc=f"calibrate ({shaping})", unit="rate"):
+        rate_bps = parse_bandwidth(rate)
+        for (op, payload), seconds in zip(plan, _measure(shaping, rate_bps, plan, repeats, gap_s),
+                                          strict=True):
+            volume = collective_volume(op, _RANKS, payload)
+            samples.append(Sample(op, payload, rate_bps, 0.0, volume.latency_steps,
+                                  volume.bytes_sent, seconds))
+    made = (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()}, "
+            f"{os.cpu_count()} cores, {len(samples)} samples")
+    return fit_calibration(samples, shaping, made)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `flexbench calibrate`."""
+    parser.add_argument("--shaping", choices=("wall", "kernel"), default="wall",
+                        help="the links to calibrate: netsim's wall-clock shaper or Linux tc")
+    parser.add_argument("--rates", nargs="+", default=list(DEFAULT_RATES),
+                        help=f"link rates to time at (default {' '.join(DEFAULT_RATES)})")
+    parser.add_argument("--payloads", nargs="+", type=int, default=list(DEFAULT_PAYLOADS),
+                        metavar="BYTES", help="payload sizes per rank (default 32 KiB, 256 KiB, "
+                        "2 MiB)")
+    parser.add_argument("--repeats", type=int, default=5, help="timings per point (median kept)")
+    parser.add_argument("--out", required=True, help="JSON file for the calibration")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `flexbench calibrate`."""
+    out = check_output_file(args.out, what="--out")
+    for rate in args.rates:
+        parse_bandwidth(rate)  # one sentence on a bad rate, before anything runs
+    if len(args.payloads) < 2 or min(args.payloads) < 4:
+        raise ConfigError(f"--payloads needs at least two sizes of 4 bytes or more, got "
+                          f"{args.payloads}.")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}.")
+    if args.shaping == "kernel":
+        from netsim.kernel import check_privileges
+
+        check_privileges()
+    try:
+        found = calibrate(args.shaping, args.rates, args.payloads, args.repeats)
+    except (RuntimeError, subprocess.TimeoutExpired) as err:
+        print(f"flexbench calibrate: {err}", file=sys.stderr)
+        return 1
+    write_atomic(out, found.to_json())
+    print(f"{found.describe()}; largest fit error {found.max_error():.1%} over "
+          f"{len(found.samples)} samples -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--rank":
+        _rank_main(json.loads(sys.argv[2]))

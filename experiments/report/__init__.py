@@ -1,0 +1,32 @@
+"""`flexbench report`: figures and tables from a sweep's results folder (also what notebooks call).
+
+Where things live: ``metrics.py`` (time to target, speed-ups, summary tables), ``figures.py``
+(loss against wall-clock, time to target, bytes per step, the frontier, and the command),
+``graphs.py`` (the gossip and Ada study: loss against degree and replica variance).
+"""
+
+from experiments.report.figures import (
+    Results,
+    configure,
+    frontier_table,
+    load_results,
+    main,
+    plot_bytes_per_step,
+    plot_frontier,
+    plot_loss_vs_time,
+    plot_time_to_target,
+    write_report,
+)
+
+__all__ = [
+    "Results",
+    "configure",
+    "frontier_table",
+    "load_results",
+    "main",
+    "plot_bytes_per_step",
+    "plot_frontier",
+    "plot_loss_vs_time",
+    "plot_time_to_target",
+    "write_report",
+]

@@ -1,0 +1,355 @@
+"""Figures and tables from a sweep's results folder (also what the notebooks call).
+
+    flexbench report results/quick    # -> results/quick/figures/*.{png,svg} and summary.md
+
+Figures: validation loss against (simulated or measured) wall-clock per method at every network
+point; time-to-target against bandwidth (log-log) with the speed-up over hsdp-adamw; bytes per
+step per method; bytes against loss. A sweep with gossip or Ada units adds `graphs.py`'s
+loss against graph degree and replica variance, and time to target per graph. Every file is
+written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.io import write_atomic
+from experiments.report import graphs, metrics
+
+__all__ = [
+    "Results",
+    "configure",
+    "load_results",
+    "main",
+    "frontier_table",
+    "plot_bytes_per_step",
+    "plot_frontier",
+    "plot_loss_vs_time",
+    "plot_time_to_target",
+    "write_report",
+]
+
+FIGURE_FORMATS = ("png", "svg")
+
+
+@dataclass
+class Results:
+    """A sweep's runs.parquet, steps.parquet and sweep.json, read once."""
+
+    path: Path
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The sweep's name (from sweep.json, else the folder name)."""
+        return str(self.meta.get("name", self.path.name))
+
+    @property
+    def target(self) -> float:
+        """The target val_loss the sweep scored against (NaN if it could not be set)."""
+        values = self.runs["target_val_loss"].dropna()
+        return float(values.iloc[0]) if len(values) else math.nan
+
+    def targets(self) -> list[float]:
+        """Every distinct finite target (one per baseline cluster when the sweep has several)."""
+        values = self.runs["target_val_loss"].dropna()
+        return [float(v) for v in dict.fromkeys(values) if math.isfinite(v)]
+
+    def variants(self) -> list[str]:
+        """Method variants in the order the sweep lists them."""
+        return list(dict.fromkeys(self.runs["variant"]))
+
+    def palette(self) -> dict[str, Any]:
+        """One colour per variant, the same in every figure."""
+        import seaborn as sns
+
+        names = self.variants()
+        # tab10 repeats itself past ten variants (a graph study has a dozen); tab20 does not.
+        scheme = "tab10" if len(names) <= 10 else "tab20" if len(names) <= 20 else "husl"
+        return dict(zip(names, sns.color_palette(scheme, max(len(names), 1)), strict=False))
+
+
+def load_results(path: Path | str) -> Results:
+    """Read a sweep folder; ValueError with what to run if it holds no results."""
+    path = Path(path)
+    runs_path = path / "runs.parquet"
+    if not runs_path.is_file():
+        raise ValueError(f"{str(path)!r} holds no runs.parquet; run `flexbench sweep` first.")
+    runs = pd.read_parquet(runs_path)
+    steps_path = path / "steps.parquet"
+    steps = pd.read_parquet(steps_path) if steps_path.is_file() else pd.DataFrame()
+    meta_path = path / "sweep.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    return Results(path, runs, steps, meta)
+
+
+def _networks(
+    runs: pd.DataFrame, *, grid_only: bool = True
+) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """Bandwidths and latencies (of the grid, or of every timed point), sorted by value."""
+    sim = runs[(runs["source"] == "sim") & (runs["on_grid"] | (not grid_only))]
+    bws = sim.drop_duplicates("inter_bw").sort_values("inter_bw_bps")
+    lats = sim.drop_duplicates("inter_lat").sort_values("inter_lat_s")
+    return (list(zip(bws["inter_bw"], bws["inter_bw_bps"], strict=True)),
+            list(zip(lats["inter_lat"], lats["inter_lat_s"], strict=True)))
+
+
+def plot_loss_vs_time(res: Results):
+    """Validation loss against wall-clock, one panel per bandwidth (columns) and latency (rows)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    bws, lats = _networks(res.runs, grid_only=False)
+    evals = res.steps.dropna(subset=["val_loss"]) if len(res.steps) else res.steps
+    fig, axes = plt.subplots(len(lats), len(bws), figsize=(3.6 * len(bws), 3.0 * len(lats)),
+                             sharey=True, squeeze=False)
+    palette = res.palette()
+    for i, (lat, _) in enumerate(lats):
+        for j, (bw, _) in enumerate(bws):
+            ax = axes[i][j]
+            here = evals[(evals["inter_bw"] == bw) & (evals["inter_lat"] == lat)] \
+                if len(evals) else evals
+            sim = here[here["source"] == "sim"] if len(here) else here
+            if len(sim):
+                sns.lineplot(data=sim, x="time_s", y="val_loss", hue="variant", units="seed",
+                             estimator=None, palette=palette, ax=ax, linewidth=1.2, alpha=0.85,
+                             legend=(i == 0 and j == len(bws) - 1))
+            measured = here[here["source"] == "measured"] if len(here) else here
+            for (variant, seed), curve in measured.groupby(["variant", "seed"]) \
+                    if len(measured) else []:
+                ax.plot(curve["time_s"], curve["val_loss"], linestyle="--", marker="o",
+                        markersize=3, color=palette.get(variant, "black"),
+                        label=f"{variant} s{seed} measured")
+            if not len(here):
+                ax.text(0.5, 0.5, "not timed here", ha="center", va="center",
+                        transform=ax.transAxes, color="grey")
+            for target in res.targets():
+                ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
+            _log_x(ax)
+            ax.set_title(f"{bw} / {lat}", fontsize=9)
+            ax.set_xlabel("wall-clock (s)" if i == len(lats) - 1 else "")
+            ax.set_ylabel("validation loss" if j == 0 else "")
+    legend_ax = axes[0][len(bws) - 1]
+    if legend_ax.get_legend() is not None:
+        sns.move_legend(legend_ax, "upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
+                        title=None)
+    fig.suptitle(f"{res.name}: validation loss vs wall-clock (simulated; dashed = measured, "
+                 f"dotted = target)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_time_to_target(res: Results):
+    """Time-to-target vs bandwidth (log-log, top) and speed-up over hsdp-adamw (bottom)."""
+    import matplotlib.pyplot as plt
+
+    _, lats = _networks(res.runs)
+    sim = res.runs[(res.runs["source"] == "sim") & res.runs["on_grid"]]
+    table = metrics.speedups(sim, by=("network", "inter_bw_bps", "inter_lat"))
+    fig, axes = plt.subplots(2, len(lats), figsize=(4.5 * len(lats), 6.5), sharex=True,
+                             squeeze=False)
+    palette = res.palette()
+    for j, (lat, _) in enumerate(lats):
+        here = table[table["inter_lat"] == lat]
+        for variant, rows in here.groupby("variant", sort=False):
+            rows = rows.sort_values("inter_bw_bps")
+            x = rows["inter_bw_bps"] * 8  # bits/s reads more naturally on a network axis
+            finite = rows["ttt_median_s"].map(math.isfinite)
+            low = (rows["ttt_median_s"] - rows["ttt_min_s"]).where(finite, 0)
+            high = (rows["ttt_max_s"] - rows["ttt_median_s"]).where(finite, 0)
+            high = high.where(high.map(math.isfinite), 0)
+            axes[0][j].errorbar(x[finite], rows["ttt_median_s"][finite],
+                                yerr=[low[finite], high[finite]], marker="o", capsize=3,
+                                color=palette[variant], label=variant)
+            # 0 (never reached) and inf (baseline never reached) have no place on a log axis.
+            def shown(col: str, rows: pd.DataFrame = rows) -> pd.Series:
+                return rows[col].where(rows[col].map(lambda v: 0 < v < math.inf))
+
+            axes[1][j].plot(x, shown("speedup_median"), marker="o", color=palette[variant],
+                            label=variant)
+            axes[1][j].fill_between(x, shown("speedup_min"), shown("speedup_max"),
+                                    color=palette[variant], alpha=0.15)
+        axes[0][j].set(title=f"latency {lat}", ylabel="time to target (s)" if j == 0 else "")
+        axes[1][j].axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        axes[1][j].set(xlabel="inter-node bandwidth (bit/s)",
+                       ylabel=f"speed-up vs {metrics.BASELINE}" if j == 0 else "")
+        for ax in (axes[0][j], axes[1][j]):
+            _log_x(ax)
+            _log_y_plain(ax)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="center right", fontsize=8)
+    fig.suptitle(f"{res.name}: time to val_loss {metrics.target_text(res.runs)} (median, "
+                 "min–max over seeds; not reached = not drawn)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
+    return fig
+
+
+def _log_x(ax) -> None:
+    """Log x axis with labels on decades only (minor labels collide on short ranges)."""
+    from matplotlib.ticker import NullFormatter
+
+    if not _has_positive_data(ax):
+        return  # nothing finite to draw (e.g. no run reached the target): keep a linear axis
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _has_positive_data(ax) -> bool:
+    """Whether the axes hold any finite positive point a log scale could show."""
+    import numpy as np
+
+    for line in ax.get_lines():
+        if line.get_transform() is not ax.transData:
+            continue  # reference lines (axhline) span the axes, they are not data
+        x, y = (np.asarray(v, dtype=float) for v in line.get_data())
+        ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+        if ok.any():
+            return True
+    return False
+
+
+def _log_y_plain(ax) -> None:
+    """Log y axis labelled 1, 2, 5, 10, ... in plain numbers (ratios and seconds read better)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    if not _has_positive_data(ax):
+        return
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def plot_bytes_per_step(res: Results):
+    """Inter-node and intra-node bytes per step (per node) for every method variant."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    done = res.runs[(res.runs["status"] == "done") & (res.runs["kind"] == "train")]
+    per = done.drop_duplicates(subset=["unit"])
+    long = per.melt(id_vars=["variant", "seed"],
+                    value_vars=["inter_bytes_per_step", "intra_bytes_per_step"],
+                    var_name="link", value_name="bytes")
+    long["link"] = long["link"].map({"inter_bytes_per_step": "inter-node",
+                                     "intra_bytes_per_step": "intra-node"})
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(res.variants())), 3.8))
+    if len(long):
+        sns.barplot(data=long, x="variant", y="bytes", hue="link", ax=ax,
+                    order=[v for v in res.variants() if v in set(long["variant"])],
+                    estimator="median", errorbar=("pi", 100))
+        ax.set_yscale("log")
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1.0), title=None)
+    ax.set(xlabel="", ylabel="bytes per step per node",
+           title=f"{res.name}: communication per optimizer step")
+    ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    return fig
+
+
+def frontier_table(res: Results) -> pd.DataFrame:
+    """Per trained variant: median inter-node bytes per step and final val_loss over seeds."""
+    done = res.runs[(res.runs["status"] == "done") & (res.runs["kind"] == "train")]
+    per = done.drop_duplicates(subset=["unit"])
+    table = per.groupby("variant", sort=False).agg(
+        method=("method", "first"),
+        inter_bytes_per_step=("inter_bytes_per_step", "median"),
+        final_val_loss=("final_val_loss", "median"),
+        seeds=("seed", "nunique"),
+    ).reset_index()
+    table["pareto"] = metrics.pareto_front(table["inter_bytes_per_step"],
+                                           table["final_val_loss"])
+    return table
+
+
+def plot_frontier(res: Results):
+    """Inter-node bytes per step (log x) against final val_loss; the Pareto front is marked."""
+    import matplotlib.pyplot as plt
+
+    table = frontier_table(res)
+    fig, ax = plt.subplots(figsize=(7.0, 4.6))
+    colours = dict(zip(dict.fromkeys(table["method"]), plt.get_cmap("tab10").colors,
+                       strict=False))
+    for _, row in table.iterrows():
+        # A method that sends nothing still gets a place on a log axis: one byte.
+        x = max(row["inter_bytes_per_step"], 1.0)
+        ax.scatter(x, row["final_val_loss"], s=60 if row["pareto"] else 25,
+                   color=colours[row["method"]], edgecolor="black" if row["pareto"] else "none",
+                   zorder=3, label=row["method"])
+        # "flexdemo[chunking=flat,topk=4]" -> "flexdemo[flat,4]": the legend names the knobs.
+        label = re.sub(r"\w+=", "", row["variant"])
+        ax.annotate(label, (x, row["final_val_loss"]), fontsize=6,
+                    xytext=(3, 3), textcoords="offset points")
+    front = table[table["pareto"]].sort_values("inter_bytes_per_step")
+    if len(front):
+        ax.step(front["inter_bytes_per_step"].clip(lower=1.0), front["final_val_loss"],
+                where="post", color="black", linewidth=1, zorder=2)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=False))
+    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="lower left")
+    ax.set_xscale("log")
+    knobs = sorted({k for v in table["variant"] for k in re.findall(r"(\w+)=", v)})
+    if knobs:
+        ax.text(0.99, 0.99, "labels: [" + ", ".join(knobs) + "]", transform=ax.transAxes,
+                ha="right", va="top", fontsize=7)
+    ax.set(xlabel="inter-node bytes per step per node (log)", ylabel="final validation loss",
+           title=f"{res.name}: bytes against loss (Pareto front in black)")
+    fig.tight_layout()
+    return fig
+
+
+def write_report(path: Path | str) -> list[Path]:
+    """Write every figure (PNG and SVG) into <path>/figures and the tables into summary.md."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    res = load_results(path)
+    written: list[Path] = []
+    figures = {"loss_vs_wallclock": plot_loss_vs_time, "time_to_target": plot_time_to_target,
+               "bytes_per_step": plot_bytes_per_step, "frontier": plot_frontier}
+    has_graphs = graphs.has_graph_units(res.runs)
+    if has_graphs:
+        figures.update(loss_vs_degree=graphs.plot_loss_vs_degree,
+                       loss_vs_variance=graphs.plot_loss_vs_variance,
+                       time_to_target_by_graph=graphs.plot_time_to_target_by_graph)
+    for name, draw in figures.items():
+        fig = draw(res)
+        for fmt in FIGURE_FORMATS:
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, dpi=130, bbox_inches="tight")
+            target = res.path / "figures" / f"{name}.{fmt}"
+            write_atomic(target, buf.getvalue())
+            written.append(target)
+        plt.close(fig)
+    summary = res.path / "summary.md"
+    text = f"## Sweep `{res.name}`\n\n{metrics.summary_markdown(res.runs)}"
+    if has_graphs:
+        text += "\n" + graphs.graphs_markdown(res.runs)
+    write_atomic(summary, text)
+    written.append(summary)
+    return written
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `flexbench report`."""
+    parser.add_argument("results", type=Path, help="a sweep's output folder, e.g. results/quick")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `flexbench report`."""
+    for path in write_report(args.results):
+        print(path)
+    return 0

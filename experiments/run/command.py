@@ -1,0 +1,81 @@
+"""`flexbench run`: one run from flags, a TOML file and `--set` overrides, then a one-line summary.
+
+    flexbench run --method flexdemo --nodes 2 --gpus-per-node 2 --steps 300 --out runs/flex
+    flexbench run --config my.toml --set topk=16 --out runs/flex16
+
+Every run setting is a flag of the same name (`--gpus-per-node`, `--stall-timeout`, ...) and a
+`--set` key (`--set gpus_per_node=2`); `flexbench run --help` lists them with their meaning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from experiments.config import (
+    ConfigError,
+    RunConfig,
+    add_run_arguments,
+    parse_overrides,
+    run_arguments,
+)
+from experiments.errors import RunFailed
+from experiments.run.launch import launch
+
+__all__ = ["configure", "load_config", "main"]
+
+
+def load_config(path: str | None, flags: dict[str, Any], sets: list[str]) -> RunConfig:
+    """Defaults < TOML file (its [run] table or top level) < explicit flags < --set overrides."""
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"cannot read config {path!r}: {err}") from None
+        table = raw.get("run", raw)
+        if not isinstance(table, dict):
+            raise ConfigError(f"config {path!r}: 'run' must be a table of run settings "
+                              f"([run]), got {table!r}.")
+        data.update(table)
+    data.update({k: v for k, v in flags.items() if v is not None})
+    data.update(parse_overrides(sets))
+    return RunConfig.from_dict(data).validate()
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `flexbench run`."""
+    parser.add_argument("--out", required=True, help="output folder (must be new or empty)")
+    parser.add_argument("--config", help="TOML file with run settings (its [run] table)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any run setting; repeatable")
+    parser.add_argument("--timeout", type=float, help="seconds before the run is stopped")
+    add_run_arguments(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `flexbench run`."""
+    cfg = load_config(args.config, run_arguments(args), args.set)
+    try:
+        out = launch(cfg, args.out, timeout_s=args.timeout)
+    except RunFailed as err:
+        print(f"flexbench run: failed: {err}", file=sys.stderr)
+        return 1
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun only rank 0 writes and reports
+    summary = json.loads((out / "run.json").read_text())
+    if summary["status"] == "diverged":
+        print(f"wrote {out}: the run diverged at step {summary['diverged_step']} (the loss "
+              f"stopped being finite); run.json records status 'diverged'")
+        return 0
+    print(
+        f"wrote {out}: final val_loss {summary['final_val_loss']:.4f}, "
+        f"{summary['train_time_s']:.1f} s, "
+        f"{summary['inter_bytes_per_step'] / 1e3:.1f} kB inter-node per step per node"
+    )
+    return 0

@@ -1,0 +1,176 @@
+"""A run's folder: checked before training, built beside OUT, committed by one rename.
+
+OUT holds `steps.parquet`, `trace.parquet` and `run.json` (docs/interfaces.md). While a run is in
+flight, its working folder `.OUT.partial-PID/` sits beside OUT and holds everything the ranks
+share on this machine: the rendezvous file, one progress file and one result per rank, netsim's
+NIC files, and `out/`, where the results are assembled. Only a finished run is renamed to OUT;
+the working folder of a run whose launcher died is removed by the next launch into the same OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from experiments.config import RunConfig
+from experiments.errors import ConfigError
+from experiments.io import check_output_folder, provenance
+from netsim.shaping.run_dir import pid_alive
+from netsim.trace import TRAIN, comm_per_step
+
+__all__ = ["RankResult", "RunFolder", "read_rank_result", "write_rank_result", "write_run"]
+
+
+@dataclass
+class RankResult:
+    """What one rank hands back at the end of a run."""
+
+    rank: int
+    config: dict[str, Any]  # the run's config with every default filled in
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    trace: Any = None  # pandas DataFrame from netsim's recorder
+    params: int = 0
+    diverged_step: int | None = None  # first step whose loss was not finite, on any rank
+
+
+class RunFolder:
+    """OUT and the working folder beside it that a run builds its results in."""
+
+    def __init__(self, out: Path | str, work: Path | str | None = None):
+        """`work` defaults to this process's `.OUT.partial-PID` beside OUT."""
+        self.out = Path(out)
+        default = self.out.parent / f".{self.out.name}.partial-{os.getpid()}"
+        self.work = Path(work) if work else default
+
+    @property
+    def build(self) -> Path:
+        """Where the results are assembled before the rename to OUT."""
+        return self.work / "out"
+
+    @property
+    def store(self) -> Path:
+        """The rendezvous file of spawned ranks (a FileStore: no socket open to other hosts)."""
+        return self.work / "store"
+
+    def progress(self, rank: int) -> Path:
+        """The file a rank's heartbeat rewrites at every step."""
+        return self.work / f"progress-{rank}"
+
+    def create(self) -> RunFolder:
+        """Check OUT, remove stale working folders of dead launchers, make the working folder."""
+        check_output_folder(self.out)
+        for stale in self.out.parent.glob(f".{self.out.name}.partial-*"):
+            pid = stale.name.rpartition("-")[2]
+            if stale != self.work and pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(stale, ignore_errors=True)
+        try:
+            self.work.mkdir(parents=True)
+        except OSError as err:
+            raise ConfigError(f"output folder {str(self.out)!r} cannot be written: "
+                              f"{err.strerror}.") from None
+        return self
+
+    def commit(self) -> Path:
+        """Rename the assembled results to OUT and remove the working folder."""
+        if self.out.exists():
+            self.out.rmdir()  # empty: checked before the run
+        os.replace(self.build, self.out)
+        self.discard()
+        return self.out
+
+    def discard(self) -> None:
+        """Remove the working folder and everything in it."""
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def write_rank_result(result: RankResult, folder: Path) -> None:
+    """A rank's records as files in the working folder (the launcher reads them back)."""
+    import pandas as pd
+
+    stem = folder / f"rank{result.rank}"
+    pd.DataFrame(result.steps).to_parquet(f"{stem}.steps.parquet", index=False)
+    if result.trace is not None:
+        result.trace.to_parquet(f"{stem}.trace.parquet", index=False)
+    meta = {"rank": result.rank, "config": result.config, "params": result.params,
+            "diverged_step": result.diverged_step}
+    Path(f"{stem}.json.tmp").write_text(json.dumps(meta))
+    os.replace(f"{stem}.json.tmp", f"{stem}.json")  # written last: its presence means complete
+
+
+def read_rank_result(folder: Path, rank: int) -> RankResult:
+    """The RankResult that `write_rank_result` left in `folder` for `rank`."""
+    import pandas as pd
+
+    stem = folder / f"rank{rank}"
+    meta = json.loads(Path(f"{stem}.json").read_text())
+    trace_file = Path(f"{stem}.trace.parquet")
+    return RankResult(
+        rank=rank, config=meta["config"], params=meta["params"],
+        diverged_step=meta["diverged_step"],
+        steps=pd.read_parquet(f"{stem}.steps.parquet").to_dict("records"),
+        trace=pd.read_parquet(trace_file) if trace_file.exists() else None,
+    )
+
+
+def write_run(results: list[RankResult], folder: Path,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """steps.parquet, trace.parquet and run.json (plus `extra` entries) from every rank's result."""
+    import pandas as pd
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = RunConfig.from_dict(results[0].config)
+    per_rank = pd.concat(
+        [pd.DataFrame(r.steps).assign(rank=r.rank) for r in results], ignore_index=True
+    )
+    if "graph" not in per_rank:  # results of a rank that predates the column
+        per_rank["graph"] = None
+    steps = per_rank.groupby("step").agg(
+        wall_time_s=("wall_time_s", "max"),  # a synchronous step ends when its slowest rank does
+        loss=("loss", "mean"),
+        val_loss=("val_loss", "mean"),
+        step_s=("step_s", "max"),
+        # Every rank computed the same totals at an evaluation (NaN between evaluations).
+        replica_variance=("replica_variance", "mean"),
+        consensus_distance=("consensus_distance", "mean"),
+        # The gossip graph of the step's round: all ranks gossip on the same one (Ada agrees
+        # on it); a string, so taken, not averaged. Missing for methods without a graph.
+        graph=("graph", "first"),
+    ).reset_index()
+    steps["graph"] = steps["graph"].astype("str")  # pandas' string dtype; NaN where none
+    trace = pd.concat([r.trace for r in results if r.trace is not None], ignore_index=True)
+    trace = trace[trace["phase"] == TRAIN]  # evaluation traffic is measured apart
+    comm = comm_per_step(trace)
+    steps = steps.merge(comm, on="step", how="left").fillna(
+        {c: 0.0 for c in comm.columns if c != "step"}
+    )
+    for col in ("inter_bytes_sent", "inter_bytes_received", "intra_bytes"):
+        steps[col] = steps[col] / cfg.nodes  # per node
+    steps["compute_s"] = (steps["step_s"] - steps["comm_s"]).clip(lower=0.0)
+    steps = steps.drop(columns="step_s")
+    steps.to_parquet(folder / "steps.parquet", index=False)
+    trace.to_parquet(folder / "trace.parquet", index=False)
+    final = steps["val_loss"].dropna()
+    diverged = [r.diverged_step for r in results if r.diverged_step is not None]
+    final_loss = float(final.iloc[-1]) if len(final) else None
+    meta = {
+        "config": cfg.to_dict(),
+        "world_size": cfg.world_size,
+        "params": results[0].params,
+        "status": "diverged" if diverged else "done",
+        "diverged_step": min(diverged) if diverged else None,
+        # JSON has no NaN: a diverged run has no final loss.
+        "final_val_loss": final_loss if final_loss is not None and math.isfinite(final_loss)
+        else None,
+        "train_time_s": float(steps["wall_time_s"].iloc[-1]),
+        "inter_bytes_per_step": float(steps["inter_bytes_sent"].mean()),
+        "intra_bytes_per_step": float(steps["intra_bytes"].mean()),
+        **provenance(),
+        **(extra or {}),
+    }
+    (folder / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return meta

@@ -1,0 +1,212 @@
+"""`--shaping kernel`: every emulated node's ranks in a network namespace of their own.
+
+The launcher checks privileges and settings, makes a `netsim.kernel.KernelNetwork` (one
+namespace per node around a hub bridge, tbf on both ends of each node's veth pair), then starts
+every rank as a fresh interpreter inside its node's namespace:
+
+    ip netns exec fbk-<pid>-<tag>-n<k> python -m experiments.run.kernel WORK
+
+with a torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR =
+node 0's address, MASTER_PORT, GLOO_SOCKET_IFNAME = the namespace's eth0). A fresh process is the
+only reliable way in: Python 3.11 has no os.setns, and setns in a process that already runs
+threads (torch starts some at import) does not move them. Each rank joins a TCPStore on node 0's
+address and then runs exactly like a spawned rank (`launch.run_one_rank`): heartbeats for the
+stall watchdog, its result left as files in the run's working folder, which the ranks share
+through the file system (namespaces separate networks, not files). So the launcher, not a rank,
+assembles OUT, and a crash, stall or timeout writes nothing to it.
+
+netsim runs in count-only mode (the trace still records every byte); run.json says
+`"shaping": "kernel"` and the tc settings used. Whatever happens, the launcher kills its ranks'
+process groups and deletes its namespaces; a launcher killed outright leaves them to the next
+start, which deletes namespaces of ours whose creating process is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+from experiments.config import RunConfig
+from experiments.errors import RunFailed
+from experiments.run.folder import RunFolder, read_rank_result, write_run
+from experiments.run.rank import raise_on_sigterm, run_one_rank
+from experiments.run.watchdog import RankStalled, Watchdog
+from netsim.kernel import (
+    INTERFACE,
+    MASTER_PORT,
+    KernelNetwork,
+    KernelShapingError,
+    TcSettings,
+    check_privileges,
+    has_netem,
+)
+
+__all__ = ["run_kernel", "kernel_settings", "kernel_node_settings"]
+
+_CONFIG = "kernel-config.json"
+_LAUNCHER_PID = "FLEXBENCH_KERNEL_LAUNCHER_PID"
+
+
+def kernel_settings(cfg: RunConfig) -> TcSettings:
+    """Check that this machine can shape `cfg`'s links in the kernel; the tc settings to use."""
+    check_privileges()
+    net = cfg.network()
+    if net["inter_lat_s"] and not has_netem():
+        raise KernelShapingError(
+            f"inter_lat {cfg.inter_lat!r} needs the kernel's netem qdisc, which this kernel "
+            f"lacks; use inter_lat 0ms with shaping 'kernel', or shaping 'wall' for latency.")
+    delayed = [(k, link.latency) for k, link in cfg.node_link_map().items() if link.latency]
+    if delayed and not has_netem():
+        node, latency = delayed[0]
+        raise KernelShapingError(
+            f"the node link of node {node} has latency {latency * 1e3:g} ms, which needs the "
+            f"kernel's netem qdisc, which this kernel lacks; give node links no latency "
+            f"(\"{node}=BANDWIDTH,0ms\") with shaping 'kernel', or use shaping 'wall' for latency.")
+    return TcSettings(rate_bps=float(net["inter_bw_bps"]), delay_s=float(net["inter_lat_s"]))
+
+
+def kernel_node_settings(cfg: RunConfig, settings: TcSettings) -> dict[int, TcSettings]:
+    """tc settings of the nodes with a link of their own (`node_links`); the run's MTU."""
+    return {k: TcSettings(rate_bps=link.bandwidth, delay_s=link.latency, mtu=settings.mtu)
+            for k, link in cfg.node_link_map().items()}
+
+
+def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
+               quiet: bool) -> Path:
+    """Run every rank of `cfg` in kernel-shaped namespaces; write OUT or raise RunFailed."""
+    settings = kernel_settings(cfg)  # before anything exists: a refusal leaves nothing behind
+    folder.create()
+    net = KernelNetwork(cfg.nodes, settings, node_settings=kernel_node_settings(cfg, settings))
+    procs: list[subprocess.Popen] = []
+    previous_handler = raise_on_sigterm()
+    try:
+        (folder.work / _CONFIG).write_text(json.dumps(cfg.to_dict()))
+        net.create()
+        procs = [_start_rank(net, cfg, folder, rank, quiet) for rank in range(cfg.world_size)]
+        _wait(procs, folder, cfg, timeout_s)
+        results = [read_rank_result(folder.work, r) for r in range(cfg.world_size)]
+        kernel = {**settings.describe(), "nodes": cfg.nodes}
+        if net.node_settings:
+            kernel["node_links"] = net.describe_nodes()  # these nodes' own rate and delay
+        write_run(results, folder.build, extra={"shaping": "kernel", "kernel": kernel})
+        return folder.commit()
+    except RankStalled as err:
+        raise RunFailed(str(err)) from None
+    except KernelShapingError as err:
+        raise RunFailed(str(err)) from None
+    finally:
+        _stop(procs)
+        net.delete()
+        folder.discard()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _start_rank(net: KernelNetwork, cfg: RunConfig, folder: RunFolder, rank: int,
+                quiet: bool) -> subprocess.Popen:
+    """Start `rank` in its node's namespace, in a session of its own (killed as a group)."""
+    node, local = divmod(rank, cfg.gpus_per_node)
+    env = {
+        **os.environ,
+        "RANK": str(rank), "WORLD_SIZE": str(cfg.world_size),
+        "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(cfg.gpus_per_node),
+        "MASTER_ADDR": net.address(0), "MASTER_PORT": str(MASTER_PORT),
+        "GLOO_SOCKET_IFNAME": INTERFACE, _LAUNCHER_PID: str(os.getpid()),
+        # c10d warns that a namespace address has no host name: true, and noise.
+        "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+    }
+    if quiet:
+        env["TQDM_DISABLE"] = "1"
+    # Rank 0 draws the progress bar on the user's terminal; the others' stderr (tracebacks of
+    # a failed run, mostly) goes to the working folder: the error file names the cause.
+    stderr = None if rank == 0 and not quiet else open(folder.work / f"stderr-{rank}", "wb")
+    cmd = net.exec_prefix(node) + [sys.executable, "-m", "experiments.run.kernel",
+                                   str(folder.work)]
+    try:
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
+    finally:
+        if stderr is not None:
+            stderr.close()
+
+
+def _wait(procs: list[subprocess.Popen], folder: RunFolder, cfg: RunConfig,
+          timeout_s: float | None) -> None:
+    """Return once all ranks exit 0; RunFailed on a failure or timeout, RankStalled on a stall."""
+    watchdog = Watchdog([folder.progress(r) for r in range(len(procs))], cfg.stall_timeout)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            raise RunFailed(_failure(folder, codes))
+        if all(c == 0 for c in codes):
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise RunFailed(f"run timed out after {timeout_s:g} s")
+        watchdog.check()
+        time.sleep(0.2)
+
+
+def _failure(folder: RunFolder, codes: list[int | None]) -> str:
+    """The first failed rank's own last line, or its exit status."""
+    errors = sorted(folder.work.glob("error-*"), key=lambda p: p.stat().st_mtime)
+    if errors:
+        return errors[0].read_text().strip()
+    rank, code = next((r, c) for r, c in enumerate(codes) if c not in (None, 0))
+    return f"a rank died: rank {rank} exited with status {code}"
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Kill every rank's process group that still runs and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # its session: the rank and anything it started
+            except ProcessLookupError:
+                pass
+        p.wait()
+
+
+def _die_with_launcher() -> None:
+    """Be killed when the launcher dies (even by SIGKILL): orphans would train on for nothing."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    # `ip netns exec` became this process, so the launcher is the parent; it may have died
+    # before prctl took effect.
+    if os.getppid() != int(os.environ.get(_LAUNCHER_PID, os.getppid())):
+        os._exit(1)
+
+
+def _rank_main(work: str) -> int:
+    """Inside a namespace: join node 0's TCPStore, run this rank; on failure leave one line."""
+    import torch.distributed as dist
+
+    _die_with_launcher()
+    folder = RunFolder(work, work)
+    rank = int(os.environ["RANK"])
+    try:
+        cfg = RunConfig.from_dict(json.loads((folder.work / _CONFIG).read_text()))
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              cfg.world_size, is_master=rank == 0,
+                              timeout=timedelta(seconds=max(60.0, cfg.stall_timeout)))
+        run_one_rank(rank, cfg, "gloo", folder, bool(os.environ.get("TQDM_DISABLE")), store)
+    except BaseException as err:
+        last = traceback.format_exception_only(type(err), err)[-1].strip()
+        tmp = folder.work / f".error-{rank}.tmp"
+        tmp.write_text(f"rank {rank}: {last}\n")
+        os.replace(tmp, folder.work / f"error-{rank}")
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(sys.argv[1]))

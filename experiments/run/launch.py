@@ -1,0 +1,168 @@
+"""Launching one run's ranks: spawned on this machine or under torchrun, watched, torn down.
+
+On one machine the launcher spawns nodes x gpus-per-node ranks itself (gloo on CPU, one torch
+thread each; nccl when there are enough GPUs). They rendezvous through a file and bind their
+sockets to loopback, report progress to a stall watchdog and hand their records back as files in
+the run's working folder (`experiments.run.folder`). Under torchrun each process runs the rank it is
+given, and rank 0 gathers the records:
+
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m experiments.cli run --method flexdemo --nodes 2 \\
+        --out runs/flex
+
+Results land in OUT only when the run finished; a crash, a stall or a timeout raises RunFailed
+and leaves OUT untouched.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from experiments.config import RunConfig
+from experiments.errors import ConfigError, RunFailed
+from experiments.io import check_output_folder
+from experiments.logs import configure_logging
+from experiments.run.folder import RunFolder, read_rank_result, write_run
+from experiments.run.rank import raise_on_sigterm, run_one_rank, teardown
+from experiments.run.watchdog import RankStalled, Watchdog
+
+__all__ = ["launch", "RunFailed"]
+
+
+def launch(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
+           quiet: bool = False) -> Path:
+    """Validate, run every rank of `cfg`, write OUT; on failure raise RunFailed, OUT untouched."""
+    cfg.validate()
+    if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout_s}.")
+    folder = RunFolder(out)
+    if cfg.shaping == "kernel":
+        if _under_torchrun():
+            raise ConfigError("shaping 'kernel' starts its own ranks in network namespaces on "
+                              "this machine; under torchrun use shaping off, wall or virtual.")
+        from experiments.run.kernel import run_kernel  # imports netsim's kernel tools
+
+        return run_kernel(cfg, folder, timeout_s=timeout_s, quiet=quiet)
+    if _under_torchrun():
+        return _run_torchrun(cfg, folder)
+    return _run_spawned(cfg, folder.create(), timeout_s=timeout_s, quiet=quiet)
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or (
+        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    )
+
+
+def _backend(cfg: RunConfig, local_ranks: int) -> str:
+    import torch
+
+    if cfg.backend != "auto":
+        return cfg.backend
+    enough_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks
+    return "nccl" if enough_gpus else "gloo"
+
+
+def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
+                 quiet: bool) -> Path:
+    """Spawn every rank here; they share files in the working folder, not sockets to the world."""
+    import torch.multiprocessing as mp
+
+    backend = _backend(cfg, cfg.world_size)
+    # forkserver imports torch and our modules once, then forks every rank from that warm
+    # process: four cold interpreters would spend longer importing than a short run trains.
+    mp.set_forkserver_preload(["experiments.run.train"])
+    watchdog = Watchdog([folder.progress(r) for r in range(cfg.world_size)], cfg.stall_timeout)
+    ctx = None
+    previous_handler = raise_on_sigterm()
+    try:
+        ctx = mp.start_processes(
+            _spawned_rank, args=(cfg.to_dict(), backend, str(folder.work), quiet),
+            nprocs=cfg.world_size, join=False, start_method="forkserver",
+        )
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not ctx.join(timeout=0.5):
+            if deadline is not None and time.monotonic() > deadline:
+                raise RunFailed(f"run timed out after {timeout_s:g} s")
+            watchdog.check()
+        results = [read_rank_result(folder.work, r) for r in range(cfg.world_size)]
+        write_run(results, folder.build)
+        return folder.commit()
+    except RankStalled as err:
+        raise RunFailed(str(err)) from None
+    except mp.ProcessRaisedException as err:
+        raise RunFailed(_last_line(str(err))) from None
+    except mp.ProcessExitedException as err:
+        raise RunFailed(f"a rank died: {err}") from None
+    finally:
+        for p in ctx.processes if ctx is not None else ():
+            if p.is_alive():
+                p.kill()  # works on a stopped (SIGSTOP) rank too
+        folder.discard()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _loopback_interface() -> str:
+    """This machine's loopback interface name (lo on Linux, lo0 on macOS)."""
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    return names[0] if names else "lo"
+
+
+def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: bool) -> None:
+    import torch.distributed as dist
+
+    cfg = RunConfig.from_dict(cfg_dict)
+    folder = RunFolder(work, work)
+    # Every rank is on this machine: gloo's and nccl's sockets listen on loopback only.
+    loopback = _loopback_interface()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+    run_one_rank(rank, cfg, backend, folder, quiet,
+                 dist.FileStore(str(folder.store), cfg.world_size))
+
+
+def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
+    """Run the rank torchrun gave us; ranks may be on other hosts, so results travel by gather."""
+    import torch.distributed as dist
+
+    from experiments.run.train import run_rank
+
+    world = int(os.environ["WORLD_SIZE"])
+    if world % cfg.nodes:
+        raise ConfigError(
+            f"torchrun world size {world} is not divisible by --nodes {cfg.nodes}."
+        )
+    cfg = cfg.replace(gpus_per_node=world // cfg.nodes)
+    configure_logging(int(os.environ["RANK"]))
+    is_writer = int(os.environ["RANK"]) == 0
+    check_output_folder(folder.out)  # on every rank: a refusal must not leave peers waiting
+    if is_writer:
+        folder.create()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.gpus_per_node))
+    # No launcher watches these ranks: a peer that stalls makes the collectives time out.
+    dist.init_process_group(_backend(cfg, local), timeout=timedelta(seconds=cfg.stall_timeout))
+    try:
+        result = run_rank(cfg)  # netsim's NIC files: its default folder, shared by a host's ranks
+        gathered: list[Any] | None = [None] * world if is_writer else None
+        dist.gather_object(result, gathered, dst=0)
+        if is_writer:
+            write_run(gathered, folder.build)
+            folder.commit()
+        dist.barrier()
+        return folder.out
+    finally:
+        if is_writer:
+            folder.discard()
+        teardown()
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else text

@@ -1,0 +1,103 @@
+"""One launcher-watched rank: join the group, train, hand the result back, leave cleanly.
+
+The launcher (`experiments.run.launch`, `experiments.run.kernel`) starts processes; each of them
+runs `run_one_rank`, which calls the training body in `experiments.run.train`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+from datetime import timedelta
+from typing import Any
+
+from experiments.config import RunConfig
+from experiments.errors import RunFailed
+from experiments.logs import configure_logging
+from experiments.run.folder import RunFolder, write_rank_result
+from experiments.run.watchdog import Heartbeat
+
+__all__ = ["pin_to_core", "raise_on_sigterm", "run_one_rank", "teardown"]
+
+
+def raise_on_sigterm():
+    """Make SIGTERM (Slurm's, a user's kill) stop the ranks and clean up; the old handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        raise RunFailed("stopped by SIGTERM")
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
+def run_one_rank(rank: int, cfg: RunConfig, backend: str, folder: RunFolder, quiet: bool,
+                 store: Any) -> None:
+    """One launcher-watched rank: join `store`, train, leave its result in the working folder."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(cfg.threads_per_rank)
+    if cfg.pin_cores:
+        pin_to_core(rank)
+    _quiet_tqdm_internals()
+    configure_logging(rank)
+    if quiet:
+        os.environ["TQDM_DISABLE"] = "1"
+    heartbeat = Heartbeat(folder.progress(rank))
+    # The launcher's watchdog ends stalled runs; the collective timeout is only a backstop.
+    dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
+                            timeout=timedelta(seconds=max(600.0, 2 * cfg.stall_timeout)))
+    try:
+        from experiments.run.train import run_rank
+
+        result = run_rank(cfg, heartbeat=heartbeat.beat, run_dir=str(folder.work))
+        write_rank_result(result, folder.work)
+        dist.barrier()  # leave together: no rank tears down while a peer still talks to it
+    finally:
+        teardown()
+        heartbeat.close()
+
+
+def pin_to_core(rank: int) -> None:
+    """Run this process on one core, rank mod the cores it may use (ranks of a node differ).
+
+    With more ranks than cores the scheduler otherwise moves ranks around differently in every
+    run, so a recording and a shaped run of the same step see different contention.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})
+
+
+def _quiet_tqdm_internals() -> None:
+    """A thread lock instead of tqdm's process-shared semaphore and no monitor thread.
+
+    A killed rank would leave the semaphore to the resource tracker, which then warns on the
+    launcher's stderr; the monitor thread would outlive the run into interpreter shutdown.
+    """
+    import tqdm
+
+    tqdm.tqdm.set_lock(threading.RLock())
+    tqdm.tqdm.monitor_interval = 0
+
+
+def teardown() -> None:
+    """Release every process group while all threads still run (not at interpreter exit).
+
+    Groups that outlive `destroy_process_group()` (netsim's wrapped gloo groups, reachable
+    from the model's mesh and the optimizer) would otherwise be destroyed during interpreter
+    shutdown, racing gloo's own threads: the rare "terminate called without an active
+    exception" abort at exit.
+    """
+    import torch.distributed as dist
+
+    from netsim import shaping
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    shaping.uninstall()  # shuts down and drops netsim's wrapped gloo/nccl backends
+    # gloo's threads end only when the last reference to a group goes; the model, mesh and
+    # optimizer of the finished run form cycles that still hold some.
+    gc.collect()

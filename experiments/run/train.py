@@ -1,0 +1,199 @@
+"""One rank of one training run: process groups, model, optimizer, the loop, the records.
+
+The loop is plain (nanoGPT-style): batch, loss, backward, `opt.step()`. Everything
+network-specific hides in the optimizer (flexdemo) and in the process groups (netsim): the
+inter-node groups are created with netsim's counting/shaping backend, so every byte that crosses
+nodes is counted from the tensors actually sent, whichever method sends it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+import flexdemo
+from experiments.config import RunConfig
+from experiments.run.folder import RankResult
+from experiments.workloads import Workload, make_workload
+from netsim import EVAL, Link, Topology, TraceRecorder, shaping
+
+__all__ = ["run_rank", "resolve", "lr_factor"]
+
+_VAL_BATCHES = 8
+
+
+def resolve(cfg: RunConfig, workload: Workload) -> RunConfig:
+    """Fill the run's None fields with the workload's and method's defaults."""
+    topk, chunking, value_format = cfg.knobs()
+    return cfg.replace(
+        topk=topk, chunking=chunking, value_format=value_format,
+        steps=cfg.steps or workload.default_steps,
+        batch_size=cfg.batch_size or workload.default_batch_size,
+        eval_every=cfg.eval_every or workload.default_eval_every,
+        lr=cfg.lr or flexdemo.DEFAULT_LR[cfg.method],
+    )
+
+
+def _device(cfg: RunConfig) -> torch.device:
+    if dist.get_backend() == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def _topology(cfg: RunConfig) -> Topology:
+    net = cfg.network()
+    # Unshaped runs still record traffic; the placeholder link only labels it.
+    inter_bw = net["inter_bw_bps"] or net["intra_bw_bps"]
+    return Topology(
+        nodes=cfg.nodes,
+        accelerators_per_node=cfg.gpus_per_node,
+        intra=Link(net["intra_bw_bps"], net["intra_lat_s"]),
+        inter=Link(inter_bw, net["inter_lat_s"]),
+        node_links=cfg.node_link_map(),
+    )
+
+
+def _build(cfg: RunConfig, workload: Workload, device: torch.device):
+    """Model (sharded or not) and optimizer for the run's method."""
+    torch.manual_seed(cfg.seed)  # same init on every rank
+    model = workload.model().to(device)
+    knobs = dict(
+        topk=cfg.topk, chunk=cfg.chunk, decay=cfg.decay, weight_decay=cfg.weight_decay,
+        sign=cfg.sign, value_dtype=torch.bfloat16 if cfg.value_dtype == "bf16" else torch.float32,
+        diloco_h=cfg.diloco_h, outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum,
+        replicate_every=cfg.replicate_every, seed=cfg.seed, chunking=cfg.chunking,
+        value_format=cfg.value_format, graph=cfg.graph, ada_every=cfg.ada_every,
+        ada_high=cfg.ada_high, ada_low=cfg.ada_low,
+    )
+    if flexdemo.method_uses_sharding(cfg.method):
+        mesh = flexdemo.build_mesh(
+            cfg.nodes, cfg.gpus_per_node, device_type=device.type, backend=shaping.BACKEND
+        )
+        flexdemo.parallelize(
+            model, mesh, inter_all_reduce=flexdemo.method_uses_inter_all_reduce(cfg.method)
+        )
+    else:
+        # Original DeMo: no sharding, every rank is a replica, so the replicate dim spans the
+        # world; netsim still sees which of its ranks share a node.
+        mesh = flexdemo.build_mesh(cfg.world_size, 1, device_type=device.type,
+                                   backend=shaping.BACKEND)
+    opt = flexdemo.build_optimizer(cfg.method, model, mesh, lr=cfg.lr, **knobs)
+    return model, opt, mesh
+
+
+def round_graph(opt: torch.optim.Optimizer) -> str | None:
+    """The graph of the gossip round of the step just taken (gossip, ada); None without one."""
+    replicator = getattr(opt, "replicator", None)
+    graph = getattr(replicator, "graph", None)
+    # A step off the replicator's schedule mixed with nobody: it has no graph.
+    return graph if graph is not None and replicator.replicates_on(opt.steps) else None
+
+
+def lr_factor(step: int, total: int, schedule: str, warmup: float) -> float:
+    """Multiplier of the base lr at a 0-based step: linear warmup, then flat or cosine to 10%."""
+    if schedule == "constant":
+        return 1.0
+    warm = max(1, round(warmup * total))
+    if step < warm:
+        return (step + 1) / warm
+    if schedule == "warmup":
+        return 1.0
+    progress = (step - warm) / max(1, total - warm)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+@torch.no_grad()
+def _evaluate(model: torch.nn.Module, workload: Workload, batches: list,
+              first_bad_step: float) -> tuple[float, float]:
+    """Mean validation loss over ranks, and the first non-finite training step of any rank."""
+    model.eval()
+    total = sum(workload.loss(model, b).item() for b in batches) / len(batches)
+    model.train()
+    # Replicas may differ (DiLoCo, none): report the mean over ranks, on the unshaped world group.
+    # Divergence is agreed on here too, so that every rank stops at the same step.
+    val = torch.tensor([total], dtype=torch.float64)
+    dist.all_reduce(val)
+    bad = torch.tensor([first_bad_step], dtype=torch.float64)
+    dist.all_reduce(bad, op=dist.ReduceOp.MIN)
+    return val.item() / dist.get_world_size(), bad.item()
+
+
+def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
+             run_dir: str | None = None) -> RankResult:
+    """Train on this rank (process group already initialized); return its records.
+
+    `heartbeat(step)` is called whenever the rank makes progress (the launcher's stall
+    watchdog); `run_dir` is the run's working folder for netsim's shared NIC files. A loss
+    that stops being finite ends the run at the next evaluation, on every rank, with
+    `diverged_step` set.
+    """
+    beat = heartbeat or (lambda step: None)
+    rank = dist.get_rank()
+    device = _device(cfg)
+    workload = make_workload(cfg.workload)
+    cfg = resolve(cfg, workload)
+    recorder = TraceRecorder(rank)
+    # Kernel-shaped links are slow by themselves: netsim only counts (the trace keeps every byte).
+    mode = "off" if cfg.shaping == "kernel" else cfg.shaping
+    shaping.install(_topology(cfg), mode=mode, recorder=recorder, run_dir=run_dir)
+    model, opt, mesh = _build(cfg, workload, device)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)
+    )
+    to_dev = lambda batch: tuple(t.to(device) for t in batch)
+    val = [to_dev(b) for b in workload.val_batches(_VAL_BATCHES, cfg.batch_size)]
+    result = RankResult(rank, cfg.to_dict(), params=sum(p.numel() for p in model.parameters()))
+
+    quiet = rank != 0 or bool(os.environ.get("TQDM_DISABLE"))
+    bar = tqdm(total=cfg.steps, desc=cfg.method, unit="step", disable=quiet, dynamic_ncols=True)
+    eval_s = 0.0  # evaluation time is excluded from the training clock
+    first_bad = math.inf  # first step whose training loss was not finite on this rank
+    beat(0)
+    start = shaping.clock()
+    for step in range(1, cfg.steps + 1):
+        recorder.begin_step(step)
+        t0 = shaping.clock()
+        loss = workload.loss(model, to_dev(workload.batch(step, rank, cfg.batch_size, cfg.seed)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        loss_value = loss.item()
+        step_s = shaping.clock() - t0
+        beat(step)
+        if not math.isfinite(loss_value):
+            first_bad = min(first_bad, step)
+        recorder.end_step(step)
+        now = shaping.clock() - start - eval_s
+        # Byte and call counts come from the trace after the run, off the training clock.
+        row = {"step": step, "wall_time_s": now, "loss": loss_value, "val_loss": math.nan,
+               "step_s": step_s, "replica_variance": math.nan, "consensus_distance": math.nan,
+               "graph": round_graph(opt)}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            recorder.set_phase(EVAL)  # evaluation traffic is its own phase, left out
+            e0 = shaping.clock()
+            row["val_loss"], bad = _evaluate(model, workload, val, first_bad)
+            # Its replica-group all-reduce is recorded under the eval phase set above.
+            row["replica_variance"], row["consensus_distance"] = flexdemo.replica_spread(
+                model.parameters(), flexdemo.replicate_group(mesh))
+            eval_s += shaping.clock() - e0
+            beat(step)
+            bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{row['val_loss']:.3f}")
+            if math.isfinite(bad) or not math.isfinite(row["val_loss"]):
+                result.diverged_step = int(bad) if math.isfinite(bad) else step
+        elif step % 10 == 0:
+            bar.set_postfix(loss=f"{loss_value:.3f}")
+        result.steps.append(row)
+        bar.update(1)
+        if result.diverged_step is not None:
+            break  # all ranks agreed in _evaluate: they stop at this same step
+    bar.close()
+    result.trace = recorder.frame()
+    return result

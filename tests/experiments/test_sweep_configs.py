@@ -1,0 +1,65 @@
+"""The shipped sweep configs parse and describe what their comments promise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments import sweep
+from experiments.config import METHODS
+from experiments.workloads import WORKLOAD_NAMES
+
+CONFIGS = Path(__file__).resolve().parents[2] / "experiments" / "configs"
+
+
+@pytest.mark.timeout(30)
+def test_quick_config_is_the_promised_grid() -> None:
+    cfg = sweep.load_config(CONFIGS / "quick.toml")
+    assert cfg.name == "quick"
+    assert cfg.methods == ["hsdp-adamw", "flexdemo", "demo", "diloco"]
+    bws = sorted({n.inter_bw_bps for n in cfg.networks})
+    assert bws[0] == pytest.approx(10e6 / 8) and bws[-1] == pytest.approx(10e9 / 8)
+    assert sorted({n.inter_lat_s for n in cfg.networks}) == pytest.approx([0.001, 0.02])
+    assert len(cfg.seeds) == 2
+    units = sweep.units_of(cfg)
+    checks = [u for u in units if u.kind == "validate"]
+    assert 1 <= len(checks) <= 2
+    assert all(u.config.shaping == "wall" and u.network in cfg.networks for u in checks)
+    assert {u.config.workload for u in units} == {"lm-tiny"}
+
+
+@pytest.mark.timeout(30)
+def test_paper_config_runs_as_is_on_lm_small() -> None:
+    cfg = sweep.load_config(CONFIGS / "paper.toml")
+    units = sweep.units_of(cfg)
+    assert {u.config.workload for u in units} == {"lm-small"}
+    assert cfg.executor["kind"] == "slurm"
+    assert {u.config.nodes for u in units} == {4}
+    assert "flexdemo[topk=8]" in {u.variant for u in units}
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+@pytest.mark.timeout(30)
+def test_every_shipped_config_loads_with_known_workloads_and_methods(path: Path) -> None:
+    cfg = sweep.load_config(path)  # validates every unit's run config
+    units = sweep.units_of(cfg)
+    assert units and set(cfg.methods) <= set(METHODS)
+    assert {u.config.workload for u in units} <= set(WORKLOAD_NAMES)
+    assert {u.config.method for u in units} <= set(METHODS)
+
+
+@pytest.mark.timeout(30)
+def test_decentralized_config_is_the_promised_study() -> None:
+    cfg = sweep.load_config(CONFIGS / "decentralized.toml")
+    units = sweep.units_of(cfg)
+    gossip = [u for u in units if u.method == "gossip"]
+    assert {u.config.graph for u in gossip} == {"ring", "torus", "exponential",
+                                                "one-peer-exponential", "complete"}
+    assert {u.cluster for u in units} == {"4x1", "8x1"}
+    assert {u.cluster for u in units if u.method == "hsdp-adamw"} == {"4x1", "8x1"}
+    assert {u.cluster for u in units if u.method == "ada"} == {"4x1", "8x1"}
+    assert len(cfg.seeds) == 2 and len(units) == (5 + 1 + 1) * 2 * 2
+    assert len({n.inter_bw for n in cfg.networks}) == 2 and len(cfg.networks) == 2
+    # Derived per node count from the baseline, not a fixed number.
+    assert cfg.target is None and cfg.target_fraction is not None

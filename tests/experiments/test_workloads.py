@@ -1,0 +1,129 @@
+"""Workloads: the GPU-sized lm-small on CPU, and bringing your own through `module:factory`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments import config, sweep, workloads
+from experiments.cli import main
+from experiments.config import RunConfig
+from experiments.errors import ConfigError
+from experiments.workloads import WORKLOAD_NAMES, make_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_one_list_of_built_in_workloads() -> None:
+    assert config.WORKLOADS == WORKLOAD_NAMES == ("lm-tiny", "lm-small", "vision-tiny")
+
+
+@pytest.mark.timeout(60)
+def test_lm_small_is_a_gpu_sized_gpt_that_trains_on_cpu() -> None:
+    w = make_workload("lm-small")
+    torch.manual_seed(0)
+    model = w.model()
+    params = sum(p.numel() for p in model.parameters())
+    assert 20e6 <= params <= 60e6, params
+    assert isinstance(model, workloads.TinyGPT) and len(model.blocks) == 12
+    x, y = w.batch(1, 0, 1, seed=0)
+    assert x.shape == (1, 256) and (x[:, 1:] == y[:, :-1]).all()
+    # A short slice of a real batch keeps one forward/backward of 38M parameters to ~a second.
+    loss = w.loss(model, (x[:, :16], y[:, :16]))
+    loss.backward()
+    assert abs(loss.item() - torch.log(torch.tensor(256.0)).item()) < 1.0  # near-uniform at init
+    assert all(p.grad is not None for p in model.parameters())
+    assert w.val_data.numel() > 1_000_000  # more text than lm-tiny's whole corpus
+
+
+def _readme_example() -> str:
+    """The `my_workloads.py` example of the README, run here as the user would run it."""
+    text = (ROOT / "README.md").read_text()
+    match = re.search(r"```python\n(# my_workloads\.py.*?)```", text, re.S)
+    assert match, "README lost its bring-your-own-workload example"
+    return match.group(1)
+
+
+@pytest.mark.timeout(240)
+def test_own_workload_runs_through_the_cli(tmp_path: Path) -> None:
+    (tmp_path / "my_workloads.py").write_text(_readme_example())
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "experiments.cli", "run", "--workload",
+           "my_workloads:make_workload", "--method", "flexdemo", "--nodes", "2",
+           "--gpus-per-node", "1", "--steps", "2", "--eval-every", "1", "--out", str(out)]
+    # The ranks are forkserver children: they find the module through PYTHONPATH as well.
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1",
+           "TQDM_DISABLE": "1"}
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=220)
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["config"]["workload"] == "my_workloads:make_workload"
+    assert meta["config"]["batch_size"] == 32  # the workload's own default
+    assert meta["params"] == 16 * 64 + 64 + 64 + 1
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert list(steps["step"]) == [1, 2] and steps["val_loss"].notna().all()
+    assert (steps["inter_bytes_sent"] > 0).all()
+    # simulate reads the run folder only: it replays any workload's trace.
+    sim = tmp_path / "sim.csv"
+    assert main(["simulate", str(out), "--inter-bw", "10Mbit", "--out", str(sim)]) == 0
+    assert len(pd.read_csv(sim)) == 2
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("nosuch.mod:f", "cannot import module 'nosuch.mod'"),
+    ("experiments.workloads:not_there",
+     "module 'experiments.workloads' has no attribute 'not_there'"),
+    ("experiments.workloads:WORKLOAD_NAMES", "is a tuple, not a factory"),
+    ("gpt-5", "unknown workload 'gpt-5'; choose one of lm-tiny, lm-small, vision-tiny or give"),
+])
+@pytest.mark.timeout(60)
+def test_bad_workload_is_one_sentence_and_nothing_is_written(name, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--workload", name, "--steps", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(30)
+def test_what_breaks_the_protocol_is_named(tmp_path, monkeypatch) -> None:
+    (tmp_path / "half_done.py").write_text(textwrap.dedent("""
+        class Half:
+            default_steps = 0
+            default_batch_size = 8
+            def model(self): ...
+            def batch(self, step, rank, batch_size, seed): ...
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    expected = ("workload 'half_done:Half' returned a Half without val_batches(), loss(), "
+                "default_steps, default_eval_every; a workload has model(), batch(")
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        make_workload("half_done:Half")
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        RunConfig(workload="half_done:Half").validate()  # sweeps check the same way
+
+
+@pytest.mark.timeout(30)
+def test_the_protocol_accepts_a_built_in_through_its_import_path() -> None:
+    # The factory protocol is what the built-ins follow too (the same loss on the same batch).
+    builtin = make_workload("vision-tiny")
+    via_path = make_workload("experiments.workloads:_vision_tiny")
+    RunConfig(workload="experiments.workloads:_vision_tiny").validate()
+    # A sweep takes the same import path in its [run] table (here as an override).
+    cfg = sweep.load_config(ROOT / "experiments" / "configs" / "quick.toml",
+                            ["run.workload=experiments.workloads:_vision_tiny"])
+    assert {u.config.workload for u in sweep.units_of(cfg)} == {
+        "experiments.workloads:_vision_tiny"}
+    batch = builtin.batch(2, 1, 4, seed=0)
+    torch.manual_seed(0)
+    model = builtin.model()
+    assert builtin.loss(model, batch).item() == via_path.loss(model, batch).item()

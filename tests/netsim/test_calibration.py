@@ -1,0 +1,164 @@
+"""Calibration: the fit, the file, the model on calibrated links, and the commands that use it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from experiments.replay.simulate import simulate_run
+from experiments.run.launch import pin_to_core
+from netsim import Link, Topology, kernel
+from netsim.calibration import Calibration, Sample, fit_calibration, load_calibration
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "results" / "quick" / "units" / "flexdemo-s0"  # a committed, recorded run
+
+
+def _samples(goodput: float, per_message_s: float) -> list[Sample]:
+    """Exact timings of a link with the given overheads, over sizes, rates and ops."""
+    out = []
+    for op, steps in (("all_reduce", 2), ("all_gather", 1)):
+        for rate in (2.5e6, 12.5e6):
+            for size in (32 << 10, 256 << 10, 2 << 20):
+                probe = Sample(op, size, rate, 0.001, steps, float(size), 1.0)
+                seconds = probe.predicted(goodput, per_message_s)
+                out.append(Sample(op, size, rate, 0.001, steps, float(size), seconds))
+    return out
+
+
+def test_fit_recovers_the_overheads_that_made_the_timings():
+    cal = fit_calibration(_samples(0.93, 0.0012), "kernel", made="test")
+    assert cal.goodput == pytest.approx(0.93, rel=1e-9)
+    assert cal.per_message_s == pytest.approx(0.0012, rel=1e-9)
+    assert cal.max_error() < 1e-9
+    # With no overheads the fit says so: the model's own alpha-beta time.
+    plain = fit_calibration(_samples(1.0, 0.0), "wall")
+    assert plain.goodput == pytest.approx(1.0) and plain.per_message_s == pytest.approx(0.0)
+
+
+def test_fit_refuses_timings_that_do_not_grow_with_size():
+    shrinking = [Sample("all_reduce", size, 2.5e6, 0.0, 2, float(size), seconds)
+                 for size, seconds in ((1 << 10, 0.5), (1 << 20, 0.01))]
+    with pytest.raises(ValueError, match="do not grow with message size"):
+        fit_calibration(shrinking, "wall")
+    flat = [Sample("all_reduce", size, 2.5e6, 0.0, 2, float(size), 0.01)
+            for size in (1 << 10, 1 << 20)]
+    with pytest.raises(ValueError, match="links were not shaped as configured"):
+        fit_calibration(flat, "wall")
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        fit_calibration(flat[:1], "wall")
+
+
+def test_calibrated_links_and_topology():
+    cal = Calibration("kernel", 0.9, 0.002)
+    assert cal.link(Link("100Mbit", "1ms")) == Link(12.5e6 * 0.9, 0.003)
+    topo = Topology.from_strings(3, 2, inter_bw="1Gbit", inter_lat="5ms",
+                                 node_links=["2=10Mbit,20ms"])
+    calibrated = cal.topology(topo)
+    assert calibrated.inter == Link(125e6 * 0.9, 0.007)
+    assert calibrated.node_link(2) == Link(1.25e6 * 0.9, 0.022)
+    assert calibrated.intra == topo.intra  # intra-node links are never shaped
+    # A negative cost (a full token bucket) never makes a latency negative.
+    assert Calibration("kernel", 1.0, -0.004).link(Link("1Gbit", "1ms")).latency == 0.0
+
+
+def test_file_round_trip_and_clear_refusals(tmp_path):
+    cal = fit_calibration(_samples(0.95, 0.0005), "wall", made="here")
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    again = load_calibration(path, shaping="wall")
+    assert again == cal
+    assert json.loads(path.read_text())["max_fit_error"] < 1e-9
+    with pytest.raises(ValueError, match="fitted under wall shaping, not kernel"):
+        load_calibration(path, shaping="kernel")
+    with pytest.raises(ValueError, match="does not exist; write one with `flexbench calibrate"):
+        load_calibration(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot be read as JSON"):
+        load_calibration(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text('{"goodput": 1}')
+    with pytest.raises(ValueError, match="is not a netsim-calibration/1 file"):
+        load_calibration(tmp_path / "other.json")
+    body = json.loads(path.read_text())
+    body["goodput"] = -1
+    (tmp_path / "damaged.json").write_text(json.dumps(body))
+    with pytest.raises(ValueError, match="is damaged"):
+        load_calibration(tmp_path / "damaged.json")
+
+
+def test_simulate_on_calibrated_links_is_slower_by_the_fitted_overheads():
+    plain = simulate_run(RUN, inter_bw_bps=1.25e6, inter_lat_s=0.001)
+    cal = Calibration("wall", 0.5, 0.0)
+    slow = simulate_run(RUN, inter_bw_bps=1.25e6, inter_lat_s=0.001, calibration=cal)
+    half_rate = simulate_run(RUN, inter_bw_bps=0.625e6, inter_lat_s=0.001)
+    # Goodput 50% is exactly half the rate, and the note says what was assumed.
+    assert slow["time_s"].tolist() == pytest.approx(half_rate["time_s"].tolist(), rel=1e-12)
+    assert slow["time_s"].iloc[-1] > plain["time_s"].iloc[-1]
+    assert "calibrated for wall shaping: goodput 50.0%" in slow.attrs["note"]
+
+
+def test_cli_reads_the_file_and_refuses_a_bad_one(tmp_path, capsys):
+    path = tmp_path / "cal.json"
+    fit_calibration(_samples(0.9, 0.001), "kernel").save(path)
+    out = tmp_path / "sim.csv"
+    assert main(["simulate", str(RUN), "--inter-bw", "100Mbit", "--calibration", str(path),
+                 "--out", str(out)]) == 0
+    assert "links calibrated for kernel shaping: goodput 90.0%" in capsys.readouterr().out
+    bad = tmp_path / "sim2.csv"
+    assert main(["simulate", str(RUN), "--inter-bw", "100Mbit", "--calibration",
+                 str(tmp_path / "nope.json"), "--out", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist" in err[0] and not bad.exists()
+    # validate-sim refuses a file of the other shaping mode before any run starts.
+    assert main(["validate-sim", "--shaping", "wall", "--calibration", str(path)]) == 2
+    assert "fitted under kernel shaping, not wall" in capsys.readouterr().err
+    assert main(["validate-sim", "--recordings", "0"]) == 2
+    assert "--recordings must be >= 1" in capsys.readouterr().err
+
+
+def _calibrate(tmp_path: Path, shaping: str) -> Calibration:
+    out = tmp_path / f"{shaping}.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "calibrate", "--shaping", shaping, "--rates",
+         "100Mbit", "--payloads", "4096", "1048576", "--repeats", "3", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"calibrated for {shaping} shaping" in proc.stdout
+    cal = load_calibration(out, shaping=shaping)
+    # Two ops x two sizes, each timed for real: positive times, the alpha-beta terms of 2 ranks.
+    # The sizes lie 256x apart (0.3 ms and 84 ms on the link), so that a loaded machine's
+    # hiccup in a median of 3 cannot turn the fit's slope.
+    assert [(s.op, s.payload_bytes) for s in cal.samples] == [
+        ("all_reduce", 4096), ("all_reduce", 1048576), ("all_gather", 4096),
+        ("all_gather", 1048576)]
+    assert all(s.measured_s > 0 and s.wire_bytes == s.payload_bytes for s in cal.samples)
+    return cal
+
+
+def test_calibrate_wall(tmp_path):
+    cal = _calibrate(tmp_path, "wall")
+    # netsim's shaper holds each op to at least its modeled time: never faster than the rate.
+    assert all(s.measured_s >= s.wire_bytes / s.rate_bps for s in cal.samples)
+
+
+@pytest.mark.skipif(kernel.unavailable_reason() is not None,
+                    reason=f"kernel shaping unavailable: {kernel.unavailable_reason()}")
+def test_calibrate_kernel(tmp_path):
+    _calibrate(tmp_path, "kernel")
+    assert not [n for n in kernel.our_namespaces() if int(n.split("-")[1]) == os.getpid()]
+
+
+def test_pin_to_core_picks_rank_mod_cores():
+    cores = sorted(os.sched_getaffinity(0))
+    code = ("import os, sys; from experiments.run.launch import pin_to_core; "
+            "pin_to_core(int(sys.argv[1])); print(sorted(os.sched_getaffinity(0)))")
+    for rank in range(len(cores) + 1):
+        out = subprocess.run([sys.executable, "-c", code, str(rank)], cwd=ROOT, text=True,
+                             capture_output=True, check=True).stdout
+        assert json.loads(out) == [cores[rank % len(cores)]]
+    assert callable(pin_to_core)
