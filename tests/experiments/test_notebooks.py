@@ -39,6 +39,7 @@ def test_both_notebooks_are_committed_without_outputs() -> None:
 @pytest.mark.skipif(not (QUICK / "runs.parquet").exists(),
                     reason="results/quick has not been committed yet; run "
                     "`flexbench sweep experiments/configs/quick.toml` and commit its results")
+@pytest.mark.dist
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_on_committed_quick_results(
     path: Path, monkeypatch: pytest.MonkeyPatch

@@ -77,6 +77,7 @@ def _agree(rank, world):
         shaping.uninstall()
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_last_step_comm_equals_netsim_record():
     run_ranks(_agree, 2)

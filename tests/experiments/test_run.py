@@ -96,6 +96,7 @@ def _run(tmp_path: Path, method: str, **kw) -> tuple[pd.DataFrame, dict]:
     return pd.read_parquet(out / "steps.parquet"), json.loads((out / "run.json").read_text())
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(400)
 def test_real_runs_write_results_and_count_inter_node_bytes(tmp_path):
     flex, flex_meta = _run(tmp_path, "flexdemo")
@@ -135,6 +136,7 @@ def test_real_runs_write_results_and_count_inter_node_bytes(tmp_path):
     assert sim["step_time_s"].min() >= 4.0 * params * 8 / 10e6
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(300)
 def test_demo_method_runs_unsharded_over_all_ranks(tmp_path):
     steps, meta = _run(tmp_path, "demo")
@@ -143,6 +145,7 @@ def test_demo_method_runs_unsharded_over_all_ranks(tmp_path):
     assert (steps["intra_bytes"] == 0).all() or (steps["intra_bytes"] > 0).all()
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(300)
 def test_gossip_run_sends_degree_times_the_model_and_logs_replica_variance(tmp_path):
     steps, meta = _run(tmp_path, "gossip", nodes=4, gpus_per_node=1, graph="ring")
@@ -159,6 +162,7 @@ def test_gossip_run_sends_degree_times_the_model_and_logs_replica_variance(tmp_p
                                                                    "reduce_scatter"}
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(300)
 def test_same_entry_point_under_torchrun(tmp_path):
     out = tmp_path / "tr"

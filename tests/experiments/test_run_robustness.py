@@ -67,6 +67,7 @@ def test_bad_input_is_one_sentence_nothing_written(tmp_path, capsys, case):
     assert list((tmp_path / "a_dir").iterdir()) == []
 
 
+@pytest.mark.dist
 def test_diverging_run_ends_normally_with_status_diverged(tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["run", "--out", str(out), "--method", "hsdp-adamw", "--lr", "1e30",
@@ -107,6 +108,7 @@ def _progress(out: Path, world: int, deadline_s: float) -> dict[int, tuple[int, 
     raise AssertionError(f"the run did not reach step 2 within {deadline_s} s")
 
 
+@pytest.mark.dist
 def test_stalled_rank_ends_the_run_with_one_sentence(tmp_path):
     out = tmp_path / "run"
     stall_s = 15.0  # well above any step or start-up on a loaded 2-core machine
@@ -174,6 +176,7 @@ def _is_loopback(hex_address: str) -> bool:
                   "0000000000000000FFFF00000100007F")  # ::ffff:127.0.0.1
 
 
+@pytest.mark.dist
 def test_spawned_run_listens_on_loopback_only(tmp_path):
     if not Path("/proc/net/tcp").exists():
         pytest.skip("needs Linux /proc to list sockets")
@@ -215,6 +218,7 @@ def _sweep(config: Path, out: Path) -> subprocess.Popen:
     return _start(["sweep", str(config), "--out", str(out)], out.parent)
 
 
+@pytest.mark.dist
 def test_sweep_killed_with_sigkill_resumes_to_the_rows_of_a_clean_run(tmp_path):
     config = tmp_path / "killed.toml"
     config.write_text(SWEEP)

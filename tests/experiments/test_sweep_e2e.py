@@ -29,6 +29,7 @@ seeds = [0]
 """
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(300)
 def test_real_sweep_trains_once_and_times_every_point(tmp_path: Path) -> None:
     (tmp_path / "e2e.toml").write_text(CONFIG)

@@ -53,6 +53,7 @@ def _readme_example() -> str:
     return match.group(1)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_own_workload_runs_through_the_cli(tmp_path: Path) -> None:
     (tmp_path / "my_workloads.py").write_text(_readme_example())

@@ -154,6 +154,7 @@ def _walk_the_ladder(rank, world):
         shaping.uninstall()
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_ada_on_4_nodes_walks_the_ladder_and_all_ranks_agree():
     run_ranks(_walk_the_ladder, 4)
@@ -184,11 +185,13 @@ def _agree_inside_the_node(rank, world):
         shaping.uninstall()
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_ada_on_2_nodes_of_2_ranks_measures_the_whole_model_on_every_rank():
     run_ranks(_agree_inside_the_node, 4)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(200)
 def test_flexbench_run_ada_writes_the_graph_column(tmp_path):
     out = tmp_path / "ada"

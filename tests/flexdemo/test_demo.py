@@ -184,6 +184,7 @@ def _two_nodes(rank, world):
     _check_demo_method(rank, world)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_two_nodes_one_rank_each():
     run_ranks(_two_nodes, 2)

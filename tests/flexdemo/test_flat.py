@@ -108,6 +108,7 @@ def _two_nodes(rank, world):
     _check_random_1d_rate(rank, world)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_two_nodes_flat_and_compact_formats():
     run_ranks(_two_nodes, 2)

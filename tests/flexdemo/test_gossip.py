@@ -65,12 +65,14 @@ def _gossip(rank, world, per_node, graph_names):
             shaping.uninstall()
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_gossip_on_4_nodes_of_1_rank_every_graph():
     run_ranks(_gossip, 4, 1, ["ring", "torus", "exponential", "one-peer-exponential",
                               "complete"])
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_gossip_on_2_nodes_of_2_ranks_shards_inside_the_node():
     run_ranks(_gossip, 4, 2, ["ring", "complete"])
@@ -89,6 +91,7 @@ def _centralized(rank, world):
             shaping.uninstall()
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_centralized_methods_read_zero_replica_variance():
     run_ranks(_centralized, 4)

@@ -156,6 +156,7 @@ def _check_single_node(rank):
                for p, b in zip(model.parameters(), before, strict=True) if b.numel())
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(180)
 def test_hsdp_two_nodes_two_ranks():
     run_ranks(_hsdp, NODES * PER_NODE)

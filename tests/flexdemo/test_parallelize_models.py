@@ -239,6 +239,7 @@ def _llama_on_ranks(rank: int, world: int) -> None:
     _train_against_reference(rank, world, TiedNoBlocks)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_llama_style_model_trains_like_the_unsharded_reference() -> None:
     run_ranks(_llama_on_ranks, NODES * PER_NODE)

@@ -140,6 +140,7 @@ def _calibrate(tmp_path: Path, shaping: str) -> Calibration:
     return cal
 
 
+@pytest.mark.dist
 def test_calibrate_wall(tmp_path):
     cal = _calibrate(tmp_path, "wall")
     # netsim's shaper holds each op to at least its modeled time: never faster than the rate.
@@ -148,11 +149,13 @@ def test_calibrate_wall(tmp_path):
 
 @pytest.mark.skipif(kernel.unavailable_reason() is not None,
                     reason=f"kernel shaping unavailable: {kernel.unavailable_reason()}")
+@pytest.mark.dist
 def test_calibrate_kernel(tmp_path):
     _calibrate(tmp_path, "kernel")
     assert not [n for n in kernel.our_namespaces() if int(n.split("-")[1]) == os.getpid()]
 
 
+@pytest.mark.dist
 def test_pin_to_core_picks_rank_mod_cores():
     cores = sorted(os.sched_getaffinity(0))
     code = ("import os, sys; from experiments.run.rank import pin_to_core; "

@@ -147,6 +147,7 @@ def _three_nodes(rank: int, world: int, port: int, out: str) -> None:
     shaping.uninstall()
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_virtual_shaping_runs_a_ring_at_the_slow_nodes_pace(tmp_path):
     mp.spawn(_three_nodes, args=(3, _free_port(), str(tmp_path)), nprocs=3, join=True)
@@ -248,6 +249,7 @@ def _rates(net: kernel.KernelNetwork) -> dict[str, str]:
     return out
 
 
+@pytest.mark.dist
 @needs_kernel
 @pytest.mark.timeout(150)
 def test_kernel_links_run_at_each_nodes_own_rate_and_a_ring_at_the_slowest():

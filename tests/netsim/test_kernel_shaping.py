@@ -50,6 +50,7 @@ def _nothing_written(out: Path) -> None:
     assert not list(out.parent.glob(f".{out.name}.partial-*"))
 
 
+@pytest.mark.dist
 @needs_kernel
 @pytest.mark.timeout(180)
 def test_two_namespaces_at_20mbit_move_a_known_payload_at_20mbit():
@@ -63,6 +64,7 @@ def test_two_namespaces_at_20mbit_move_a_known_payload_at_20mbit():
     assert _left_behind(os.getpid()) == []
 
 
+@pytest.mark.dist
 @needs_kernel
 @pytest.mark.timeout(120)
 def test_same_namespace_ranks_talk_over_loopback_not_the_shaped_link():
@@ -85,6 +87,7 @@ def test_same_namespace_ranks_talk_over_loopback_not_the_shaped_link():
     assert _left_behind(os.getpid()) == []
 
 
+@pytest.mark.dist
 @needs_kernel
 @pytest.mark.timeout(300)
 def test_kernel_run_2x2_writes_its_tc_settings_and_leaves_no_namespace(tmp_path):
@@ -134,6 +137,7 @@ def make():
 '''
 
 
+@pytest.mark.dist
 @needs_kernel
 @pytest.mark.timeout(240)
 def test_a_run_failing_midway_writes_nothing_and_leaves_no_namespace(tmp_path):
@@ -184,6 +188,7 @@ def _refused(tmp_path: Path, extra: list[str], env: dict | None = None,
     return lines[0]
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_a_latency_the_kernel_cannot_add_is_refused(tmp_path):
     if _REASON is None and kernel.has_netem():
@@ -195,6 +200,7 @@ def test_a_latency_the_kernel_cannot_add_is_refused(tmp_path):
         assert "--shaping kernel needs" in line  # privileges are checked first
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_kernel_shaping_without_privileges_is_refused(tmp_path):
     if os.geteuid() != 0:
@@ -215,10 +221,12 @@ def test_kernel_shaping_without_privileges_is_refused(tmp_path):
     (["--inter-bw", "none"], "needs an inter-node bandwidth"),
     (["--backend", "nccl"], "runs gloo ranks"),
 ])
+@pytest.mark.dist
 def test_kernel_shaping_settings_that_cannot_work_are_refused(tmp_path, extra, words):
     assert words in _refused(tmp_path, extra)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_kernel_shaping_under_torchrun_is_refused(tmp_path):
     env = {**ENV, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
@@ -226,6 +234,7 @@ def test_kernel_shaping_under_torchrun_is_refused(tmp_path):
     assert "under torchrun" in _refused(tmp_path, [], env=env)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_validate_sim_with_kernel_shaping_refuses_a_latency_before_any_run(tmp_path):
     if _REASON is None and kernel.has_netem():

@@ -77,6 +77,7 @@ def _two_rank_modes(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_wall_shaping_delays_and_virtual_clock_agrees(tmp_path):
     results = _spawn(_two_rank_modes, 2, tmp_path)
@@ -150,6 +151,7 @@ def _four_ranks(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_four_ranks_results_byte_counts_and_shared_nic(tmp_path):
     results = _spawn(_four_ranks, 4, tmp_path)
@@ -241,6 +243,7 @@ def _close_releases(rank: int, world: int, port: int, out: str) -> None:
         json.dump(res, fh)
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_uninstall_releases_every_inner_group_and_the_run_folder(tmp_path):
     results = _spawn(_close_releases, 2, tmp_path)
