@@ -1,6 +1,12 @@
-"""netsim: links, topologies, collective costs, process-group shaping, traces, SimPy model."""
+"""netsim: links, topologies, collective costs, process-group shaping, traces, SimPy model.
 
-from netsim import shaping
+Only ``netsim.shaping`` (the process-group backend) needs torch; it is imported on first use, so
+the cost model, units and topologies load without it.
+"""
+
+import importlib
+from typing import Any
+
 from netsim.costs import (
     collective_time,
     collective_volume,
@@ -49,3 +55,10 @@ __all__ = [
     "load_trace",
     "validate_trace",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``netsim.shaping`` on first use (it imports torch)."""
+    if name == "shaping":
+        return importlib.import_module("netsim.shaping")
+    raise AttributeError(f"module 'netsim' has no attribute {name!r}")
