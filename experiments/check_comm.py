@@ -162,40 +162,57 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
     """Run `flexbench check-comm`; 0 when nothing grew, 1 when something did."""
+    methods = _checked_methods(args)
+    baseline = None if args.update else _read_baseline(args.baseline)
+    if baseline is not None and baseline.get("settings") != SETTINGS:
+        raise ValueError(f"baseline {str(args.baseline)!r} was recorded with other settings "
+                         f"({baseline.get('settings')}); re-record it with --update.")
+    current = (measurer or measure)(methods, dict(SETTINGS))
+    if baseline is None:  # --update
+        return _record(args.baseline, current)
+    expected = baseline["methods"]
+    if args.methods is not None:  # an explicit subset is compared on that subset only
+        expected = {m: v for m, v in expected.items() if m in methods}
+    return _report(expected, current, args.tolerance)
+
+
+def _checked_methods(args: argparse.Namespace) -> list[str]:
+    """The methods to measure, once --methods and --tolerance are known to be valid."""
     methods = list(METHODS) if args.methods is None else list(args.methods)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}.")
     if not 0 <= args.tolerance < 1:
         raise ValueError(f"--tolerance must be in [0, 1), got {args.tolerance}.")
-    baseline = None if args.update else _read_baseline(args.baseline)
-    if baseline is not None and baseline.get("settings") != SETTINGS:
-        raise ValueError(f"baseline {str(args.baseline)!r} was recorded with other settings "
-                         f"({baseline.get('settings')}); re-record it with --update.")
-    current = (measurer or measure)(methods, dict(SETTINGS))
-    if args.update:
-        from experiments.io import provenance
+    return methods
 
-        about = provenance()
-        body = {"settings": SETTINGS, "figures": list(FIGURES), "methods": current,
-                "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "versions": about["versions"], "git_commit": about["git_commit"]}
-        write_atomic(args.baseline, json.dumps(body, indent=2, sort_keys=False) + "\n")
-        rows, _ = compare({}, current)
-        print(render(rows))
-        log.info("baseline written to %s", args.baseline)
-        return 0
-    expected = baseline["methods"]
-    if args.methods is not None:  # an explicit subset is compared on that subset only
-        expected = {m: v for m, v in expected.items() if m in methods}
-    rows, failures = compare(expected, current, tolerance=args.tolerance)
+
+def _record(path: Path, current: dict[str, dict[str, float]]) -> int:
+    """`--update`: write `current` as the new baseline at `path` and print it; 0."""
+    from experiments.io import provenance
+
+    about = provenance()
+    body = {"settings": SETTINGS, "figures": list(FIGURES), "methods": current,
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "versions": about["versions"], "git_commit": about["git_commit"]}
+    write_atomic(path, json.dumps(body, indent=2, sort_keys=False) + "\n")
+    rows, _ = compare({}, current)
+    print(render(rows))
+    log.info("baseline written to %s", path)
+    return 0
+
+
+def _report(expected: dict[str, Any], current: dict[str, dict[str, float]],
+            tolerance: float) -> int:
+    """Print the comparison with the baseline and what grew; 1 if anything did, else 0."""
+    rows, failures = compare(expected, current, tolerance=tolerance)
     print(render(rows))
     if failures:
-        print(f"\ncommunication grew beyond {args.tolerance:.0%}:", file=sys.stderr)
+        print(f"\ncommunication grew beyond {tolerance:.0%}:", file=sys.stderr)
         for line in failures:
             print(f"  {line}", file=sys.stderr)
         print("if this is intended, re-record with `flexbench check-comm --update`.",
               file=sys.stderr)
         return 1
-    print(f"\nno method sends more than its baseline (+{args.tolerance:.0%}).")
+    print(f"\nno method sends more than its baseline (+{tolerance:.0%}).")
     return 0

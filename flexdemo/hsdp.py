@@ -146,31 +146,46 @@ def _repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _given_blocks(model: nn.Module, blocks: BlockSpec) -> list[tuple[str, nn.Module]]:
     """The user's blocks by name, checked one by one."""
+    chosen = _chosen_blocks(model, blocks)
+    for name, module in chosen:
+        _check_block(name, module)
+    unique = {id(m): (n, m) for n, m in chosen}
+    return [(n, m) for n, m in unique.values() if _has_params(m)]
+
+
+def _chosen_blocks(model: nn.Module, blocks: BlockSpec) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every block `blocks` picks: a predicate, a container or a list."""
     if isinstance(blocks, nn.ModuleList | nn.ModuleDict):
         # blocks=model.layers means its children, whichever container holds them.
         blocks = list(blocks.values() if isinstance(blocks, nn.ModuleDict) else blocks)
     if callable(blocks) and not isinstance(blocks, nn.Module):
-        chosen = [(n, m) for n, m in model.named_modules() if n and blocks(n, m)]
-    elif isinstance(blocks, Iterable) and not isinstance(blocks, str | nn.Module):
-        names = {id(m): n for n, m in model.named_modules()}
-        chosen = []
-        for i, module in enumerate(blocks):
-            if id(module) not in names:
-                raise ValueError(f"blocks[{i}] ({type(module).__name__}) is not a submodule of "
-                                 "the model.")
-            chosen.append((names[id(module)], module))
-    else:
-        raise ValueError("blocks must be a list of the model's submodules or a "
-                         f"predicate(name, module) -> bool, got {type(blocks).__name__}.")
-    for name, module in chosen:
-        if not name:
-            raise ValueError("blocks lists the model itself, which parallelize always shards "
-                             "last; leave it out.")
-        if not _has_forward(module):
-            raise ValueError(f"cannot shard block {name!r}: a {type(module).__name__} has no "
-                             "forward for FSDP2 to hook; list its children instead.")
-    unique = {id(m): (n, m) for n, m in chosen}
-    return [(n, m) for n, m in unique.values() if _has_params(m)]
+        return [(n, m) for n, m in model.named_modules() if n and blocks(n, m)]
+    if isinstance(blocks, Iterable) and not isinstance(blocks, str | nn.Module):
+        return _named_blocks(model, blocks)
+    raise ValueError("blocks must be a list of the model's submodules or a "
+                     f"predicate(name, module) -> bool, got {type(blocks).__name__}.")
+
+
+def _named_blocks(model: nn.Module, blocks: Iterable[nn.Module]) -> list[tuple[str, nn.Module]]:
+    """Each listed module with its name in the model; refuse one that is not in it."""
+    names = {id(m): n for n, m in model.named_modules()}
+    chosen = []
+    for i, module in enumerate(blocks):
+        if id(module) not in names:
+            raise ValueError(f"blocks[{i}] ({type(module).__name__}) is not a submodule of "
+                             "the model.")
+        chosen.append((names[id(module)], module))
+    return chosen
+
+
+def _check_block(name: str, module: nn.Module) -> None:
+    """Refuse a block FSDP2 cannot shard on its own: the model itself, or one without forward."""
+    if not name:
+        raise ValueError("blocks lists the model itself, which parallelize always shards "
+                         "last; leave it out.")
+    if not _has_forward(module):
+        raise ValueError(f"cannot shard block {name!r}: a {type(module).__name__} has no "
+                         "forward for FSDP2 to hook; list its children instead.")
 
 
 def _param_owners(model: nn.Module) -> dict[int, list[str]]:

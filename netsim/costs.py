@@ -127,17 +127,28 @@ def collective_volume(
         return CollectiveVolume(1, 0.0, n)
     if p == 1:
         return CollectiveVolume(0, 0.0, 0.0)
-    share = (p - 1) / p
     if algorithm in ("tree", "bruck"):
         return _log_depth_volume(op, p, n, algorithm)
+    if op in ("broadcast", "gather", "scatter"):
+        return _rooted_volume(op, p, n, is_root)
+    return _symmetric_volume(op, p, n, algorithm)
+
+
+def _symmetric_volume(op: str, p: int, n: float, algorithm: str) -> CollectiveVolume:
+    """Volume of an op every rank runs alike (ring or direct; p >= 2)."""
+    share = (p - 1) / p
     if op == "all_reduce" or (op == "reduce_scatter" and algorithm == "allreduce"):
         return CollectiveVolume(2 * (p - 1), 2 * share * n, 2 * share * n)
     if op == "barrier":
         return CollectiveVolume(2 * (p - 1), 0.0, 0.0)
     if op == "all_gather":
         return CollectiveVolume(p - 1, (p - 1) * n, (p - 1) * n)
-    if op in ("reduce_scatter", "all_to_all", "reduce"):
-        return CollectiveVolume(p - 1, share * n, share * n)
+    # reduce_scatter, all_to_all, reduce
+    return CollectiveVolume(p - 1, share * n, share * n)
+
+
+def _rooted_volume(op: str, p: int, n: float, is_root: bool) -> CollectiveVolume:
+    """Volume of broadcast, gather or scatter, whose root moves other bytes (p >= 2)."""
     if op == "broadcast":
         # Pipelined chain: the root only sends, the others receive and pass the data on.
         return CollectiveVolume(p - 1, n, 0.0 if is_root else n)

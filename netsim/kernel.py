@@ -31,15 +31,19 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from netsim.shaping.run_dir import pid_alive
 
 __all__ = [
     "PREFIX", "INTERFACE", "MASTER_PORT", "KernelShapingError", "TcSettings", "KernelNetwork",
     "check_privileges", "has_netem", "clean_stale", "our_namespaces", "unavailable_reason",
+    "stop",
 ]
 
 PREFIX = "fbk-"
@@ -177,6 +181,18 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def stop(procs: Iterable[subprocess.Popen]) -> None:
+    """Kill the session of each process that still runs (each in a session of its own, as
+    `KernelNetwork.start` makes them); reap all."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # its session: the process and what it started
+            except ProcessLookupError:
+                pass
+        p.wait()
+
+
 class KernelNetwork:
     """The namespaces, veth pairs, bridge and qdiscs of one run; `with` deletes them all."""
 
@@ -223,6 +239,26 @@ class KernelNetwork:
     def exec_prefix(self, node: int) -> list[str]:
         """Command prefix that runs a program inside node `node`'s namespace."""
         return ["ip", "netns", "exec", self.namespace(node)]
+
+    def rendezvous_env(self) -> dict[str, str]:
+        """torchrun's rendezvous variables for this run: node 0's address, our port, eth0."""
+        return {"MASTER_ADDR": self.address(0), "MASTER_PORT": str(MASTER_PORT),
+                "GLOO_SOCKET_IFNAME": INTERFACE}
+
+    def start(self, node: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              **popen_kwargs: Any) -> subprocess.Popen:
+        """Start `argv` inside node `node`'s namespace, in a session of its own (see `stop`).
+
+        env: the process's environment (default: ours), with `rendezvous_env()` laid over it.
+        popen_kwargs: the rest of `subprocess.Popen`'s arguments (stdin, stdout, stderr, text).
+        """
+        # A fresh process is the only way in: Python 3.11 has no os.setns, and setns in a
+        # process that already runs threads (torch starts some at import) does not move them.
+        # Its own session, so that `stop` kills whatever it starts in turn.
+        return subprocess.Popen([*self.exec_prefix(node), *argv],
+                                env={**(os.environ if env is None else env),
+                                     **self.rendezvous_env()},
+                                start_new_session=True, **popen_kwargs)
 
     @property
     def namespaces(self) -> list[str]:

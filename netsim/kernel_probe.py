@@ -3,7 +3,7 @@
     python -m netsim.kernel_probe --nodes 2 --rate 20Mbit --payload 4MiB --repeats 3
 
 The parent (`measure_goodput`) makes a `KernelNetwork`, starts one rank per node inside its
-namespace (`ip netns exec`, torchrun-style environment, rendezvous on node 0's address) and
+namespace (`KernelNetwork.start`: torchrun-style environment, rendezvous on node 0's address) and
 reads back rank 0's timings. A ring all-reduce of n bytes over p ranks moves 2(p-1)/p * n bytes
 each way through every node's link, so goodput = that / the median time; the ratio to the
 configured rate is what TCP, framing and gloo leave of the link.
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from netsim.kernel import INTERFACE, MASTER_PORT, KernelNetwork, TcSettings
+from netsim.kernel import KernelNetwork, TcSettings, stop
 from netsim.units import parse_bandwidth
 
 __all__ = ["measure_goodput", "main"]
@@ -60,22 +60,15 @@ def measure_goodput(rate_bps: float, payload: int = 4 << 20, repeats: int = 3,
     net = KernelNetwork(nodes, settings, node_settings=own)
     pace = min([rate_bps, *(s.rate_bps for s in own.values())])
     with net:
-        procs = []
-        for node in range(nodes):
-            env = {**os.environ, "RANK": str(node), "WORLD_SIZE": str(nodes),
-                   "MASTER_ADDR": net.address(0), "MASTER_PORT": str(MASTER_PORT),
-                   "GLOO_SOCKET_IFNAME": INTERFACE, "TORCH_CPP_LOG_LEVEL": "ERROR"}
-            cmd = net.exec_prefix(node) + [sys.executable, "-m", "netsim.kernel_probe", "--rank",
-                                           "--payload", str(payload), "--repeats", str(repeats)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True,
-                                          start_new_session=True))
+        argv = [sys.executable, "-m", "netsim.kernel_probe", "--rank", "--payload", str(payload),
+                "--repeats", str(repeats)]
+        env = {**os.environ, "WORLD_SIZE": str(nodes), "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        procs = [net.start(node, argv, env={**env, "RANK": str(node)}, stdout=subprocess.PIPE,
+                           text=True) for node in range(nodes)]
         try:
             outputs = [p.communicate(timeout=timeout_s)[0] for p in procs]
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, 9)
-                    p.wait()
+            stop(procs)
         if any(p.returncode for p in procs):
             raise RuntimeError(f"a probe rank failed (exit codes {[p.returncode for p in procs]})")
         counters = net.sent_bytes()

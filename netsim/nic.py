@@ -87,6 +87,15 @@ def fair_share_finishes(begins: list[float], sizes: list[float], bandwidth: floa
     t0 = min(begins[i] for i in flows)
     pending = sorted((begins[i] - t0, i) for i in flows)
     left = {i: float(sizes[i]) for i in flows}
+    for i, end in _share(pending, left, bandwidth).items():
+        finishes[i] = t0 + end
+    return finishes
+
+
+def _share(pending: list[tuple[float, int]], left: dict[int, float],
+           bandwidth: float) -> dict[int, float]:
+    """End of each flow (time since the first start); pending: (start, flow), sorted by start."""
+    ends: dict[int, float] = {}
     active: list[int] = []
     now = 0.0
     while pending or active:
@@ -95,18 +104,27 @@ def fair_share_finishes(begins: list[float], sizes: list[float], bandwidth: floa
         if not active:
             now = pending[0][0]
             continue
-        rate = bandwidth / len(active)
-        smallest = min(left[i] for i in active)
-        if pending and pending[0][0] < now + smallest / rate:
-            moved = rate * (pending[0][0] - now)  # a newcomer arrives before anyone is done
-            now = pending[0][0]
-        else:
-            moved = smallest
-            now += smallest / rate
-            # The smallest flows end now by construction: no rounding sliver may keep them.
-            for i in [i for i in active if left[i] <= smallest * (1 + 1e-12)]:
-                finishes[i] = t0 + now
-                active.remove(i)
-        for i in active:
-            left[i] -= moved
-    return finishes
+        now = _advance(now, pending, active, left, bandwidth / len(active), ends)
+    return ends
+
+
+def _advance(now: float, pending: list[tuple[float, int]], active: list[int],
+             left: dict[int, float], rate: float, ends: dict[int, float]) -> float:
+    """Move every active flow at `rate` to the next arrival or end, whichever is first; the time.
+
+    Flows that end are moved from `active` to `ends`.
+    """
+    smallest = min(left[i] for i in active)
+    if pending and pending[0][0] < now + smallest / rate:
+        moved = rate * (pending[0][0] - now)  # a newcomer arrives before anyone is done
+        now = pending[0][0]
+    else:
+        moved = smallest
+        now += smallest / rate
+        # The smallest flows end now by construction: no rounding sliver may keep them.
+        for i in [i for i in active if left[i] <= smallest * (1 + 1e-12)]:
+            ends[i] = now
+            active.remove(i)
+    for i in active:
+        left[i] -= moved
+    return now

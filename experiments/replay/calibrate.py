@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from experiments.io import check_output_file, write_atomic
 from netsim import parse_bandwidth
 from netsim.calibration import Calibration, Sample, fit_calibration
 from netsim.costs import collective_volume
+from netsim.kernel import KernelNetwork, TcSettings, stop
 
 __all__ = ["calibrate", "configure", "main", "DEFAULT_RATES", "DEFAULT_PAYLOADS", "OPS"]
 
@@ -98,18 +100,13 @@ def _rank_main(spec: dict) -> None:
         shaping.uninstall()
 
 
-def _run_ranks(commands: list[list[str]], envs: list[dict]) -> str:
-    """Start the ranks, wait for them (killing all on a failure), return rank 0's stdout."""
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True)
-             for cmd, env in zip(commands, envs, strict=True)]
+def _run_ranks(start: Callable[[int], subprocess.Popen]) -> str:
+    """Start the ranks (`start(rank)`), wait (killing all on a failure); rank 0's stdout."""
+    procs = [start(k) for k in range(_RANKS)]
     try:
         outputs = [p.communicate(timeout=_TIMEOUT_S) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
+        stop(procs)
     failed = [k for k, p in enumerate(procs) if p.returncode]
     if failed:
         tail = (outputs[failed[0]][1] or "").strip().splitlines()[-3:]
@@ -122,24 +119,22 @@ def _measure(shaping: str, rate_bps: float, plan: list[tuple[str, int]], repeats
     """Median seconds of each planned collective between two ranks on links of `rate_bps`."""
     base_env = {**os.environ, "WORLD_SIZE": str(_RANKS), "TORCH_CPP_LOG_LEVEL": "ERROR",
                 "OMP_NUM_THREADS": "1"}
+    pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     with tempfile.TemporaryDirectory(prefix="flexbench-calibrate-") as work:
         spec = {"shaping": shaping, "rate_bps": rate_bps, "plan": plan, "repeats": repeats,
                 "gap_s": gap_s, "work": work}
         command = [sys.executable, "-m", "experiments.replay.calibrate", "--rank"]
         if shaping == "kernel":
-            from netsim.kernel import INTERFACE, MASTER_PORT, KernelNetwork, TcSettings
-
             with KernelNetwork(_RANKS, TcSettings(rate_bps)) as net:
-                envs = [{**base_env, "RANK": str(k), "MASTER_ADDR": net.address(0),
-                         "MASTER_PORT": str(MASTER_PORT), "GLOO_SOCKET_IFNAME": INTERFACE}
-                        for k in range(_RANKS)]
-                cmds = [net.exec_prefix(k) + command + [json.dumps(spec)] for k in range(_RANKS)]
-                out = _run_ranks(cmds, envs)
+                argv = command + [json.dumps(spec)]
+                out = _run_ranks(lambda k: net.start(k, argv, env={**base_env, "RANK": str(k)},
+                                                     **pipes))
         else:
             spec["init_method"] = f"file://{Path(work) / 'store'}"
-            envs = [{**base_env, "RANK": str(k), "GLOO_SOCKET_IFNAME": _loopback()}
-                    for k in range(_RANKS)]
-            out = _run_ranks([command + [json.dumps(spec)]] * _RANKS, envs)
+            argv = command + [json.dumps(spec)]
+            out = _run_ranks(lambda k: subprocess.Popen(
+                argv, env={**base_env, "RANK": str(k), "GLOO_SOCKET_IFNAME": _loopback()},
+                start_new_session=True, **pipes))
     timings = json.loads(out.strip().splitlines()[-1])["times_s"]
     return [statistics.median(times) for times in timings]
 

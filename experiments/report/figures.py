@@ -120,22 +120,7 @@ def plot_loss_vs_time(res: Results):
             ax = axes[i][j]
             here = evals[(evals["inter_bw"] == bw) & (evals["inter_lat"] == lat)] \
                 if len(evals) else evals
-            sim = here[here["source"] == "sim"] if len(here) else here
-            if len(sim):
-                sns.lineplot(data=sim, x="time_s", y="val_loss", hue="variant", units="seed",
-                             estimator=None, palette=palette, ax=ax, linewidth=1.2, alpha=0.85,
-                             legend=(i == 0 and j == len(bws) - 1))
-            measured = here[here["source"] == "measured"] if len(here) else here
-            for (variant, seed), curve in measured.groupby(["variant", "seed"]) \
-                    if len(measured) else []:
-                ax.plot(curve["time_s"], curve["val_loss"], linestyle="--", marker="o",
-                        markersize=3, color=palette.get(variant, "black"),
-                        label=f"{variant} s{seed} measured")
-            if not len(here):
-                ax.text(0.5, 0.5, "not timed here", ha="center", va="center",
-                        transform=ax.transAxes, color="grey")
-            for target in res.targets():
-                ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
+            _loss_panel(ax, here, res, palette, legend=(i == 0 and j == len(bws) - 1))
             _log_x(ax)
             ax.set_title(f"{bw} / {lat}", fontsize=9)
             ax.set_xlabel("wall-clock (s)" if i == len(lats) - 1 else "")
@@ -148,6 +133,28 @@ def plot_loss_vs_time(res: Results):
                  f"dotted = target)", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _loss_panel(ax, here: pd.DataFrame, res: Results, palette: dict, legend: bool) -> None:
+    """One network's panel: simulated curves, measured ones dashed, the targets dotted."""
+    import seaborn as sns
+
+    sim = here[here["source"] == "sim"] if len(here) else here
+    if len(sim):
+        sns.lineplot(data=sim, x="time_s", y="val_loss", hue="variant", units="seed",
+                     estimator=None, palette=palette, ax=ax, linewidth=1.2, alpha=0.85,
+                     legend=legend)
+    measured = here[here["source"] == "measured"] if len(here) else here
+    for (variant, seed), curve in measured.groupby(["variant", "seed"]) \
+            if len(measured) else []:
+        ax.plot(curve["time_s"], curve["val_loss"], linestyle="--", marker="o",
+                markersize=3, color=palette.get(variant, "black"),
+                label=f"{variant} s{seed} measured")
+    if not len(here):
+        ax.text(0.5, 0.5, "not timed here", ha="center", va="center",
+                transform=ax.transAxes, color="grey")
+    for target in res.targets():
+        ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
 
 
 def plot_time_to_target(res: Results):

@@ -15,13 +15,16 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.io import check_output_folder, provenance
 from netsim.shaping.run_dir import pid_alive
 from netsim.trace import TRAIN, comm_per_step
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["RankResult", "RunFolder", "read_rank_result", "write_rank_result", "write_run"]
 
@@ -120,10 +123,21 @@ def read_rank_result(folder: Path, rank: int) -> RankResult:
 def write_run(results: list[RankResult], folder: Path,
               extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """steps.parquet, trace.parquet and run.json (plus `extra` entries) from every rank's result."""
-    import pandas as pd
-
     folder.mkdir(parents=True, exist_ok=True)
     cfg = RunConfig.from_dict(results[0].config)
+    steps, trace = _steps_and_trace(results, cfg)
+    steps.to_parquet(folder / "steps.parquet", index=False)
+    trace.to_parquet(folder / "trace.parquet", index=False)
+    meta = _run_meta(results, cfg, steps, extra)
+    (folder / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return meta
+
+
+def _steps_and_trace(results: list[RankResult],
+                     cfg: RunConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The run's steps table (one row a step, its communication per node) and training trace."""
+    import pandas as pd
+
     per_rank = pd.concat(
         [pd.DataFrame(r.steps).assign(rank=r.rank) for r in results], ignore_index=True
     )
@@ -151,13 +165,16 @@ def write_run(results: list[RankResult], folder: Path,
     for col in ("inter_bytes_sent", "inter_bytes_received", "intra_bytes"):
         steps[col] = steps[col] / cfg.nodes  # per node
     steps["compute_s"] = (steps["step_s"] - steps["comm_s"]).clip(lower=0.0)
-    steps = steps.drop(columns="step_s")
-    steps.to_parquet(folder / "steps.parquet", index=False)
-    trace.to_parquet(folder / "trace.parquet", index=False)
+    return steps.drop(columns="step_s"), trace
+
+
+def _run_meta(results: list[RankResult], cfg: RunConfig, steps: pd.DataFrame,
+              extra: dict[str, Any] | None) -> dict[str, Any]:
+    """run.json's entries: the config, the outcome, totals, provenance, then `extra`."""
     final = steps["val_loss"].dropna()
     diverged = [r.diverged_step for r in results if r.diverged_step is not None]
     final_loss = float(final.iloc[-1]) if len(final) else None
-    meta = {
+    return {
         "config": cfg.to_dict(),
         "world_size": cfg.world_size,
         "params": results[0].params,
@@ -172,5 +189,3 @@ def write_run(results: list[RankResult], folder: Path,
         **provenance(),
         **(extra or {}),
     }
-    (folder / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    return meta

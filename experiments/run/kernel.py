@@ -39,13 +39,12 @@ from experiments.run.folder import RunFolder, read_rank_result, write_run
 from experiments.run.rank import raise_on_sigterm, run_one_rank
 from experiments.run.watchdog import RankStalled, Watchdog
 from netsim.kernel import (
-    INTERFACE,
-    MASTER_PORT,
     KernelNetwork,
     KernelShapingError,
     TcSettings,
     check_privileges,
     has_netem,
+    stop,
 )
 
 __all__ = ["run_kernel", "kernel_settings", "kernel_node_settings"]
@@ -102,7 +101,7 @@ def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     except KernelShapingError as err:
         raise RunFailed(str(err)) from None
     finally:
-        _stop(procs)
+        stop(procs)
         net.delete()
         folder.discard()
         if previous_handler is not None:
@@ -117,8 +116,7 @@ def _start_rank(net: KernelNetwork, cfg: RunConfig, folder: RunFolder, rank: int
         **os.environ,
         "RANK": str(rank), "WORLD_SIZE": str(cfg.world_size),
         "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(cfg.gpus_per_node),
-        "MASTER_ADDR": net.address(0), "MASTER_PORT": str(MASTER_PORT),
-        "GLOO_SOCKET_IFNAME": INTERFACE, _LAUNCHER_PID: str(os.getpid()),
+        _LAUNCHER_PID: str(os.getpid()),
         # c10d warns that a namespace address has no host name: true, and noise.
         "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
     }
@@ -127,11 +125,9 @@ def _start_rank(net: KernelNetwork, cfg: RunConfig, folder: RunFolder, rank: int
     # Rank 0 draws the progress bar on the user's terminal; the others' stderr (tracebacks of
     # a failed run, mostly) goes to the working folder: the error file names the cause.
     stderr = None if rank == 0 and not quiet else open(folder.work / f"stderr-{rank}", "wb")
-    cmd = net.exec_prefix(node) + [sys.executable, "-m", "experiments.run.kernel",
-                                   str(folder.work)]
     try:
-        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,
-                                start_new_session=True)
+        return net.start(node, [sys.executable, "-m", "experiments.run.kernel", str(folder.work)],
+                         env=env, stdin=subprocess.DEVNULL, stderr=stderr)
     finally:
         if stderr is not None:
             stderr.close()
@@ -161,17 +157,6 @@ def _failure(folder: RunFolder, codes: list[int | None]) -> str:
         return errors[0].read_text().strip()
     rank, code = next((r, c) for r, c in enumerate(codes) if c not in (None, 0))
     return f"a rank died: rank {rank} exited with status {code}"
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Kill every rank's process group that still runs and reap it."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # its session: the rank and anything it started
-            except ProcessLookupError:
-                pass
-        p.wait()
 
 
 def _die_with_launcher() -> None:

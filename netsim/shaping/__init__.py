@@ -18,8 +18,10 @@ fairly each way (group.py).
 
 Where things live: `shaper.Shaper` holds one process's state and makes the groups;
 `group.ShapedProcessGroup` funnels every collective through one path; `work.ShapedWork` holds
-completion to the model; `run_dir` owns the shared folder. The functions here are the
-process-level conveniences: `install` makes the current Shaper, `uninstall` closes every Shaper.
+completion to the model; `run_dir` owns the shared folder; `state.ShaperState` is what groups and
+works read of their Shaper (a Protocol, so neither imports the Shaper that makes them). The
+functions here are the process-level conveniences: `install` makes the current Shaper,
+`uninstall` closes every Shaper.
 
 Teardown, in this order: `dist.destroy_process_group()`, then `shaping.uninstall()` (shuts down
 and drops every wrapped backend netsim made, closes NIC files, removes the run folder netsim

@@ -32,7 +32,7 @@ from netsim.shaping.work import ShapedWork
 from netsim.topology import Link, ring_nic_share
 
 if TYPE_CHECKING:
-    from netsim.shaping.shaper import Shaper
+    from netsim.shaping.state import ShaperState
 
 __all__ = ["BACKEND", "ShapedProcessGroup"]
 
@@ -109,11 +109,35 @@ class _Message:
         return max(0.0, float(self.stamp[0].item()) - self.issued)
 
 
+def _fair_shares(batch: list[_Message], bandwidth: float) -> tuple[dict[int, float], list[float]]:
+    """Each message's end with each way's messages sharing `bandwidth`; bytes sent, received."""
+    ends: dict[int, float] = {}
+    totals = []
+    for sending in (True, False):
+        ids = [i for i, m in enumerate(batch) if m.sending == sending]
+        shared = fair_share_finishes([batch[i].issued for i in ids],
+                                     [batch[i].nbytes for i in ids], bandwidth)
+        ends.update(zip(ids, shared, strict=True))
+        totals.append(sum(batch[i].nbytes for i in ids))
+    return ends, totals
+
+
+def _queue_delays(batch: list[_Message], ends: dict[int, float], totals: list[float],
+                  booked: tuple[float, float], start: float) -> list[float]:
+    """How much later the sends, and the receives, end for queueing behind the NIC's bookings."""
+    delay = [0.0, 0.0]
+    for d, sending in enumerate((True, False)):
+        last = max((ends[i] for i, m in enumerate(batch) if m.sending == sending),
+                   default=start)
+        delay[d] = max(0.0, booked[d] - last) if totals[d] else 0.0
+    return delay
+
+
 class ShapedProcessGroup(dist.ProcessGroup):
     """A process group that delegates to real gloo/nccl backends, recording and shaping each op."""
 
     def __init__(
-        self, shaper: Shaper, inners: dict, group_rank: int, group_size: int, ranks: list[int]
+        self, shaper: ShaperState, inners: dict, group_rank: int, group_size: int, ranks: list[int]
     ) -> None:
         super().__init__(group_rank, group_size)
         self._shaper = shaper
@@ -204,21 +228,10 @@ class ShapedProcessGroup(dist.ProcessGroup):
         nic = topo.node_link(topo.node_of(self._global_rank)) if inter else topo.intra
         bandwidth = nic.effective_bandwidth
         start = min(m.issued for m in batch)
-        ends: dict[int, float] = {}
-        totals = []
-        for sending in (True, False):
-            ids = [i for i, m in enumerate(batch) if m.sending == sending]
-            shared = fair_share_finishes([batch[i].issued for i in ids],
-                                         [batch[i].nbytes for i in ids], bandwidth)
-            ends.update(zip(ids, shared, strict=True))
-            totals.append(sum(batch[i].nbytes for i in ids))
+        ends, totals = _fair_shares(batch, bandwidth)
         # The node's other ranks may hold the NIC already: the batch then waits its turn.
         booked = self._timeline(inter).reserve_each(start, totals[0], totals[1], bandwidth)
-        delay = [0.0, 0.0]
-        for d, sending in enumerate((True, False)):
-            last = max((ends[i] for i, m in enumerate(batch) if m.sending == sending),
-                       default=start)
-            delay[d] = max(0.0, booked[d] - last) if totals[d] else 0.0
+        delay = _queue_delays(batch, ends, totals, booked, start)
         for i, m in enumerate(batch):
             # A slower link at the other end paces the message too.
             through = max(ends[i] + delay[0 if m.sending else 1],

@@ -7,18 +7,16 @@ import threading
 import time
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from netsim.nic import Timeline
+from netsim.shaping.group import ShapedProcessGroup
 from netsim.shaping.run_dir import RunDir
 from netsim.topology import Topology
 from netsim.trace import TraceRecorder
-
-if TYPE_CHECKING:
-    from netsim.shaping.group import ShapedProcessGroup
 
 __all__ = ["MODES", "Shaper"]
 
@@ -111,8 +109,6 @@ class Shaper:
     # -- groups -------------------------------------------------------------------------------
     def create_backend(self, dist_opts: Any, _backend_opts: Any = None) -> ShapedProcessGroup:
         """Backend creator for torch: real gloo (and nccl) backends inside a shaping wrapper."""
-        from netsim.shaping.group import ShapedProcessGroup
-
         if self.closed:
             raise ValueError("this netsim Shaper was closed; call shaping.install(...) again.")
         store, rank, size = dist_opts.store, dist_opts.group_rank, dist_opts.group_size

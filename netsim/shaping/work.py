@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from netsim.shaping.shaper import Shaper
+    from netsim.shaping.state import ShaperState
 
 __all__ = ["ShapedWork"]
 
@@ -32,7 +32,7 @@ class ShapedWork(dist.Work):
 
     def __init__(
         self,
-        shaper: Shaper,
+        shaper: ShaperState,
         works: list[dist.Work],
         model_finish: Callable[[float], float] | None,
         row: dict | None,

@@ -66,20 +66,42 @@ def test_two_namespaces_at_20mbit_move_a_known_payload_at_20mbit():
 
 @pytest.mark.dist
 @needs_kernel
+@pytest.mark.timeout(60)
+def test_a_started_process_runs_in_its_nodes_namespace_with_the_rendezvous_env():
+    net = kernel.KernelNetwork(2, kernel.TcSettings(parse_bandwidth("20Mbit")))
+    # Field 6 of /proc/PID/stat is the session id; `ip netns exec` execs the shell in place.
+    script = ("ip netns identify; ip -o -4 addr show dev eth0; "
+              "echo $MASTER_ADDR $MASTER_PORT $GLOO_SOCKET_IFNAME $FLEXBENCH_TEST; "
+              "cut -d' ' -f6 /proc/$$/stat")
+    with net:
+        proc = net.start(1, ["sh", "-c", script], env={**ENV, "FLEXBENCH_TEST": "kept"},
+                         stdout=subprocess.PIPE, text=True)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    name, addr, env, session = out.strip().splitlines()
+    assert name == net.namespace(1)
+    assert f" {net.address(1)}/24 " in addr and net.address(0) not in addr
+    assert env.split() == [net.address(0), str(kernel.MASTER_PORT), kernel.INTERFACE, "kept"]
+    assert int(session) == proc.pid  # a session of its own: kernel.stop kills it as a group
+    assert _left_behind(os.getpid()) == []
+
+
+@needs_kernel
 @pytest.mark.timeout(120)
 def test_same_namespace_ranks_talk_over_loopback_not_the_shaped_link():
     net = kernel.KernelNetwork(1, kernel.TcSettings(parse_bandwidth("20Mbit")))
     with net:
-        env = {**ENV, "WORLD_SIZE": "2", "MASTER_ADDR": net.address(0),
-               "MASTER_PORT": str(kernel.MASTER_PORT), "GLOO_SOCKET_IFNAME": kernel.INTERFACE,
-               "TORCH_CPP_LOG_LEVEL": "ERROR"}
-        cmd = net.exec_prefix(0) + [sys.executable, "-m", "netsim.kernel_probe", "--rank",
-                                    "--payload", str(1 << 20), "--repeats", "2"]
-        procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE)
+        env = {**ENV, "WORLD_SIZE": "2", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        argv = [sys.executable, "-m", "netsim.kernel_probe", "--rank", "--payload",
+                str(1 << 20), "--repeats", "2"]
+        procs = [net.start(0, argv, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE)
                  for r in range(2)]
-        for p in procs:
-            p.communicate(timeout=90)
-            assert p.returncode == 0
+        try:
+            for p in procs:
+                p.communicate(timeout=90)
+                assert p.returncode == 0
+        finally:
+            kernel.stop(procs)
         sent = net.sent_bytes()
     # Gloo bound both ranks to eth0's address, yet 2 MiB went over lo: eth0 saw only the
     # kernel's own few hundred bytes of IPv6 neighbour discovery.
