@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_node_link
@@ -54,6 +54,14 @@ def _as_link(value: Link | dict, name: str) -> Link:
 
 
 NodeLinks = tuple[tuple[int, Link], ...]
+
+
+def _parsed(name: str, parse: Callable[[object], float], value: object) -> float:
+    """`parse(value)`, its ValueError naming the setting (callers' flags share these names)."""
+    try:
+        return parse(value)
+    except ValueError as err:
+        raise ValueError(f"{name} {value!r} does not parse: {err}") from None
 
 
 def parse_node_links(specs: Iterable[str], nodes: int, inter: Link) -> dict[int, Link]:
@@ -142,7 +150,7 @@ class Topology:
         cls,
         nodes: int,
         per_node: int,
-        inter_bw: object = "1Gbit",
+        inter_bw: object | None = "1Gbit",
         inter_lat: object = "0ms",
         intra_bw: object = "25GB/s",
         intra_lat: object = "5us",
@@ -154,13 +162,21 @@ class Topology:
     ) -> Topology:
         """Build a topology from CLI-style strings; jitter and loss apply to every inter-node link.
 
-        node_links: "NODE=BANDWIDTH[,LATENCY]" strings, e.g. ["3=100Mbit,20ms"].
+        node_links: "NODE=BANDWIDTH[,LATENCY]" strings, e.g. ["3=100Mbit,20ms"]. inter_bw None
+        is a placeholder inter link at intra_bw: an unshaped run's traffic is labelled with it,
+        never timed. A value that does not parse is one ValueError naming its argument
+        ("inter_bw '1x' does not parse: ...").
         """
-        inter = Link(inter_bw, inter_lat, jitter=jitter, loss=loss)
+        inter_bps = None if inter_bw is None else _parsed("inter_bw", parse_bandwidth, inter_bw)
+        inter_lat_s = _parsed("inter_lat", parse_latency, inter_lat)
+        intra = Link(_parsed("intra_bw", parse_bandwidth, intra_bw),
+                     _parsed("intra_lat", parse_latency, intra_lat))
+        inter = Link(intra.bandwidth if inter_bps is None else inter_bps, inter_lat_s,
+                     jitter=jitter, loss=loss)
         return cls(
             nodes=nodes,
             accelerators_per_node=per_node,
-            intra=Link(intra_bw, intra_lat),
+            intra=intra,
             inter=inter,
             nic=nic,
             node_speed=tuple(node_speed) if node_speed else (),
