@@ -98,8 +98,8 @@ def main() -> None:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{'peak resident memory of this process (MB)':<46}{peak_mb:>12.0f}{'< 2048':>12}")
     print(
-        f"  predicted 2x2 step time {out['step_time_s'].median():.4f} s; "
-        f"1024x8 step time {big_out['step_time_s'].median():.4f} s"
+        f"  predicted 2x2 step time {out.frame['step_time_s'].median():.4f} s; "
+        f"1024x8 step time {big_out.frame['step_time_s'].median():.4f} s"
     )
     print("\ncost growth (seconds per simulate call; 100-step trace, cycled):")
     print(f"{'nodes x per_node':<20}" + "".join(f"{s:>12} st" for s in (100, 1000)))
@@ -122,8 +122,8 @@ def main() -> None:
         topo = Topology.from_strings(1024, 1, "10Gbit", "1ms")
         secs, out = timed(lambda t=trace, d=degrees, topo=topo: simulate(t, topo, steps=1000,
                                                                         degrees=d))
-        print(f"{graph:<14}{out.attrs['p2p_degrees'][0]:>8}{secs:>10.3f}"
-              f"{out['step_time_s'].median() * 1e3:>12.2f}{'seconds':>10}")
+        print(f"{graph:<14}{out.p2p_degrees[0]:>8}{secs:>10.3f}"
+              f"{out.frame['step_time_s'].median() * 1e3:>12.2f}{'seconds':>10}")
 
 
 if __name__ == "__main__":

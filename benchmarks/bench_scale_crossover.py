@@ -41,7 +41,7 @@ def step_time(trace: pd.DataFrame, nodes: int, args: argparse.Namespace) -> floa
     sim = simulate(
         trace, topo, compute_scale=args.compute_scale, intra="recorded", algorithm=args.algorithm
     )
-    return float(sim["step_time_s"].median())
+    return float(sim.frame["step_time_s"].median())
 
 
 def first_crossing(costlier: Callable[[int], bool], low: int, high: int) -> int | None:

@@ -16,6 +16,7 @@ neighbours there, so a step costs what the graph's degree costs, whatever the no
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -32,7 +33,7 @@ from flexdemo.graphs import degree_of, graph_problem, period
 from netsim import Link, Topology, parse_bandwidth, parse_latency
 from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
-from netsim.model import algorithm_summary, simulate
+from netsim.model import Replay, algorithm_summary, simulate
 from netsim.topology import parse_node_links
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,8 @@ def simulate_run(
     algorithm: str = "auto",
     node_links: list[str] | None = None,
     calibration: Calibration | None = None,
-) -> pd.DataFrame:
-    """Per-step times of a recorded run replayed on another network: [step, step_time_s, time_s].
+) -> Replay:
+    """A recorded run replayed on another network: its Replay, frame [step, step_time_s, time_s].
 
     `step` is 1-based like the run's steps.parquet; nodes, gpus_per_node and steps default to the
     run's own. Intra-node collectives keep their recorded durations (real runs never shape them)
@@ -128,9 +129,8 @@ def simulate_run(
     collective algorithms (netsim.model.simulate). `node_links` ("NODE=BANDWIDTH[,LATENCY]")
     gives some nodes links of their own; None replays the run's own node_links. `calibration`
     (from `flexbench calibrate`) prices every inter-node link at its measured goodput and
-    per-message cost. attrs["note"] states the assumptions and attrs["algorithms"] the algorithms
-    assumed. Gossip runs replay their graph rebuilt on the target nodes (`gossip_degrees`;
-    attrs["graphs"] describes it).
+    per-message cost, and the note says so. Gossip runs replay their graph rebuilt on the target
+    nodes (`gossip_degrees`; Replay.graphs describes it).
     """
     meta, recorded_steps = read_run(run_dir)
     cfg = meta["config"]
@@ -158,23 +158,21 @@ def simulate_run(
     if not trace_path.exists():
         raise ConfigError(f"{str(run_dir)!r} has no trace.parquet to replay.")
     degrees, graphs = gossip_degrees(meta, recorded_steps, n_nodes)
-    sim = simulate(
+    replay = simulate(
         trace_path, topology, steps=steps, compute_scale=compute_scale, intra=intra,
         algorithm=algorithm, degrees=degrees,
     )  # fmt: skip
-    # assign() copies attrs, so the note and the algorithms travel with the result.
-    sim = sim.assign(step=range(1, len(sim) + 1))
-    sim.attrs["node_links"] = topology.describe_node_links()
-    sim.attrs["graphs"] = graphs if sim.attrs.get("p2p_degrees") else []
-    if calibration is not None:
-        sim.attrs["note"] = f"{sim.attrs.get('note', '')} Links {calibration.describe()}."
-    return sim
+    note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
+    return dataclasses.replace(
+        replay, frame=replay.frame.assign(step=range(1, len(replay.frame) + 1)), note=note,
+        graphs=tuple(graphs) if replay.p2p_degrees else (),
+    )  # fmt: skip
 
 
-def loss_on_time_axis(steps: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
-    """The run's evaluations with the simulated time at which each step ends."""
+def loss_on_time_axis(steps: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """The run's evaluations with the simulated time at which each step ends (frame: a Replay's)."""
     evals = steps.loc[steps["val_loss"].notna(), ["step", "val_loss"]]
-    return evals.merge(sim[["step", "time_s"]], on="step", how="inner")
+    return evals.merge(frame[["step", "time_s"]], on="step", how="inner")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -228,30 +226,29 @@ def main(args: argparse.Namespace) -> int:
     if args.step_compute is not None:
         recorded = float(steps["compute_s"].median())
         scale = args.step_compute / recorded if recorded > 0 else 1.0
-    sim = simulate_run(
+    replay = simulate_run(
         args.run_dir, inter_bw_bps=parse_bandwidth(args.inter_bw),
         inter_lat_s=parse_latency(args.inter_lat), nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, steps=args.steps, compute_scale=scale,
         intra=args.intra, algorithm=args.algorithm, node_links=args.node_link,
         calibration=calibration,
     )
+    sim = replay.frame
     write_atomic(out, sim.to_csv(index=False))
     cfg = meta["config"]
-    links = sim.attrs.get("node_links") or []
+    links = replay.topology.describe_node_links()
     print(f"simulated {len(sim)} steps of {cfg['method']} on "
           f"{args.nodes or cfg['nodes']} nodes x {args.gpus_per_node or cfg['gpus_per_node']} "
           f"at {args.inter_bw}, {args.inter_lat}"
           f"{' (node links ' + ', '.join(links) + ')' if links else ''}: total "
           f"{sim['time_s'].iloc[-1]:.2f} s, median step {sim['step_time_s'].median() * 1e3:.1f} "
           f"ms -> {out}")
-    for line in sim.attrs.get("graphs", []):
-        print(f"  {line}")
-    for line in algorithm_summary(sim.attrs.get("algorithms", [])):
+    for line in [*replay.graphs, *algorithm_summary(replay.algorithms)]:
         print(f"  {line}")
     if calibration is not None:
         print(f"  links {calibration.describe()}")
-    if sim.attrs.get("note"):
-        log.info("model: %s", sim.attrs["note"])
+    if replay.note:
+        log.info("model: %s", replay.note)
     if scale != 1.0:
         log.info("compute scaled by %.4g relative to the recording machine", scale)
     target = args.target if args.target is not None else meta.get("final_val_loss")

@@ -90,7 +90,7 @@ def validate(
         predictions = sorted(
             median_step_time(simulate_run(run, inter_bw_bps=parse_bandwidth(bw),
                                           inter_lat_s=parse_latency(lat),
-                                          calibration=calibration)["time_s"], warmup)
+                                          calibration=calibration).frame["time_s"], warmup)
             for run in recorded[method]
         )
         predicted = float(pd.Series(predictions).median())

@@ -20,7 +20,7 @@ import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from tqdm import tqdm
@@ -32,11 +32,15 @@ from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, uni
 from experiments.sweep.spec import NetworkPoint, SweepConfig
 from experiments.sweep.targets import baseline_clusters, final_val_loss, targets
 
+if TYPE_CHECKING:  # netsim imports torch; scoring cached axes needs neither
+    from netsim.model import Replay
+
 log = logging.getLogger(__name__)
 
 __all__ = ["KEY_COLUMNS", "Simulator", "collect", "parquet_bytes"]
 
-Simulator = Callable[..., pd.DataFrame]
+# simulate_run's signature: (run folder, inter_bw_bps=..., inter_lat_s=...) -> the Replay there.
+Simulator = Callable[..., "Replay"]
 
 KEY_COLUMNS = ["unit", "kind", "method", "variant", "knobs", "seed", "nodes", "cluster", "graph",
                "network", "inter_bw", "inter_lat", "inter_bw_bps", "inter_lat_s", "source",
@@ -172,7 +176,7 @@ def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulato
     if cache.exists():
         return pd.read_parquet(cache)
     axis = simulate(unit_dir(out, unit), inter_bw_bps=net.inter_bw_bps,
-                    inter_lat_s=net.inter_lat_s)
+                    inter_lat_s=net.inter_lat_s).frame
     missing = {"step", "step_time_s", "time_s"} - set(axis.columns)
     if missing:
         raise ValueError(f"the simulator returned no {sorted(missing)} columns")

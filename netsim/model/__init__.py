@@ -14,7 +14,7 @@ and ingress by the target graph's degree (`simulate(degrees=...)`). On a vertex-
 every node does the same at the same time, so the class's process stands for all its nodes and
 a step's cost grows with the degree, not with the node count (P2P_NOTE).
 
-Assumptions (also returned in the result's attrs["note"]):
+Assumptions (also returned in the result's `Replay.note`):
 - Compute between a rank's collectives (gaps in its trace where it was not blocked in wait()) is
   the per-step compute; it is scaled by compute_scale and divided by the node's speed. Explicit
   "compute" rows are informational: the gaps already hold them. Only the "train" phase is
@@ -34,7 +34,15 @@ Where things live: `programs` turns a trace into typed per-step programs, `clust
 replays them in SimPy over `shared_link.SharedLink` NICs, `replay.simulate` ties them together.
 """
 
-from netsim.model.replay import MODEL_NOTE, P2P_NOTE, algorithm_summary, simulate
+from netsim.model.replay import (
+    MODEL_NOTE,
+    P2P_NOTE,
+    AlgorithmChoice,
+    Replay,
+    algorithm_summary,
+    simulate,
+)
 from netsim.model.shared_link import SharedLink
 
-__all__ = ["SharedLink", "simulate", "algorithm_summary", "MODEL_NOTE", "P2P_NOTE"]
+__all__ = ["SharedLink", "simulate", "Replay", "AlgorithmChoice", "algorithm_summary",
+           "MODEL_NOTE", "P2P_NOTE"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,7 @@ from netsim.model.programs import build_programs
 from netsim.topology import Topology
 from netsim.trace import TRAIN, load_trace, validate_trace
 
-__all__ = ["simulate", "algorithm_summary", "MODEL_NOTE", "P2P_NOTE"]
+__all__ = ["simulate", "Replay", "AlgorithmChoice", "algorithm_summary", "MODEL_NOTE", "P2P_NOTE"]
 
 MODEL_NOTE = (
     "weak scaling: per-step compute and payload sizes as recorded; steps beyond the recording "
@@ -34,6 +35,41 @@ P2P_NOTE = (
     "classes (node_links, node_speed) the classes meet at every round, so the slowest paces, as "
     "in the steady state of a connected graph."
 )
+
+
+@dataclass(frozen=True)
+class AlgorithmChoice:
+    """The inter-node algorithm the model assumed for one op kind, group size and layout."""
+
+    op: str
+    algorithm: str
+    ranks: int
+    """Ranks of the group (nodes, when one_per_node)."""
+    one_per_node: bool
+    min_bytes: int
+    """Smallest payload per rank of the ops it priced this way."""
+    max_bytes: int
+    """Largest payload per rank of the ops it priced this way."""
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a replay predicts (per-step times) and what it assumed to get there."""
+
+    frame: pd.DataFrame
+    """DataFrame[step, step_time_s, time_s]: each step's duration and its cumulative end."""
+    topology: Topology
+    """The target the trace was replayed on (calibrated links included, where the caller did)."""
+    recorded_topology: tuple[int, int]
+    """(nodes, accelerators_per_node) the trace was recorded on."""
+    note: str = ""
+    """The extrapolation assumptions (MODEL_NOTE, plus P2P_NOTE for messages), one paragraph."""
+    algorithms: tuple[AlgorithmChoice, ...] = ()
+    """The inter-node algorithms assumed (`algorithm_summary` prints them)."""
+    p2p_degrees: tuple[int, ...] = ()
+    """Peers per node of the point-to-point rounds replayed (gossip); empty without messages."""
+    graphs: tuple[str, ...] = ()
+    """One line per communication graph the caller's `degrees` came from (empty if none)."""
 
 
 @contextmanager
@@ -98,8 +134,8 @@ def simulate(
     intra: str = "model",
     algorithm: str = "auto",
     degrees: Degrees | None = None,
-) -> pd.DataFrame:
-    """Predict per-step times of a recorded run on `topology`: DataFrame[step, step_time_s, time_s].
+) -> Replay:
+    """Predict per-step times of a recorded run on `topology`, with the assumptions made (Replay).
 
     Args:
         trace: combined trace of all ranks (DataFrame or path to trace.parquet); only its
@@ -113,10 +149,10 @@ def simulate(
         algorithm: inter-node collective algorithms. "auto" picks ring or the log-depth one
             (tree all-reduce, Bruck all-gather) by their alpha-beta time as NCCL's tuner does;
             "ring" keeps the recorded algorithms; "tree" forces the log-depth ones.
-            attrs["algorithms"] lists what was assumed (`algorithm_summary` prints it).
+            Replay.algorithms lists what was assumed (`algorithm_summary` prints it).
         degrees: for traces with point-to-point messages (gossip), the peers each node has on
             the target, given (recorded step number, gossip round); None keeps the recorded
-            messages, which only fits the recorded node count. attrs["p2p_degrees"] lists
+            messages, which only fits the recorded node count. Replay.p2p_degrees lists
             those replayed.
     """
     if not isinstance(topology, Topology):
@@ -145,30 +181,30 @@ def simulate(
             float(compute_scale), intra, algorithm, degrees, programs.step_numbers,
         )  # fmt: skip
     times = np.asarray(cluster.run(int(n_steps)), dtype=float)
-    out = pd.DataFrame(
+    frame = pd.DataFrame(
         {
             "step": np.arange(len(times), dtype=np.int64),
             "step_time_s": np.diff(times, prepend=0.0),
             "time_s": times,
         }
     )
-    out.attrs["note"] = MODEL_NOTE + (" " + P2P_NOTE if p2p else "")
-    out.attrs["p2p_degrees"] = sorted(cluster.p2p_degrees)
-    out.attrs["recorded_topology"] = (nodes, per_node)
-    out.attrs["algorithms"] = [
-        {"op": op, "algorithm": algo, "ranks": p, "one_per_node": alone,
-         "min_bytes": min(sizes), "max_bytes": max(sizes)}
-        for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
-    ]
-    return out
+    return Replay(
+        frame=frame, topology=topology, recorded_topology=(nodes, per_node),
+        note=MODEL_NOTE + (" " + P2P_NOTE if p2p else ""),
+        algorithms=tuple(
+            AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
+            for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
+        ),
+        p2p_degrees=tuple(sorted(cluster.p2p_degrees)),
+    )  # fmt: skip
 
 
-def algorithm_summary(algorithms: list[dict]) -> list[str]:
+def algorithm_summary(algorithms: Iterable[AlgorithmChoice]) -> list[str]:
     """One line per inter-node op kind: the algorithm the model assumed, ranks and message sizes."""
     lines = []
     for entry in algorithms:
-        low, high = entry["min_bytes"] / 1e6, entry["max_bytes"] / 1e6
+        low, high = entry.min_bytes / 1e6, entry.max_bytes / 1e6
         size = f"{low:.3g} MB" if low == high else f"{low:.3g}-{high:.3g} MB"
-        ranks = f"{entry['ranks']:,} {'nodes' if entry.get('one_per_node') else 'ranks'}"
-        lines.append(f"{entry['op']}: {entry['algorithm']} ({ranks}, {size} per rank)")
+        ranks = f"{entry.ranks:,} {'nodes' if entry.one_per_node else 'ranks'}"
+        lines.append(f"{entry.op}: {entry.algorithm} ({ranks}, {size} per rank)")
     return lines

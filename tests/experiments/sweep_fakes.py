@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 
 from experiments.config import RunConfig
+from netsim import Topology
+from netsim.model import Replay
 
 # Bytes per step each fake method sends across nodes; hsdp-adamw sends the most.
 FAKE_BYTES = {"hsdp-adamw": 8e6, "flexdemo": 2e5, "demo": 4e5, "diloco": 8e6 / 5, "random": 1e5,
@@ -113,13 +115,16 @@ def _fake_trace(cfg: RunConfig, per_step: float) -> pd.DataFrame:
 
 
 def fake_simulate(run_dir: Path, *, inter_bw_bps: float, inter_lat_s: float,
-                  **_: object) -> pd.DataFrame:
+                  **_: object) -> Replay:
     """Step time = compute + bytes / bandwidth + latency per call."""
+    cfg = RunConfig(**json.loads((Path(run_dir) / "run.json").read_text())["config"])
+    topology = Topology.from_strings(cfg.nodes, cfg.gpus_per_node, inter_bw_bps, inter_lat_s)
     steps = pd.read_parquet(Path(run_dir) / "steps.parquet")
     step_time = (steps["compute_s"] + steps["inter_bytes_sent"] / inter_bw_bps
                  + steps["inter_calls"] * inter_lat_s)
-    return pd.DataFrame({"step": steps["step"], "step_time_s": step_time,
-                         "time_s": step_time.cumsum()})
+    frame = pd.DataFrame({"step": steps["step"], "step_time_s": step_time,
+                          "time_s": step_time.cumsum()})
+    return Replay(frame, topology, recorded_topology=(cfg.nodes, cfg.gpus_per_node))
 
 
 def ensure_units_module() -> None:

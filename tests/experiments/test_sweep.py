@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -24,6 +25,7 @@ ensure_units_module()
 
 from experiments import cli, sweep  # noqa: E402
 from experiments.config import ConfigError  # noqa: E402
+from netsim.model import Replay  # noqa: E402
 
 CONFIG = """
 name = "t"
@@ -271,10 +273,12 @@ def test_explicit_target_and_simulation_cache(config_file: Path, tmp_path: Path)
     pd.testing.assert_frame_equal(again, runs)
     calls: list[int] = []
 
-    def slower(run_dir: Path, **kw: float) -> pd.DataFrame:
+    def slower(run_dir: Path, **kw: float) -> Replay:
         calls.append(1)
-        axis = fake_simulate(run_dir, **kw)
-        return axis.assign(step_time_s=axis["step_time_s"] * 2, time_s=axis["time_s"] * 2)
+        replay = fake_simulate(run_dir, **kw)
+        axis = replay.frame
+        return dataclasses.replace(replay, frame=axis.assign(step_time_s=axis["step_time_s"] * 2,
+                                                             time_s=axis["time_s"] * 2))
 
     resimulated = sweep.run_sweep(cfg, out, launcher=broken, simulator=slower, resimulate=True,
                                   progress=False)

@@ -14,7 +14,7 @@ from netsim.costs import (
     ring_all_gather_time,
     ring_all_reduce_time,
 )
-from netsim.model import algorithm_summary
+from netsim.model import AlgorithmChoice, algorithm_summary
 from tests.netsim.test_model import make_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def test_model_matches_the_chosen_closed_form(nodes, mode):
         "ring": ring_all_gather_time(nodes, nodes * 2e5, link),
         "bruck": bruck_all_gather_time(nodes, 2e5, link),
     }
-    picked = {row["op"]: row["algorithm"] for row in out.attrs["algorithms"]}
+    picked = {choice.op: choice.algorithm for choice in out.algorithms}
     if mode == "auto":
         assert reduce[picked["all_reduce"]] == min(reduce.values())
         assert gather[picked["all_gather"]] == min(gather.values())
@@ -108,7 +108,7 @@ def test_model_matches_the_chosen_closed_form(nodes, mode):
             "all_gather": "ring" if mode == "ring" else "bruck",
         }
     expected = reduce[picked["all_reduce"]] + gather[picked["all_gather"]]
-    assert out["step_time_s"].iloc[0] == pytest.approx(expected, rel=0.01)
+    assert out.frame["step_time_s"].iloc[0] == pytest.approx(expected, rel=0.01)
 
 
 def test_bad_algorithm_fails_clearly():
@@ -125,7 +125,7 @@ def test_the_slowest_node_sets_the_pace_of_a_collective(mode, speeds):
     topo = Topology.from_strings(8, 1, "80Mbit", "10ms", node_speed=speeds)
     trace = make_trace(topo, steps=3, compute=0.1)
     out = simulate(trace, topo, algorithm=mode)
-    algorithm = out.attrs["algorithms"][0]["algorithm"]
+    algorithm = out.algorithms[0].algorithm
     comm = collective_volume("all_reduce", 8, 1e6, algorithm).time(topo.inter)
     closed = {
         "ring": ring_all_reduce_time(8, 1e6, topo.inter),
@@ -133,7 +133,7 @@ def test_the_slowest_node_sets_the_pace_of_a_collective(mode, speeds):
     }
     assert comm == pytest.approx(closed[algorithm], rel=1e-9)
     expected = 0.1 / min(speeds) + comm
-    assert out["step_time_s"].tolist() == pytest.approx([expected] * 3, rel=0.01)
+    assert out.frame["step_time_s"].tolist() == pytest.approx([expected] * 3, rel=0.01)
 
 
 def test_simulate_command_prints_the_assumed_algorithm(tmp_path, capsys):
@@ -148,7 +148,7 @@ def test_simulate_command_prints_the_assumed_algorithm(tmp_path, capsys):
 
 def test_summary_names_ranks_for_groups_spanning_several_per_node():
     lines = algorithm_summary(
-        [{"op": "all_gather", "algorithm": "ring", "ranks": 8192, "one_per_node": False,
-          "min_bytes": 40_704, "max_bytes": 40_704}]  # fmt: skip
+        [AlgorithmChoice(op="all_gather", algorithm="ring", ranks=8192, one_per_node=False,
+                         min_bytes=40_704, max_bytes=40_704)]  # fmt: skip
     )
     assert lines == ["all_gather: ring (8,192 ranks, 0.0407 MB per rank)"]

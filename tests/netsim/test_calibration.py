@@ -96,9 +96,11 @@ def test_simulate_on_calibrated_links_is_slower_by_the_fitted_overheads():
     slow = simulate_run(RUN, inter_bw_bps=1.25e6, inter_lat_s=0.001, calibration=cal)
     half_rate = simulate_run(RUN, inter_bw_bps=0.625e6, inter_lat_s=0.001)
     # Goodput 50% is exactly half the rate, and the note says what was assumed.
-    assert slow["time_s"].tolist() == pytest.approx(half_rate["time_s"].tolist(), rel=1e-12)
-    assert slow["time_s"].iloc[-1] > plain["time_s"].iloc[-1]
-    assert "calibrated for wall shaping: goodput 50.0%" in slow.attrs["note"]
+    assert slow.frame["time_s"].tolist() == pytest.approx(half_rate.frame["time_s"].tolist(),
+                                                          rel=1e-12)
+    assert slow.frame["time_s"].iloc[-1] > plain.frame["time_s"].iloc[-1]
+    assert "calibrated for wall shaping: goodput 50.0%" in slow.note
+    assert slow.topology.inter.bandwidth == 0.5 * plain.topology.inter.bandwidth == 0.625e6
 
 
 def test_cli_reads_the_file_and_refuses_a_bad_one(tmp_path, capsys):

@@ -76,7 +76,7 @@ def _steps(n: int, graph_column: list | None = None) -> pd.DataFrame:
 def _replay(trace: pd.DataFrame, nodes: int, graph: str, **kw) -> pd.DataFrame:
     degrees, _ = gossip_degrees(_meta(graph), _steps(3), nodes)
     return simulate(trace, Topology.from_strings(nodes, 1, "80Mbit", "10ms"), degrees=degrees,
-                    **kw)
+                    **kw).frame
 
 
 # -- the processor-shared NIC, in both the shaper's batch and the model's link ---------------------
@@ -124,8 +124,8 @@ def test_messages_are_traced_one_row_each_with_their_peer():
 def test_replayed_step_is_the_closed_form_at_the_recorded_size():
     trace = gossip_trace(4, "ring")
     got = simulate(trace, Topology.from_strings(4, 1, "80Mbit", "10ms"))
-    assert got["step_time_s"].tolist() == pytest.approx([closed_form(2)] * 3, rel=0.01)
-    assert got.attrs["p2p_degrees"] == [2] and "vertex-transitive" in got.attrs["note"]
+    assert got.frame["step_time_s"].tolist() == pytest.approx([closed_form(2)] * 3, rel=0.01)
+    assert got.p2p_degrees == (2,) and "vertex-transitive" in got.note
 
 
 def test_ring_costs_the_same_at_1024_nodes_exponential_grows_with_log_n():
@@ -161,7 +161,7 @@ def test_time_varying_and_per_step_graphs_and_replicate_every():
     assert lines == ["ada graph exponential rebuilt on 1024 nodes: degree 19",
                      "ada graph ring rebuilt on 1024 nodes: degree 2"]
     got = simulate(gossip_trace(4, "ring"), Topology.from_strings(1024, 1, "80Mbit", "10ms"),
-                   degrees=degrees)
+                   degrees=degrees).frame
     assert got["step_time_s"].tolist() == pytest.approx(
         [closed_form(2), closed_form(2), closed_form(19)], rel=0.01)
     # Gossip every other step: the steps in between are compute only.
@@ -180,7 +180,7 @@ def test_other_node_counts_need_the_graph_and_the_graph_must_fit():
 def test_slow_node_links_pace_the_gossip_step():
     topo = Topology.from_strings(16, 1, "80Mbit", "10ms", node_links=["3=40Mbit,10ms"])
     degrees, _ = gossip_degrees(_meta("ring"), _steps(3), 16)
-    got = simulate(gossip_trace(4, "ring"), topo, degrees=degrees)["step_time_s"]
+    got = simulate(gossip_trace(4, "ring"), topo, degrees=degrees).frame["step_time_s"]
     assert got.iloc[-1] == pytest.approx(COMPUTE + 2 * SHARD / (BW / 2) + LAT, rel=0.01)
 
 
@@ -210,7 +210,8 @@ def test_cli_prints_the_rebuilt_graph_and_refuses_one_that_does_not_fit(tmp_path
     assert "graph='torus' needs a node count with a 2-D factorization" in err
     assert err.count("\n") == 1 and not out.exists()
     sim = simulate_run(tmp_path / "torus", inter_bw_bps=BW, inter_lat_s=LAT)
-    assert sim.attrs["graphs"] == ["gossip graph torus rebuilt on 4 nodes: degree 2"]
+    assert sim.graphs == ("gossip graph torus rebuilt on 4 nodes: degree 2",)
+    assert sim.p2p_degrees == (2,) and sim.frame["step"].tolist() == [1, 2, 3]
 
 
 # -- real gloo ranks, shaped ---------------------------------------------------------------------
@@ -296,7 +297,7 @@ def _wall_gossip(rank: int, world: int, out: str) -> None:
         per_rank = messages["end_s"].max() - messages["start_s"].min()
         degrees, _ = gossip_degrees(_meta("ring"), _steps(3), world)
         # Compute scaled to nothing: the model's step is its communication alone.
-        model = simulate(trace, topo, degrees=degrees, compute_scale=1e-9)["step_time_s"]
+        model = simulate(trace, topo, degrees=degrees, compute_scale=1e-9).frame["step_time_s"]
         modeled = 2 * SHARD / BW + LAT
         seen = (modeled, measured.tolist(), per_rank.tolist(), model.tolist())
         assert model.tolist() == pytest.approx([modeled] * 3, rel=0.01), seen

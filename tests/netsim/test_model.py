@@ -1,6 +1,6 @@
 """The SimPy cluster model: closed-form agreement, bandwidth sharing, stragglers, bad input."""
 
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 
 import pandas as pd
 import pytest
@@ -18,6 +18,7 @@ from netsim import (
     ring_nic_share,
     simulate,
 )
+from netsim.model import MODEL_NOTE, AlgorithmChoice, Replay
 from netsim.trace import comm_per_step, load_trace
 
 
@@ -56,7 +57,7 @@ def test_the_slowest_recorded_node_sets_each_steps_pace(nodes):
     trace = make_trace(recorded, steps=2, compute=lambda rank, step: slow.get((rank, step), 0.05),
                        ops=(("all_reduce", "ring", 1_000_000),))
     target = Topology.from_strings(nodes, 1, "80Mbit", "0ms")
-    got = simulate(trace, target, algorithm="ring")["step_time_s"].tolist()
+    got = simulate(trace, target, algorithm="ring").frame["step_time_s"].tolist()
     op = collective_time("all_reduce", nodes, 1_000_000, target.inter, "ring")
     assert got == pytest.approx([0.10 + op, 0.12 + op], rel=1e-6)
 
@@ -76,7 +77,7 @@ def test_single_collective_matches_closed_form(nodes, op, algorithm):
     topo = Topology.from_strings(nodes, 1, "80Mbit", "10ms")
     trace = make_trace(topo, steps=1, compute=0.0, ops=((op, algorithm, 2_000_000),))
     # The recorded algorithm's closed form: "auto" would pick the tree or Bruck at 16 nodes.
-    got = simulate(trace, topo, algorithm="ring")["step_time_s"].iloc[0]
+    got = simulate(trace, topo, algorithm="ring").frame["step_time_s"].iloc[0]
     expected = collective_time(op, nodes, 2_000_000, topo.inter, algorithm)
     assert got == pytest.approx(expected, rel=0.01)
     if op == "all_reduce":
@@ -87,21 +88,33 @@ def test_single_collective_matches_closed_form(nodes, op, algorithm):
         )
 
 
+def test_replay_is_a_typed_frozen_result():
+    topo = Topology.from_strings(2, 1, "80Mbit", "10ms")
+    got = simulate(make_trace(topo, steps=2), topo, algorithm="ring")
+    assert isinstance(got, Replay) and got.frame.attrs == {}  # nothing rides on the frame
+    assert list(got.frame.columns) == ["step", "step_time_s", "time_s"]
+    assert got.topology is topo and got.recorded_topology == (2, 1)
+    assert got.algorithms == (AlgorithmChoice("all_reduce", "ring", 2, True, 10**6, 10**6),)
+    assert got.note == MODEL_NOTE and got.p2p_degrees == () and got.graphs == ()
+    with pytest.raises(FrozenInstanceError):
+        got.note = "changed"  # type: ignore[misc]
+
+
 def test_model_replays_compute_and_extrapolates_steps_and_nodes():
     topo = Topology.from_strings(2, 1, "80Mbit", "10ms")
     trace = make_trace(topo, steps=3, compute=0.05)
-    out = simulate(trace, topo)
+    out = simulate(trace, topo).frame
     per_step = 0.05 + ring_all_reduce_time(2, 1e6, topo.inter)
     assert list(out.columns) == ["step", "step_time_s", "time_s"]
     assert out["step_time_s"].tolist() == pytest.approx([per_step] * 3, rel=1e-6)
     assert out["time_s"].iloc[-1] == pytest.approx(3 * per_step, rel=1e-6)
     big = Topology.from_strings(8, 1, "80Mbit", "10ms")
     longer = simulate(trace, big, steps=10, compute_scale=0.5, algorithm="ring")
-    assert len(longer) == 10
-    assert longer["step_time_s"].iloc[-1] == pytest.approx(
+    assert len(longer.frame) == 10
+    assert longer.frame["step_time_s"].iloc[-1] == pytest.approx(
         0.025 + ring_all_reduce_time(8, 1e6, big.inter)
     )
-    assert "weak scaling" in longer.attrs["note"]
+    assert "weak scaling" in longer.note
 
 
 def test_traffic_outside_the_step_span_is_left_out():
@@ -111,7 +124,7 @@ def test_traffic_outside_the_step_span_is_left_out():
     late[["start_s", "wait_s", "end_s"]] += 100.0  # e.g. evaluation traffic labeled step 0
     late["seq"] += 1000
     with_eval = pd.concat([trace, late], ignore_index=True)
-    pd.testing.assert_frame_equal(simulate(with_eval, topo), simulate(trace, topo))
+    pd.testing.assert_frame_equal(simulate(with_eval, topo).frame, simulate(trace, topo).frame)
 
 
 def test_shared_link_gives_two_concurrent_flows_half_each():
@@ -153,8 +166,8 @@ def test_per_node_nic_is_shared_by_the_nodes_accelerators():
     shared = Topology.from_strings(2, 2, "80Mbit", "0ms", nic="per-node")
     own = Topology.from_strings(2, 2, "80Mbit", "0ms", nic="per-accelerator")
     trace = make_trace(shared, steps=1, compute=0.0)
-    t_shared = simulate(trace, shared)["step_time_s"].iloc[0]
-    t_own = simulate(trace, own)["step_time_s"].iloc[0]
+    t_shared = simulate(trace, shared).frame["step_time_s"].iloc[0]
+    t_own = simulate(trace, own).frame["step_time_s"].iloc[0]
     assert t_own == pytest.approx(1e6 / 1e7, rel=0.01)  # 2(p-1)/p * n / bw with p = 2
     assert t_shared == pytest.approx(2 * t_own, rel=0.01)  # two replicate groups, one NIC
 
@@ -164,9 +177,9 @@ def test_straggler_node_slows_every_step():
     slow = Topology.from_strings(4, 1, "80Mbit", "10ms", node_speed=[1, 1, 1, 0.25])
     trace = make_trace(fast, steps=2, compute=0.1)
     comm = ring_all_reduce_time(4, 1e6, fast.inter)
-    assert simulate(trace, fast)["step_time_s"].iloc[1] == pytest.approx(0.1 + comm, rel=1e-6)
+    assert simulate(trace, fast).frame["step_time_s"].iloc[1] == pytest.approx(0.1 + comm, rel=1e-6)
     # The collective waits for the slowest node: its compute takes 0.1 / 0.25 = 0.4 s.
-    assert simulate(trace, slow)["step_time_s"].iloc[1] == pytest.approx(0.4 + comm, rel=1e-6)
+    assert simulate(trace, slow).frame["step_time_s"].iloc[1] == pytest.approx(0.4 + comm, rel=1e-6)
 
 
 def test_bad_traces_and_topologies_fail_clearly(tmp_path):
@@ -251,11 +264,11 @@ def test_comm_per_step_sums_bytes_over_ranks_and_takes_the_busiest_rank():
 def test_world_group_sends_one_ring_edge_per_node_through_the_nic():
     topo = Topology.from_strings(2, 2, "80Mbit", "0ms")
     trace = make_trace(topo, steps=1, compute=0.0, groups=lambda r: [0, 1, 2, 3])
-    got = simulate(trace, topo)["step_time_s"].iloc[0]
+    got = simulate(trace, topo).frame["step_time_s"].iloc[0]
     # Ring over 4 ranks: each node has one crossing edge carrying 2(p-1)/p * n.
     assert got == pytest.approx(2 * 3 / 4 * 1e6 / 1e7, rel=0.01)
     pairs = make_trace(topo, steps=1, compute=0.0, groups=lambda r: [0, 1, 2] if r < 3 else [3])
-    got = simulate(pairs[pairs["rank"] < 3], Topology.from_strings(2, 2, "80Mbit", "0ms"))
+    got = simulate(pairs[pairs["rank"] < 3], Topology.from_strings(2, 2, "80Mbit", "0ms")).frame
     # Group {0, 1, 2}: 2 crossing edges over 2 nodes, one per node: 2(p-1)/p * n once.
     assert got["step_time_s"].iloc[0] == pytest.approx(2 * 2 / 3 * 1e6 / 1e7, rel=0.01)
 
@@ -272,9 +285,9 @@ def test_intra_ops_use_the_intra_link_or_their_recorded_time():
         rec.end_step(0)
         frames.append(rec.frame())
     trace = pd.concat(frames, ignore_index=True)
-    modeled = simulate(trace, topo)["step_time_s"].iloc[0]
+    modeled = simulate(trace, topo).frame["step_time_s"].iloc[0]
     assert modeled == pytest.approx(0.02 + 1e6 / 1e9, rel=1e-6)  # 20 ms compute + 1 ms on 1 GB/s
-    recorded = simulate(trace, topo, intra="recorded")["step_time_s"].iloc[0]
+    recorded = simulate(trace, topo, intra="recorded").frame["step_time_s"].iloc[0]
     assert recorded == pytest.approx(0.04, rel=1e-6)
     with pytest.raises(ValueError, match="intra 'fast'"):
         simulate(trace, topo, intra="fast")
@@ -321,7 +334,7 @@ def test_two_replicate_groups_per_node_never_beat_the_shared_nic(intra):
     trace = hsdp_trace()
     topo = Topology(2, 2, Link(1e11, 5e-6), Link(1.25e6, 0.0))
     bound = 2 * sum((262_400, 36_992, 2_580, 640)) / 1.25e6  # 0.484 s
-    got = simulate(trace, topo, intra=intra, compute_scale=1e-3)["step_time_s"]
+    got = simulate(trace, topo, intra=intra, compute_scale=1e-3).frame["step_time_s"]
     # A recorded intra op that waited 1.5 s for a late peer must not let the other position run
     # a step ahead and use the NIC alone: every step pays the whole NIC bound, and barely more.
     assert (got >= bound * (1 - 1e-9)).all(), got.tolist()
@@ -338,7 +351,7 @@ def test_world_group_all_gather_puts_a_rings_bytes_on_each_nic():
     )
     nic_bytes = 3 * n
     for nic in ("per-node", "per-accelerator"):
-        got = simulate(trace, replace(topo, nic=nic))["step_time_s"].iloc[0]
+        got = simulate(trace, replace(topo, nic=nic)).frame["step_time_s"].iloc[0]
         assert got == pytest.approx(nic_bytes / 1e7, rel=0.01)
     # Shaping books each rank's wire bytes times the ring's share; a node's two ranks together
     # must book exactly the crossing edge's bytes.
@@ -363,8 +376,8 @@ def test_eval_phase_is_recorded_apart_and_never_replayed(tmp_path):
         assert comm_per_step(rec.frame()).set_index("step").loc[1, "inter_calls"] == 0
     with_eval = pd.concat([trace, *frames], ignore_index=True)
     assert set(with_eval["phase"]) == {"train", "eval"}
-    expected = simulate(trace, topo)
-    pd.testing.assert_frame_equal(simulate(with_eval, topo), expected)
+    expected = simulate(trace, topo).frame
+    pd.testing.assert_frame_equal(simulate(with_eval, topo).frame, expected)
     # Traces written before the phase column labelled evaluation traffic as step 0.
     legacy = pd.concat(
         [trace.assign(step=trace["step"] + 1), *(f.assign(step=0) for f in frames)]
@@ -373,6 +386,6 @@ def test_eval_phase_is_recorded_apart_and_never_replayed(tmp_path):
     back = load_trace(tmp_path / "trace.parquet")
     assert (back.loc[back["step"] == 0, "phase"] == "eval").all()
     assert (back.loc[back["step"] > 0, "phase"] == "train").all()
-    assert simulate(back, topo)["time_s"].tolist() == expected["time_s"].tolist()
+    assert simulate(back, topo).frame["time_s"].tolist() == expected["time_s"].tolist()
     with pytest.raises(ValueError, match="phase"):
         TraceRecorder(0).set_phase("")

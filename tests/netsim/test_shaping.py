@@ -71,7 +71,7 @@ def _two_rank_modes(rank: int, world: int, port: int, out: str) -> None:
         frames = [None] * world
         dist.all_gather_object(frames, rec.frame())
         # The model replays the shaped run's trace: it should predict what the run measured.
-        results[mode]["predicted"] = simulate(pd.concat(frames), topo)["time_s"].iloc[-1]
+        results[mode]["predicted"] = simulate(pd.concat(frames), topo).frame["time_s"].iloc[-1]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump(results, fh)
     dist.destroy_process_group()
