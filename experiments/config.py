@@ -1,7 +1,7 @@
 """Run configuration: one typed dataclass, validated before anything is written.
 
 TOML files and `--set key=value` overrides mirror the field names; human units ("100Mbit",
-"10ms") stay strings here and are parsed by `netsim.units` at the edge of a run.
+"10ms") stay strings here and become bytes/s and seconds in one place, `RunConfig.topology()`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import inspect
 import math
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from experiments.errors import ConfigError
 from flexdemo import CHUNKINGS, GRAPHS, METHODS, VALUE_FORMATS, resolve_knobs
 from flexdemo.graphs import graph_ladder, graph_problem
 from flexdemo.replicators.ada import DEFAULT_EVERY, DEFAULT_HIGH, DEFAULT_LOW
+
+if TYPE_CHECKING:
+    from netsim.topology import Topology
 
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
@@ -159,8 +162,7 @@ class RunConfig:
             raise ConfigError(graph_problem(self.graph, self.nodes))
         self._check_ada()
         self._check_shaping()
-        self.network()  # parses the unit strings
-        self.node_link_map()
+        self.topology()  # parses the unit strings and node links
         return self
 
     def _check_wire(self) -> None:
@@ -205,33 +207,25 @@ class RunConfig:
         """Total number of ranks."""
         return self.nodes * self.gpus_per_node
 
-    def network(self) -> dict[str, float | None]:
-        """The link settings in bytes/s and seconds (raises ConfigError on a bad unit)."""
-        from netsim.units import parse_bandwidth, parse_latency
+    def topology(self) -> Topology:
+        """The run's network as one netsim Topology in bytes/s and seconds (ConfigError if bad).
 
-        try:
-            return {
-                "inter_bw_bps": None if self.inter_bw is None else parse_bandwidth(self.inter_bw),
-                "inter_lat_s": parse_latency(self.inter_lat),
-                "intra_bw_bps": parse_bandwidth(self.intra_bw),
-                "intra_lat_s": parse_latency(self.intra_lat),
-            }
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-
-    def node_link_map(self) -> dict:
-        """{node: netsim Link} of node_links (raises ConfigError on a bad spec or node id)."""
-        from netsim.topology import Link, parse_node_links
+        The one place the unit strings and node links are parsed. An unshaped run (inter_bw None)
+        gets `Topology.from_strings`'s placeholder inter link at the intra bandwidth.
+        """
+        from netsim.topology import Topology
 
         specs = self.node_links
         if not isinstance(specs, list) or not all(isinstance(x, str) for x in specs):
             raise ConfigError(f'node_links must be a list of "NODE=BANDWIDTH[,LATENCY]" strings, '
                               f'such as ["3=100Mbit,20ms"], got {specs!r}.')
-        net = self.network()
-        # Unshaped runs keep their node links as labels on a placeholder uniform link.
-        inter = Link(net["inter_bw_bps"] or net["intra_bw_bps"], net["inter_lat_s"])
         try:
-            return parse_node_links(specs, self.nodes, inter)
+            return Topology.from_strings(
+                self.nodes, self.gpus_per_node,
+                inter_bw=self.inter_bw, inter_lat=self.inter_lat, intra_bw=self.intra_bw,
+                intra_lat=self.intra_lat,
+                node_links=specs,
+            )  # fmt: skip
         except ValueError as err:
             raise ConfigError(str(err)) from None
 

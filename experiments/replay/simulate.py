@@ -21,40 +21,73 @@ import json
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.report.metrics import time_to_target
 from flexdemo.graphs import degree_of, graph_problem, period
-from netsim import Link, Topology, parse_bandwidth, parse_latency
 from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import Replay, algorithm_summary, simulate
-from netsim.topology import parse_node_links
 
 log = logging.getLogger(__name__)
 
-__all__ = ["simulate_run", "read_run", "gossip_degrees", "loss_on_time_axis", "configure", "main"]
+__all__ = ["RecordedRun", "simulate_run", "read_run", "gossip_degrees", "loss_on_time_axis",
+           "configure", "main"]
 
 GOSSIP_METHODS = ("gossip", "ada")  # methods whose traffic is messages to graph neighbours
 
 
-def read_run(run_dir: Path | str) -> tuple[dict, pd.DataFrame]:
-    """run.json and steps.parquet of a finished run (ConfigError if missing or unreadable)."""
+@dataclass(frozen=True)
+class RecordedRun:
+    """A finished run as a replay reads it, once: run.json, its RunConfig, steps and trace."""
+
+    path: Path
+    meta: dict
+    """run.json as written."""
+    config: RunConfig
+    """run.json's config rebuilt as a RunConfig (settings this version lacks are left out)."""
+    steps: pd.DataFrame
+    """steps.parquet."""
+    trace: pd.DataFrame
+    """trace.parquet as read (the model validates it and keeps the training phase)."""
+
+
+def read_run(run_dir: Path | str) -> RecordedRun:
+    """A finished run's run.json, steps.parquet and trace.parquet (ConfigError if one is bad)."""
     run_dir = Path(run_dir)
+    meta = _read(run_dir, "run.json", lambda path: json.loads(path.read_text()))
+    steps = _read(run_dir, "steps.parquet", pd.read_parquet)
+    if not (run_dir / "trace.parquet").exists():
+        raise ConfigError(f"{str(run_dir)!r} has no trace.parquet to replay.")
+    trace = _read(run_dir, "trace.parquet", pd.read_parquet)
+    return RecordedRun(run_dir, meta, _recorded_config(run_dir, meta), steps, trace)
+
+
+def _read(run_dir: Path, name: str, reader: Callable[[Path], Any]) -> Any:
+    """`reader(run_dir / name)`, a missing or unreadable file as one ConfigError sentence."""
     try:
-        meta = json.loads((run_dir / "run.json").read_text())
-        steps = pd.read_parquet(run_dir / "steps.parquet")
-    except FileNotFoundError as err:
-        raise ConfigError(f"{str(run_dir)!r} is not a finished run: {Path(err.filename).name} "
-                          "is missing.") from None
-    except (OSError, ValueError) as err:
+        return reader(run_dir / name)
+    except FileNotFoundError:
+        raise ConfigError(f"{str(run_dir)!r} is not a finished run: {name} is missing.") from None
+    except (OSError, ValueError) as err:  # pyarrow's errors derive from these two
         raise ConfigError(f"cannot read the run in {str(run_dir)!r}: {err}") from None
-    return meta, steps
+
+
+def _recorded_config(run_dir: Path, meta: Any) -> RunConfig:
+    """run.json's config as a RunConfig; keys of settings an older version had are left out."""
+    recorded = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"{str(run_dir / 'run.json')!r} has no config table; is it a run?")
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    return RunConfig.from_dict({k: v for k, v in recorded.items() if k in names})
 
 
 @lru_cache(maxsize=4096)
@@ -108,58 +141,39 @@ def gossip_degrees(
 
 
 def simulate_run(
-    run_dir: Path | str,
+    run: RecordedRun | Path | str,
     *,
-    inter_bw_bps: float,
-    inter_lat_s: float,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
     steps: int | None = None,
     compute_scale: float = 1.0,
     intra: str = "recorded",
     algorithm: str = "auto",
-    node_links: list[str] | None = None,
     calibration: Calibration | None = None,
+    **network: Any,
 ) -> Replay:
     """A recorded run replayed on another network: its Replay, frame [step, step_time_s, time_s].
 
-    `step` is 1-based like the run's steps.parquet; nodes, gpus_per_node and steps default to the
-    run's own. Intra-node collectives keep their recorded durations (real runs never shape them)
-    unless `intra="model"` prices them on the intra link. `algorithm` picks the inter-node
-    collective algorithms (netsim.model.simulate). `node_links` ("NODE=BANDWIDTH[,LATENCY]")
-    gives some nodes links of their own; None replays the run's own node_links. `calibration`
-    (from `flexbench calibrate`) prices every inter-node link at its measured goodput and
-    per-message cost, and the note says so. Gossip runs replay their graph rebuilt on the target
-    nodes (`gossip_degrees`; Replay.graphs describes it).
+    The target is the run's own RunConfig with `network` changed: RunConfig settings such as
+    inter_bw and inter_lat (required: the run's own bandwidth may be unset), nodes,
+    gpus_per_node, node_links, intra_bw; a None value keeps the run's, so the run's own
+    node_links replay unless given. `step` is 1-based like the run's steps.parquet; `steps`
+    (simulated steps) defaults to the run's. Intra-node collectives keep their recorded
+    durations (real runs never shape them) unless `intra="model"` prices them on the intra link.
+    `algorithm` picks the inter-node collective algorithms (netsim.model.simulate).
+    `calibration` (from `flexbench calibrate`) prices every inter-node link at its measured
+    goodput and per-message cost, and the note says so. Gossip runs replay their graph rebuilt
+    on the target nodes (`gossip_degrees`; Replay.graphs describes it).
     """
-    meta, recorded_steps = read_run(run_dir)
-    cfg = meta["config"]
-    net = {
-        "intra_bw": parse_bandwidth(cfg["intra_bw"]),
-        "intra_lat": parse_latency(cfg["intra_lat"]),
-    }
-    inter = Link(inter_bw_bps, inter_lat_s)
-    n_nodes = nodes or cfg["nodes"]
-    specs = (cfg.get("node_links") or []) if node_links is None else node_links
-    try:
-        per_node = parse_node_links(specs, n_nodes, inter)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    topology = Topology(
-        nodes=n_nodes,
-        accelerators_per_node=gpus_per_node or cfg["gpus_per_node"],
-        intra=Link(net["intra_bw"], net["intra_lat"]),
-        inter=inter,
-        node_links=per_node,
-    )
+    run = run if isinstance(run, RecordedRun) else read_run(run)
+    target = run.config.replace(**{k: v for k, v in network.items() if v is not None})
+    if target.inter_bw is None:
+        raise ConfigError("a replay needs the target's inter-node bandwidth; give inter_bw "
+                          "(--inter-bw), such as 1Gbit.")
+    topology = target.topology()
     if calibration is not None:
         topology = calibration.topology(topology)
-    trace_path = Path(run_dir) / "trace.parquet"
-    if not trace_path.exists():
-        raise ConfigError(f"{str(run_dir)!r} has no trace.parquet to replay.")
-    degrees, graphs = gossip_degrees(meta, recorded_steps, n_nodes)
+    degrees, graphs = gossip_degrees(run.meta, run.steps, topology.nodes)
     replay = simulate(
-        trace_path, topology, steps=steps, compute_scale=compute_scale, intra=intra,
+        run.trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
         algorithm=algorithm, degrees=degrees,
     )  # fmt: skip
     note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
@@ -209,6 +223,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench simulate`."""
+    out = _check_arguments(args)
+    calibration = load_calibration(args.calibration) if args.calibration else None
+    run = read_run(args.run_dir)
+    scale = _compute_scale(args, run.steps)
+    replay = simulate_run(
+        run, inter_bw=args.inter_bw, inter_lat=args.inter_lat, nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node, node_links=args.node_link, steps=args.steps,
+        compute_scale=scale, intra=args.intra, algorithm=args.algorithm, calibration=calibration,
+    )  # fmt: skip
+    write_atomic(out, replay.frame.to_csv(index=False))
+    _print_replay(args, run, replay, out, calibration)
+    if scale != 1.0:
+        log.info("compute scaled by %.4g relative to the recording machine", scale)
+    _print_time_to_target(args.target, run, replay)
+    return 0
+
+
+def _check_arguments(args: argparse.Namespace) -> Path:
+    """The --out file, after checking the numeric flags (ConfigError, one sentence)."""
     out = check_output_file(args.out, what="--out")
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
         raise ConfigError(f"--target must be a finite loss > 0, got {args.target}.")
@@ -220,47 +253,47 @@ def main(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}.")
-    calibration = load_calibration(args.calibration) if args.calibration else None
-    meta, steps = read_run(args.run_dir)
-    scale = args.compute_scale or 1.0
-    if args.step_compute is not None:
-        recorded = float(steps["compute_s"].median())
-        scale = args.step_compute / recorded if recorded > 0 else 1.0
-    replay = simulate_run(
-        args.run_dir, inter_bw_bps=parse_bandwidth(args.inter_bw),
-        inter_lat_s=parse_latency(args.inter_lat), nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node, steps=args.steps, compute_scale=scale,
-        intra=args.intra, algorithm=args.algorithm, node_links=args.node_link,
-        calibration=calibration,
-    )
-    sim = replay.frame
-    write_atomic(out, sim.to_csv(index=False))
-    cfg = meta["config"]
-    links = replay.topology.describe_node_links()
-    print(f"simulated {len(sim)} steps of {cfg['method']} on "
-          f"{args.nodes or cfg['nodes']} nodes x {args.gpus_per_node or cfg['gpus_per_node']} "
+    return out
+
+
+def _compute_scale(args: argparse.Namespace, steps: pd.DataFrame) -> float:
+    """--compute-scale, or --step-compute over the run's median compute per step."""
+    if args.step_compute is None:
+        return args.compute_scale or 1.0
+    recorded = float(steps["compute_s"].median())
+    return args.step_compute / recorded if recorded > 0 else 1.0
+
+
+def _print_replay(args: argparse.Namespace, run: RecordedRun, replay: Replay, out: Path,
+                  calibration: Calibration | None) -> None:
+    """What was simulated, on which network, and what the model assumed to get there."""
+    frame, topology = replay.frame, replay.topology
+    links = topology.describe_node_links()
+    print(f"simulated {len(frame)} steps of {run.config.method} on "
+          f"{topology.nodes} nodes x {topology.accelerators_per_node} "
           f"at {args.inter_bw}, {args.inter_lat}"
           f"{' (node links ' + ', '.join(links) + ')' if links else ''}: total "
-          f"{sim['time_s'].iloc[-1]:.2f} s, median step {sim['step_time_s'].median() * 1e3:.1f} "
-          f"ms -> {out}")
+          f"{frame['time_s'].iloc[-1]:.2f} s, median step "
+          f"{frame['step_time_s'].median() * 1e3:.1f} ms -> {out}")
     for line in [*replay.graphs, *algorithm_summary(replay.algorithms)]:
         print(f"  {line}")
     if calibration is not None:
         print(f"  links {calibration.describe()}")
     if replay.note:
         log.info("model: %s", replay.note)
-    if scale != 1.0:
-        log.info("compute scaled by %.4g relative to the recording machine", scale)
-    target = args.target if args.target is not None else meta.get("final_val_loss")
-    if target is not None and not (isinstance(target, float) and math.isnan(target)):
-        curve = loss_on_time_axis(steps, sim)
-        ttt = time_to_target(curve["time_s"], curve["val_loss"], float(target))
-        when = "not reached" if math.isinf(ttt) else f"{ttt:.2f} s"
-        print(f"predicted time to val_loss <= {target:.4f}: {when}")
-        if (args.nodes or cfg["nodes"], args.gpus_per_node or cfg["gpus_per_node"]) != (
-            cfg["nodes"], cfg["gpus_per_node"]
-        ):
-            log.info("(assumes the recorded run's loss per step also holds on the larger "
-                     "cluster)")
-    return 0
 
+
+def _print_time_to_target(target: float | None, run: RecordedRun, replay: Replay) -> None:
+    """The run's loss curve on the simulated time axis: when it reaches the target."""
+    if target is None:
+        target = run.meta.get("final_val_loss")
+    if target is None or (isinstance(target, float) and math.isnan(target)):
+        return
+    curve = loss_on_time_axis(run.steps, replay.frame)
+    ttt = time_to_target(curve["time_s"], curve["val_loss"], float(target))
+    when = "not reached" if math.isinf(ttt) else f"{ttt:.2f} s"
+    print(f"predicted time to val_loss <= {target:.4f}: {when}")
+    shape = (replay.topology.nodes, replay.topology.accelerators_per_node)
+    if shape != (run.config.nodes, run.config.gpus_per_node):
+        log.info("(assumes the recorded run's loss per step also holds on the larger "
+                 "cluster)")

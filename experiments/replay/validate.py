@@ -28,10 +28,9 @@ from tqdm import tqdm
 from experiments.config import RunConfig, parse_overrides
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import check_output_file
-from experiments.replay.simulate import simulate_run
+from experiments.replay.simulate import RecordedRun, read_run, simulate_run
 from experiments.report.metrics import markdown_table
 from experiments.run.launch import launch
-from netsim import parse_bandwidth, parse_latency
 from netsim.calibration import Calibration, load_calibration
 
 __all__ = ["validate", "median_step_time", "configure", "main"]
@@ -70,37 +69,23 @@ def validate(
     base = base.replace(**(settings or {}))
     units = [(m, None, None, k) for m in methods for k in range(recordings)]
     units += [(m, bw, lat, 0) for m in methods for bw in bandwidths for lat in latencies]
-    recorded: dict[str, list[Path]] = {m: [] for m in methods}
+    recorded: dict[str, list[RecordedRun]] = {m: [] for m in methods}
     rows = []
     for method, bw, lat, k in tqdm(units, desc="validate-sim", unit="run"):
-        shaped = bw is not None
-        name = f"{method}-{bw}-{lat}" if shaped else f"{method}-recording-{k}"
-        if shaped:
-            cfg = base.replace(method=method, inter_bw=bw, inter_lat=lat, shaping=shaping)
-        elif shaping == "kernel":
-            cfg = base.replace(method=method, inter_bw=KERNEL_RECORDING_BW, inter_lat="0ms",
-                               shaping="kernel")
-        else:
-            cfg = base.replace(method=method, inter_lat="0ms", shaping="off")
-        out = launch(cfg, work_dir / name, quiet=True)
-        if not shaped:
-            recorded[method].append(out)
+        if bw is None:
+            out = launch(_recording_config(base, method, shaping),
+                         work_dir / f"{method}-recording-{k}", quiet=True)
+            recorded[method].append(read_run(out))  # read once, replayed at every point
             continue
+        cfg = base.replace(method=method, inter_bw=bw, inter_lat=lat, shaping=shaping)
+        out = launch(cfg, work_dir / f"{method}-{bw}-{lat}", quiet=True)
         measured = median_step_time(pd.read_parquet(out / "steps.parquet")["wall_time_s"], warmup)
         predictions = sorted(
-            median_step_time(simulate_run(run, inter_bw_bps=parse_bandwidth(bw),
-                                          inter_lat_s=parse_latency(lat),
+            median_step_time(simulate_run(run, inter_bw=bw, inter_lat=lat,
                                           calibration=calibration).frame["time_s"], warmup)
             for run in recorded[method]
         )
-        predicted = float(pd.Series(predictions).median())
-        error = predicted / measured - 1.0
-        rows.append({
-            "method": method, "inter_bw": bw, "inter_lat": lat,
-            "measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3,
-            "predicted_lo_ms": predictions[0] * 1e3, "predicted_hi_ms": predictions[-1] * 1e3,
-            "error_pct": 100.0 * error, "within_bound": abs(error) <= bound,
-        })
+        rows.append(_point_row(cfg, measured, predictions, bound))
     table = pd.DataFrame(rows)
     how = (f"kernel-shaped at {KERNEL_RECORDING_BW}" if shaping == "kernel" else "unshaped")
     table.attrs["assumed"] = (
@@ -108,6 +93,27 @@ def validate(
         f"{'yes' if base.pin_cores else 'no'}; links "
         f"{calibration.describe() if calibration else 'at the configured rate, no extra cost'}")
     return table
+
+
+def _recording_config(base: RunConfig, method: str, shaping: str) -> RunConfig:
+    """A recording run: unshaped, or for kernel shaping through the namespaces on a fast link."""
+    if shaping == "kernel":
+        return base.replace(method=method, inter_bw=KERNEL_RECORDING_BW, inter_lat="0ms",
+                            shaping="kernel")
+    return base.replace(method=method, inter_lat="0ms", shaping="off")
+
+
+def _point_row(cfg: RunConfig, measured: float, predictions: list[float],
+               bound: float) -> dict[str, Any]:
+    """One table row: a shaped run's median step time against the recordings' predictions."""
+    predicted = float(pd.Series(predictions).median())
+    error = predicted / measured - 1.0
+    return {
+        "method": cfg.method, "inter_bw": cfg.inter_bw, "inter_lat": cfg.inter_lat,
+        "measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3,
+        "predicted_lo_ms": predictions[0] * 1e3, "predicted_hi_ms": predictions[-1] * 1e3,
+        "error_pct": 100.0 * error, "within_bound": abs(error) <= bound,
+    }
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -137,32 +143,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench validate-sim`."""
-    if args.steps <= args.warmup:
-        raise ConfigError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}).")
-    if not 0 < args.bound < 1:
-        raise ConfigError(f"--bound must be in (0, 1), got {args.bound}.")
-    if args.recordings < 1:
-        raise ConfigError(f"--recordings must be >= 1, got {args.recordings}.")
-    if args.inter_bw is None:
-        args.inter_bw = list(DEFAULT_BANDWIDTHS if args.shaping == "wall" else KERNEL_BANDWIDTHS)
-    for bw in args.inter_bw:
-        parse_bandwidth(bw)
+    settings = _check_arguments(args)
     calibration = (load_calibration(args.calibration, shaping=args.shaping)
                    if args.calibration else None)
-    if args.inter_lat is None:  # without netem the kernel adds no latency
-        args.inter_lat = list(DEFAULT_LATENCIES) if args.shaping == "wall" else ["0ms"]
-    for lat in args.inter_lat:
-        parse_latency(lat)
     if args.out:
         check_output_file(args.out, what="--out")
-    settings = parse_overrides(args.set)
-    for method in args.methods:
-        RunConfig(method=method, workload=args.workload).replace(**settings).validate()
-    if args.shaping == "kernel":  # privileges and netem, before the first run
-        from experiments.run.kernel import kernel_settings
-
-        for lat in args.inter_lat:
-            kernel_settings(RunConfig(inter_bw=args.inter_bw[0], inter_lat=lat))
     with tempfile.TemporaryDirectory(prefix="validate-sim-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         try:
@@ -173,6 +158,46 @@ def main(args: argparse.Namespace) -> int:
         except RunFailed as err:
             print(f"flexbench validate-sim: a run failed: {err}")
             return 1
+    _print_table(table)
+    if args.out:
+        table.to_csv(args.out, index=False)
+    bad = table[~table["within_bound"]]
+    if len(bad):
+        print(f"{len(bad)} of {len(table)} points are outside ±{args.bound:.0%}.")
+        return 1
+    print(f"all {len(table)} points within ±{args.bound:.0%}.")
+    return 0
+
+
+def _check_arguments(args: argparse.Namespace) -> dict[str, str]:
+    """Fill the grid's defaults and check every run it will start; the --set settings."""
+    if args.steps <= args.warmup:
+        raise ConfigError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}).")
+    if not 0 < args.bound < 1:
+        raise ConfigError(f"--bound must be in (0, 1), got {args.bound}.")
+    if args.recordings < 1:
+        raise ConfigError(f"--recordings must be >= 1, got {args.recordings}.")
+    wall = args.shaping == "wall"
+    if args.inter_bw is None:
+        args.inter_bw = list(DEFAULT_BANDWIDTHS if wall else KERNEL_BANDWIDTHS)
+    if args.inter_lat is None:  # without netem the kernel adds no latency
+        args.inter_lat = list(DEFAULT_LATENCIES) if wall else ["0ms"]
+    settings = parse_overrides(args.set)
+    for method in args.methods:
+        base = RunConfig(method=method, workload=args.workload).replace(**settings)
+        for bw in args.inter_bw:
+            for lat in args.inter_lat:  # each shaped run's network, as it will be launched
+                shaped = base.replace(inter_bw=bw, inter_lat=lat, shaping=args.shaping)
+                topology = shaped.validate().topology()
+                if not wall:  # privileges and netem, before the first run
+                    from experiments.run.kernel import kernel_settings
+
+                    kernel_settings(topology)
+    return settings
+
+
+def _print_table(table: pd.DataFrame) -> None:
+    """The comparison as a markdown table, the recordings' range beside each prediction."""
     spread = [f"{lo:.1f}-{hi:.1f}" for lo, hi in zip(table["predicted_lo_ms"],
                                                      table["predicted_hi_ms"], strict=True)]
     shown = table.assign(
@@ -184,11 +209,3 @@ def main(args: argparse.Namespace) -> int:
     shown = shown.set_index("method")
     print(f"model: {table.attrs['assumed']}")
     print(markdown_table(shown, index_name="method"))
-    if args.out:
-        table.to_csv(args.out, index=False)
-    bad = table[~table["within_bound"]]
-    if len(bad):
-        print(f"{len(bad)} of {len(table)} points are outside ±{args.bound:.0%}.")
-        return 1
-    print(f"all {len(table)} points within ±{args.bound:.0%}.")
-    return 0

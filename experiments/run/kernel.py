@@ -46,6 +46,7 @@ from netsim.kernel import (
     has_netem,
     stop,
 )
+from netsim.topology import Topology
 
 __all__ = ["run_kernel", "kernel_settings", "kernel_node_settings"]
 
@@ -53,36 +54,37 @@ _CONFIG = "kernel-config.json"
 _LAUNCHER_PID = "FLEXBENCH_KERNEL_LAUNCHER_PID"
 
 
-def kernel_settings(cfg: RunConfig) -> TcSettings:
-    """Check that this machine can shape `cfg`'s links in the kernel; the tc settings to use."""
+def kernel_settings(topology: Topology) -> TcSettings:
+    """Check that this machine can shape `topology`'s links in the kernel; its tc settings."""
     check_privileges()
-    net = cfg.network()
-    if net["inter_lat_s"] and not has_netem():
+    if topology.inter.latency and not has_netem():
         raise KernelShapingError(
-            f"inter_lat {cfg.inter_lat!r} needs the kernel's netem qdisc, which this kernel "
-            f"lacks; use inter_lat 0ms with shaping 'kernel', or shaping 'wall' for latency.")
-    delayed = [(k, link.latency) for k, link in cfg.node_link_map().items() if link.latency]
+            f"inter_lat {topology.inter.latency * 1e3:g}ms needs the kernel's netem qdisc, which "
+            f"this kernel lacks; use inter_lat 0ms with shaping 'kernel', or shaping 'wall' for "
+            f"latency.")
+    delayed = [(k, link.latency) for k, link in topology.node_links if link.latency]
     if delayed and not has_netem():
         node, latency = delayed[0]
         raise KernelShapingError(
             f"the node link of node {node} has latency {latency * 1e3:g} ms, which needs the "
             f"kernel's netem qdisc, which this kernel lacks; give node links no latency "
             f"(\"{node}=BANDWIDTH,0ms\") with shaping 'kernel', or use shaping 'wall' for latency.")
-    return TcSettings(rate_bps=float(net["inter_bw_bps"]), delay_s=float(net["inter_lat_s"]))
+    return TcSettings(rate_bps=topology.inter.bandwidth, delay_s=topology.inter.latency)
 
 
-def kernel_node_settings(cfg: RunConfig, settings: TcSettings) -> dict[int, TcSettings]:
+def kernel_node_settings(topology: Topology, settings: TcSettings) -> dict[int, TcSettings]:
     """tc settings of the nodes with a link of their own (`node_links`); the run's MTU."""
     return {k: TcSettings(rate_bps=link.bandwidth, delay_s=link.latency, mtu=settings.mtu)
-            for k, link in cfg.node_link_map().items()}
+            for k, link in topology.node_links}
 
 
 def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
                quiet: bool) -> Path:
     """Run every rank of `cfg` in kernel-shaped namespaces; write OUT or raise RunFailed."""
-    settings = kernel_settings(cfg)  # before anything exists: a refusal leaves nothing behind
+    topology = cfg.topology()
+    settings = kernel_settings(topology)  # before anything exists: a refusal leaves nothing behind
     folder.create()
-    net = KernelNetwork(cfg.nodes, settings, node_settings=kernel_node_settings(cfg, settings))
+    net = KernelNetwork(cfg.nodes, settings, node_settings=kernel_node_settings(topology, settings))
     procs: list[subprocess.Popen] = []
     previous_handler = raise_on_sigterm()
     try:

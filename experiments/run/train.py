@@ -20,7 +20,7 @@ import flexdemo
 from experiments.config import RunConfig
 from experiments.run.folder import RankResult
 from experiments.workloads import Workload, make_workload
-from netsim import EVAL, Link, Topology, TraceRecorder, shaping
+from netsim import EVAL, TraceRecorder, shaping
 
 __all__ = ["run_rank", "resolve", "lr_factor"]
 
@@ -45,19 +45,6 @@ def _device(cfg: RunConfig) -> torch.device:
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
     return torch.device("cpu")
-
-
-def _topology(cfg: RunConfig) -> Topology:
-    net = cfg.network()
-    # Unshaped runs still record traffic; the placeholder link only labels it.
-    inter_bw = net["inter_bw_bps"] or net["intra_bw_bps"]
-    return Topology(
-        nodes=cfg.nodes,
-        accelerators_per_node=cfg.gpus_per_node,
-        intra=Link(net["intra_bw_bps"], net["intra_lat_s"]),
-        inter=Link(inter_bw, net["inter_lat_s"]),
-        node_links=cfg.node_link_map(),
-    )
 
 
 def _build(cfg: RunConfig, workload: Workload, device: torch.device):
@@ -142,7 +129,7 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
     recorder = TraceRecorder(rank)
     # Kernel-shaped links are slow by themselves: netsim only counts (the trace keeps every byte).
     mode = "off" if cfg.shaping == "kernel" else cfg.shaping
-    shaping.install(_topology(cfg), mode=mode, recorder=recorder, run_dir=run_dir)
+    shaping.install(cfg.topology(), mode=mode, recorder=recorder, run_dir=run_dir)
     model, opt, mesh = _build(cfg, workload, device)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["KEY_COLUMNS", "Simulator", "collect", "parquet_bytes"]
 
-# simulate_run's signature: (run folder, inter_bw_bps=..., inter_lat_s=...) -> the Replay there.
+# simulate_run's signature: (run folder, inter_bw=..., inter_lat=...) -> the Replay there.
 Simulator = Callable[..., "Replay"]
 
 KEY_COLUMNS = ["unit", "kind", "method", "variant", "knobs", "seed", "nodes", "cluster", "graph",
@@ -120,7 +120,7 @@ def _time_unit(
         "unit": unit.id, "kind": unit.kind, "method": unit.method, "variant": unit.variant,
         "knobs": json.dumps(unit.knobs, sort_keys=True), "seed": unit.seed, **unit_columns(unit),
         "network": net.label, "inter_bw": net.inter_bw, "inter_lat": net.inter_lat,
-        "inter_bw_bps": net.inter_bw_bps, "inter_lat_s": net.inter_lat_s, "source": source,
+        "inter_bw_bps": net.link.bandwidth, "inter_lat_s": net.link.latency, "source": source,
         "on_grid": on_grid,
         "status": unit_state(out, unit), "error": None, "target_val_loss": target,
         "time_to_target_s": math.inf, "reached": False, "final_val_loss": math.nan,
@@ -175,8 +175,7 @@ def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulato
     cache = out / "sim" / unit.id / f"{net.slug}.parquet"
     if cache.exists():
         return pd.read_parquet(cache)
-    axis = simulate(unit_dir(out, unit), inter_bw_bps=net.inter_bw_bps,
-                    inter_lat_s=net.inter_lat_s).frame
+    axis = simulate(unit_dir(out, unit), inter_bw=net.inter_bw, inter_lat=net.inter_lat).frame
     missing = {"step", "step_time_s", "time_s"} - set(axis.columns)
     if missing:
         raise ValueError(f"the simulator returned no {sorted(missing)} columns")

@@ -17,11 +17,14 @@ import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.config import METHODS, RunConfig, parse_overrides
 from experiments.errors import ConfigError
 from experiments.sweep.executors import EXECUTORS
+
+if TYPE_CHECKING:
+    from netsim.topology import Link
 
 __all__ = ["GRID_KEYS", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig",
            "network_point", "parse_config", "read_config", "slug"]
@@ -35,12 +38,12 @@ UNIT_FIELDS = ("method", "seed", "inter_bw", "inter_lat", "shaping", "extra")
 
 @dataclass(frozen=True)
 class NetworkPoint:
-    """One inter-node network setting: human labels and the parsed bytes/s and seconds."""
+    """One inter-node network setting: its human labels and the link they make."""
 
     inter_bw: str
     inter_lat: str
-    inter_bw_bps: float
-    inter_lat_s: float
+    link: Link
+    """The inter-node link in bytes/s and seconds, as `RunConfig.topology()` parses the labels."""
 
     @property
     def label(self) -> str:
@@ -110,18 +113,7 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
     for key in UNIT_FIELDS:
         if key in run:
             raise ConfigError(f"run.{key} is set per unit by the sweep; put it in [grid] instead.")
-    grid = _table(raw, "grid")
-    _known("[grid]", grid, GRID_KEYS)
-    methods = _nonempty_list(grid, "methods", str)
-    for method in methods:
-        if method not in METHODS:
-            raise ConfigError(f"unknown method {method!r} in grid.methods; choose from "
-                              f"{', '.join(METHODS)}.")
-    bws = _nonempty_list(grid, "inter_bw", str)
-    lats = _nonempty_list(grid, "inter_lat", str)
-    networks = [network_point(bw, lat) for bw in bws for lat in lats]
-    seeds = _nonempty_list(grid, "seeds", int)
-    knobs = _knobs(grid.get("knobs", {}), methods)
+    methods, networks, seeds, knobs = _grid(_table(raw, "grid"))
     target, fraction = _target(raw.get("target"))
     timeout = raw.get("timeout_s")
     if timeout is not None and (not _is_number(timeout) or timeout <= 0):
@@ -143,6 +135,21 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
         raise ConfigError("without [target] val_loss the target comes from hsdp-adamw; add "
                           "'hsdp-adamw' to grid.methods or set target.val_loss.")
     return cfg
+
+def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int],
+                                         dict[str, dict[str, list[Any]]]]:
+    """[grid]: its methods, network points (every bandwidth x latency), seeds and knobs."""
+    _known("[grid]", grid, GRID_KEYS)
+    methods = _nonempty_list(grid, "methods", str)
+    for method in methods:
+        if method not in METHODS:
+            raise ConfigError(f"unknown method {method!r} in grid.methods; choose from "
+                              f"{', '.join(METHODS)}.")
+    bws = _nonempty_list(grid, "inter_bw", str)
+    lats = _nonempty_list(grid, "inter_lat", str)
+    networks = [network_point(bw, lat) for bw in bws for lat in lats]
+    seeds = _nonempty_list(grid, "seeds", int)
+    return methods, networks, seeds, _knobs(grid.get("knobs", {}), methods)
 
 def _parse_value(text: str) -> Any:
     """A --set value as TOML ('[0, 1]', '50', 'true', '"x"'); anything else is a plain string."""
@@ -189,17 +196,8 @@ def _nonempty_list(grid: dict[str, Any], key: str, kind: type) -> list[Any]:
     return list(value)
 
 def network_point(bw: str, lat: str) -> NetworkPoint:
-    from netsim.units import parse_bandwidth, parse_latency
-
-    try:
-        bps = parse_bandwidth(bw)
-    except ValueError as err:
-        raise ConfigError(f"inter_bw {bw!r} does not parse: {err}") from None
-    try:
-        lat_s = parse_latency(lat)
-    except ValueError as err:
-        raise ConfigError(f"inter_lat {lat!r} does not parse: {err}") from None
-    return NetworkPoint(bw, lat, float(bps), float(lat_s))
+    """A grid or validation point; its labels parsed as a run parses them (ConfigError if bad)."""
+    return NetworkPoint(bw, lat, RunConfig(inter_bw=bw, inter_lat=lat).topology().inter)
 
 def _knobs(table: Any, methods: list[str]) -> dict[str, dict[str, list[Any]]]:
     if not isinstance(table, dict):

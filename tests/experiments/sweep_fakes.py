@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from experiments.config import RunConfig
-from netsim import Topology
 from netsim.model import Replay
 
 # Bytes per step each fake method sends across nodes; hsdp-adamw sends the most.
@@ -67,7 +66,7 @@ def fake_launch(cfg: RunConfig, out: Path, *, timeout_s: float | None = None, **
             fh.write(cfg.extra.get("unit", "?") + "\n")
     steps = np.arange(1, STEPS + 1)
     per_step = FAKE_BYTES[cfg.method]
-    bw = None if cfg.inter_bw is None else cfg.network()["inter_bw_bps"]
+    bw = None if cfg.inter_bw is None else cfg.topology().inter.bandwidth
     comm = 0.0 if bw is None else per_step / bw
     degree = fake_degree(cfg)
     curve = [fake_gossip_loss(degree, cfg.seed, int(s)) if cfg.method == "gossip"
@@ -114,14 +113,13 @@ def _fake_trace(cfg: RunConfig, per_step: float) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["rank", "step", "op", "inter", "phase", "bytes"])
 
 
-def fake_simulate(run_dir: Path, *, inter_bw_bps: float, inter_lat_s: float,
-                  **_: object) -> Replay:
-    """Step time = compute + bytes / bandwidth + latency per call."""
+def fake_simulate(run_dir: Path, *, inter_bw: str, inter_lat: str, **_: object) -> Replay:
+    """Step time = compute + bytes / bandwidth + latency per call, on the run's own topology."""
     cfg = RunConfig(**json.loads((Path(run_dir) / "run.json").read_text())["config"])
-    topology = Topology.from_strings(cfg.nodes, cfg.gpus_per_node, inter_bw_bps, inter_lat_s)
+    topology = cfg.replace(inter_bw=inter_bw, inter_lat=inter_lat).topology()
     steps = pd.read_parquet(Path(run_dir) / "steps.parquet")
-    step_time = (steps["compute_s"] + steps["inter_bytes_sent"] / inter_bw_bps
-                 + steps["inter_calls"] * inter_lat_s)
+    step_time = (steps["compute_s"] + steps["inter_bytes_sent"] / topology.inter.bandwidth
+                 + steps["inter_calls"] * topology.inter.latency)
     frame = pd.DataFrame({"step": steps["step"], "step_time_s": step_time,
                           "time_s": step_time.cumsum()})
     return Replay(frame, topology, recorded_topology=(cfg.nodes, cfg.gpus_per_node))

@@ -86,7 +86,7 @@ def test_units_cover_the_grid_once_per_method_knob_and_seed(config_file: Path) -
     assert check.config.shaping == "wall" and check.config.inter_bw == "100Mbit"
     assert check.seed == 0 and check.method == "flexdemo"
     assert len(cfg.networks) == 4
-    assert cfg.networks[0].inter_bw_bps == pytest.approx(10e6 / 8)
+    assert cfg.networks[0].link.bandwidth == pytest.approx(10e6 / 8)
 
 
 @pytest.mark.timeout(30)
@@ -273,7 +273,7 @@ def test_explicit_target_and_simulation_cache(config_file: Path, tmp_path: Path)
     pd.testing.assert_frame_equal(again, runs)
     calls: list[int] = []
 
-    def slower(run_dir: Path, **kw: float) -> Replay:
+    def slower(run_dir: Path, **kw: str) -> Replay:
         calls.append(1)
         replay = fake_simulate(run_dir, **kw)
         axis = replay.frame

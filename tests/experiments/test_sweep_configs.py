@@ -18,9 +18,9 @@ def test_quick_config_is_the_promised_grid() -> None:
     cfg = sweep.load_config(CONFIGS / "quick.toml")
     assert cfg.name == "quick"
     assert cfg.methods == ["hsdp-adamw", "flexdemo", "demo", "diloco"]
-    bws = sorted({n.inter_bw_bps for n in cfg.networks})
+    bws = sorted({n.link.bandwidth for n in cfg.networks})
     assert bws[0] == pytest.approx(10e6 / 8) and bws[-1] == pytest.approx(10e9 / 8)
-    assert sorted({n.inter_lat_s for n in cfg.networks}) == pytest.approx([0.001, 0.02])
+    assert sorted({n.link.latency for n in cfg.networks}) == pytest.approx([0.001, 0.02])
     assert len(cfg.seeds) == 2
     units = sweep.units_of(cfg)
     checks = [u for u in units if u.kind == "validate"]

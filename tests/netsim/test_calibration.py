@@ -91,10 +91,10 @@ def test_file_round_trip_and_clear_refusals(tmp_path):
 
 
 def test_simulate_on_calibrated_links_is_slower_by_the_fitted_overheads():
-    plain = simulate_run(RUN, inter_bw_bps=1.25e6, inter_lat_s=0.001)
+    plain = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms")
     cal = Calibration("wall", 0.5, 0.0)
-    slow = simulate_run(RUN, inter_bw_bps=1.25e6, inter_lat_s=0.001, calibration=cal)
-    half_rate = simulate_run(RUN, inter_bw_bps=0.625e6, inter_lat_s=0.001)
+    slow = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms", calibration=cal)
+    half_rate = simulate_run(RUN, inter_bw="5Mbit", inter_lat="1ms")
     # Goodput 50% is exactly half the rate, and the note says what was assumed.
     assert slow.frame["time_s"].tolist() == pytest.approx(half_rate.frame["time_s"].tolist(),
                                                           rel=1e-12)

@@ -209,7 +209,7 @@ def test_cli_prints_the_rebuilt_graph_and_refuses_one_that_does_not_fit(tmp_path
     err = capsys.readouterr().err
     assert "graph='torus' needs a node count with a 2-D factorization" in err
     assert err.count("\n") == 1 and not out.exists()
-    sim = simulate_run(tmp_path / "torus", inter_bw_bps=BW, inter_lat_s=LAT)
+    sim = simulate_run(tmp_path / "torus", inter_bw="80Mbit", inter_lat="10ms")
     assert sim.graphs == ("gossip graph torus rebuilt on 4 nodes: degree 2",)
     assert sim.p2p_degrees == (2,) and sim.frame["step"].tolist() == [1, 2, 3]
 
