@@ -32,7 +32,7 @@ from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, uni
 from experiments.sweep.spec import NetworkPoint, SweepConfig
 from experiments.sweep.targets import baseline_clusters, final_val_loss, targets
 
-if TYPE_CHECKING:  # netsim imports torch; scoring cached axes needs neither
+if TYPE_CHECKING:  # the model (SimPy) loads only when a unit is replayed, not to score caches
     from netsim.model import Replay
 
 log = logging.getLogger(__name__)
