@@ -58,10 +58,10 @@ def kernel_settings(topology: Topology) -> TcSettings:
     """Check that this machine can shape `topology`'s links in the kernel; its tc settings."""
     check_privileges()
     if topology.inter.latency and not has_netem():
+        latency = f"{topology.inter.latency * 1e3:g}ms"
         raise KernelShapingError(
-            f"inter_lat {topology.inter.latency * 1e3:g}ms needs the kernel's netem qdisc, which "
-            f"this kernel lacks; use inter_lat 0ms with shaping 'kernel', or shaping 'wall' for "
-            f"latency.")
+            f"inter_lat {latency!r} needs the kernel's netem qdisc, which this kernel lacks; use "
+            f"inter_lat 0ms with shaping 'kernel', or shaping 'wall' for latency.")
     delayed = [(k, link.latency) for k, link in topology.node_links if link.latency]
     if delayed and not has_netem():
         node, latency = delayed[0]

@@ -102,5 +102,5 @@ def test_kernel_settings_come_from_the_topology(monkeypatch):
     assert list(node) == [1]
     assert (node[1].rate_bps, node[1].delay_s, node[1].mtu) == (6.25e6, 0.002, settings.mtu)
     monkeypatch.setattr(kernel_launch, "has_netem", lambda: False)
-    with pytest.raises(ValueError, match="inter_lat 5ms needs the kernel's netem qdisc"):
+    with pytest.raises(ValueError, match="inter_lat '5ms' needs the kernel's netem qdisc"):
         kernel_launch.kernel_settings(topo)
