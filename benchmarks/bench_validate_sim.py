@@ -58,12 +58,12 @@ def main() -> int:
     for rerun in range(args.reruns):
         with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:
             work = Path(args.keep) / f"rerun-{rerun + 1}" if args.keep else Path(tmp)
-            table = validate(args.methods, bandwidths, latencies, workload="lm-tiny",
-                             steps=args.steps, warmup=args.warmup, bound=args.bound,
-                             work_dir=work, settings=settings, shaping=args.shaping,
-                             recordings=args.recordings, calibration=calibration)
-        print(f"rerun {rerun + 1}: {table.attrs['assumed']}", flush=True)
-        tables.append(table.assign(rerun=rerun + 1))
+            result = validate(args.methods, bandwidths, latencies, workload="lm-tiny",
+                              steps=args.steps, warmup=args.warmup, bound=args.bound,
+                              work_dir=work, settings=settings, shaping=args.shaping,
+                              recordings=args.recordings, calibration=calibration)
+        print(f"rerun {rerun + 1}: {result.assumed}", flush=True)
+        tables.append(result.table.assign(rerun=rerun + 1))
     rows = pd.concat(tables, ignore_index=True)
     if args.out:
         rows.to_csv(args.out, index=False)

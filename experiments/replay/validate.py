@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +52,21 @@ def median_step_time(step_ends: pd.Series, warmup: int) -> float:
     return float(durations.iloc[warmup:].median())
 
 
+@dataclass(frozen=True)
+class Validation:
+    """validate-sim's result: one row per grid point, and what the model assumed for all."""
+
+    table: pd.DataFrame
+    assumed: str
+
+
 def validate(
     methods: list[str], bandwidths: list[str], latencies: list[str], *, workload: str,
     steps: int, warmup: int, bound: float, work_dir: Path, seed: int = 0,
     settings: dict[str, Any] | None = None, shaping: str = "wall", recordings: int = 3,
     calibration: Calibration | None = None,
-) -> pd.DataFrame:
-    """Run the grid and return one row per (method, bandwidth, latency) with both step times.
+) -> Validation:
+    """Run the grid: one row per (method, bandwidth, latency) with both step times.
 
     `settings` are further run settings (RunConfig names) shared by every run; `shaping` is how
     the measured runs are slowed down ("wall" or "kernel"); `recordings` runs per method
@@ -88,11 +97,11 @@ def validate(
         rows.append(_point_row(cfg, measured, predictions, bound))
     table = pd.DataFrame(rows)
     how = (f"kernel-shaped at {KERNEL_RECORDING_BW}" if shaping == "kernel" else "unshaped")
-    table.attrs["assumed"] = (
+    assumed = (
         f"{recordings} {how} recording(s) per method, ranks pinned to cores: "
         f"{'yes' if base.pin_cores else 'no'}; links "
         f"{calibration.describe() if calibration else 'at the configured rate, no extra cost'}")
-    return table
+    return Validation(table, assumed)
 
 
 def _recording_config(base: RunConfig, method: str, shaping: str) -> RunConfig:
@@ -151,14 +160,15 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="validate-sim-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         try:
-            table = validate(args.methods, args.inter_bw, args.inter_lat, workload=args.workload,
-                             steps=args.steps, warmup=args.warmup, bound=args.bound, work_dir=work,
-                             settings=settings, shaping=args.shaping,
-                             recordings=args.recordings, calibration=calibration)
+            result = validate(args.methods, args.inter_bw, args.inter_lat, workload=args.workload,
+                              steps=args.steps, warmup=args.warmup, bound=args.bound, work_dir=work,
+                              settings=settings, shaping=args.shaping,
+                              recordings=args.recordings, calibration=calibration)
         except RunFailed as err:
             print(f"flexbench validate-sim: a run failed: {err}")
             return 1
-    _print_table(table)
+    table = result.table
+    _print_table(result)
     if args.out:
         table.to_csv(args.out, index=False)
     bad = table[~table["within_bound"]]
@@ -196,8 +206,9 @@ def _check_arguments(args: argparse.Namespace) -> dict[str, str]:
     return settings
 
 
-def _print_table(table: pd.DataFrame) -> None:
+def _print_table(result: Validation) -> None:
     """The comparison as a markdown table, the recordings' range beside each prediction."""
+    table = result.table
     spread = [f"{lo:.1f}-{hi:.1f}" for lo, hi in zip(table["predicted_lo_ms"],
                                                      table["predicted_hi_ms"], strict=True)]
     shown = table.assign(
@@ -207,5 +218,5 @@ def _print_table(table: pd.DataFrame) -> None:
         error_pct=table["error_pct"].map("{:+.1f}%".format),
     ).drop(columns=["predicted_hi_ms"]).rename(columns={"predicted_lo_ms": "recordings_ms"})
     shown = shown.set_index("method")
-    print(f"model: {table.attrs['assumed']}")
+    print(f"model: {result.assumed}")
     print(markdown_table(shown, index_name="method"))

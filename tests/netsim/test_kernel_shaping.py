@@ -86,6 +86,7 @@ def test_a_started_process_runs_in_its_nodes_namespace_with_the_rendezvous_env()
     assert _left_behind(os.getpid()) == []
 
 
+@pytest.mark.dist
 @needs_kernel
 @pytest.mark.timeout(120)
 def test_same_namespace_ranks_talk_over_loopback_not_the_shaped_link():
