@@ -10,7 +10,7 @@ with a torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZ
 node 0's address, MASTER_PORT, GLOO_SOCKET_IFNAME = the namespace's eth0). A fresh process is the
 only reliable way in: Python 3.11 has no os.setns, and setns in a process that already runs
 threads (torch starts some at import) does not move them. Each rank joins a TCPStore on node 0's
-address and then runs exactly like a spawned rank (`launch.run_one_rank`): heartbeats for the
+address and then runs exactly like a spawned rank (`rank.run_one_rank`): heartbeats for the
 stall watchdog, its result left as files in the run's working folder, which the ranks share
 through the file system (namespaces separate networks, not files). So the launcher, not a rank,
 assembles OUT, and a crash, stall or timeout writes nothing to it.

@@ -53,8 +53,8 @@ def test_notebook_runs_on_committed_quick_results(
 @pytest.mark.skipif((QUICK / "runs.parquet").exists(),
                     reason="covered by the run on the committed quick results")
 def test_notebooks_run_on_fake_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_sweep import CONFIG
-    from tests.test_sweep_fakes import ensure_units_module, fake_launch, fake_simulate
+    from tests.experiments.sweep_fakes import ensure_units_module, fake_launch, fake_simulate
+    from tests.experiments.test_sweep import CONFIG
 
     ensure_units_module()
     from experiments import sweep

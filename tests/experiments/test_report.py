@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_sweep import CONFIG
-from tests.test_sweep_fakes import ensure_units_module, fake_launch, fake_simulate
+from tests.experiments.sweep_fakes import ensure_units_module, fake_launch, fake_simulate
+from tests.experiments.test_sweep import CONFIG
 
 ensure_units_module()
 
@@ -94,7 +94,7 @@ def test_report_survives_a_sweep_whose_baseline_failed(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def graph_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_sweep_graphs import graph_sweep
+    from tests.experiments.test_sweep_graphs import graph_sweep
 
     out, _ = graph_sweep(tmp_path_factory.mktemp("graph-report"))
     return out

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.test_sweep_fakes import (
+from tests.experiments.sweep_fakes import (
     COMPUTE_S,
     EVAL_EVERY,
     FAKE_BYTES,
@@ -349,7 +349,7 @@ def test_interrupted_sweep_resumes_where_it_stopped(
 def test_baseline_fraction_target_is_the_baselines_loss_at_that_point(
     config_file: Path, tmp_path: Path
 ) -> None:
-    from tests.test_sweep_fakes import EVAL_EVERY
+    from tests.experiments.sweep_fakes import EVAL_EVERY
 
     cfg = sweep.load_config(config_file, ["target.baseline_fraction=0.6"])
     runs = sweep.run_sweep(cfg, tmp_path / "res", launcher=fake_launch,

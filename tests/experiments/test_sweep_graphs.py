@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.test_sweep_fakes import (
+from tests.experiments.sweep_fakes import (
     EVAL_EVERY,
     STEPS,
     ensure_units_module,

@@ -10,7 +10,7 @@ import pytest
 
 from experiments.cli import main
 from experiments.replay.simulate import simulate_run
-from experiments.run.launch import pin_to_core
+from experiments.run.rank import pin_to_core
 from netsim import Link, Topology, kernel
 from netsim.calibration import Calibration, Sample, fit_calibration, load_calibration
 
@@ -155,7 +155,7 @@ def test_calibrate_kernel(tmp_path):
 
 def test_pin_to_core_picks_rank_mod_cores():
     cores = sorted(os.sched_getaffinity(0))
-    code = ("import os, sys; from experiments.run.launch import pin_to_core; "
+    code = ("import os, sys; from experiments.run.rank import pin_to_core; "
             "pin_to_core(int(sys.argv[1])); print(sorted(os.sched_getaffinity(0)))")
     for rank in range(len(cores) + 1):
         out = subprocess.run([sys.executable, "-c", code, str(rank)], cwd=ROOT, text=True,
