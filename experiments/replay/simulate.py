@@ -29,6 +29,7 @@ from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.report.metrics import time_to_target
 from flexdemo.graphs import degree_of, graph_problem, period
+from flexdemo.methods import RECORDS
 from netsim import Link, Topology, parse_bandwidth, parse_latency
 from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
@@ -39,7 +40,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["simulate_run", "read_run", "gossip_degrees", "loss_on_time_axis", "configure", "main"]
 
-GOSSIP_METHODS = ("gossip", "ada")  # methods whose traffic is messages to graph neighbours
+# Methods whose traffic is messages to graph neighbours.
+GOSSIP_METHODS = tuple(m.name for m in RECORDS if m.gossips)
 
 
 def read_run(run_dir: Path | str) -> tuple[dict, pd.DataFrame]:

@@ -22,6 +22,7 @@ from typing import Any
 from experiments.config import METHODS, RunConfig, parse_overrides
 from experiments.errors import ConfigError
 from experiments.sweep.executors import EXECUTORS
+from flexdemo.methods import BASELINE
 
 __all__ = ["GRID_KEYS", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig",
            "network_point", "parse_config", "read_config", "slug"]
@@ -139,9 +140,9 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
         target=target, target_fraction=fraction, validate=validate, timeout_s=timeout,
         executor=executor, raw=raw,
     )
-    if target is None and "hsdp-adamw" not in methods:
-        raise ConfigError("without [target] val_loss the target comes from hsdp-adamw; add "
-                          "'hsdp-adamw' to grid.methods or set target.val_loss.")
+    if target is None and BASELINE not in methods:
+        raise ConfigError(f"without [target] val_loss the target comes from {BASELINE}; add "
+                          f"{BASELINE!r} to grid.methods or set target.val_loss.")
     return cfg
 
 def _parse_value(text: str) -> Any:
