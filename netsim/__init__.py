@@ -1,51 +1,45 @@
-"""netsim: links, topologies, collective costs, process-group shaping, traces, SimPy model."""
+"""netsim: links, topologies, collective costs, process-group shaping, traces, SimPy model.
 
-from netsim import shaping
-from netsim.costs import (
-    collective_time,
-    collective_volume,
-    hierarchical_all_reduce_time,
-    point_to_point_time,
-    ring_all_gather_time,
-    ring_all_reduce_time,
-    ring_reduce_scatter_time,
-)
-from netsim.model import MODEL_NOTE, SharedLink, simulate
-from netsim.topology import Link, Topology, ring_nic_share
-from netsim.trace import (
-    EVAL,
-    TRACE_COLUMNS,
-    TRAIN,
-    TraceRecorder,
-    comm_per_step,
-    load_trace,
-    validate_trace,
-)
-from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
+Names are imported from their module on first use (PEP 562), so that the torch-free parts
+(``units``, ``topology``, ``costs``, ``trace``, ``model``) are read without torch: `flexbench
+report` and `sweep --dry-run` parse units and topologies but never shape a process group.
+"""
 
-__all__ = [
-    "shaping",
-    "Link",
-    "Topology",
-    "ring_nic_share",
-    "parse_bandwidth",
-    "parse_latency",
-    "format_bandwidth",
-    "collective_time",
-    "collective_volume",
-    "ring_all_gather_time",
-    "ring_reduce_scatter_time",
-    "ring_all_reduce_time",
-    "hierarchical_all_reduce_time",
-    "point_to_point_time",
-    "simulate",
-    "SharedLink",
-    "MODEL_NOTE",
-    "TraceRecorder",
-    "TRACE_COLUMNS",
-    "TRAIN",
-    "EVAL",
-    "comm_per_step",
-    "load_trace",
-    "validate_trace",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Name -> the module that defines it ("" for a submodule named like the name).
+_WHERE = {
+    "shaping": "",
+    "collective_time": "costs", "collective_volume": "costs",
+    "hierarchical_all_reduce_time": "costs", "point_to_point_time": "costs",
+    "ring_all_gather_time": "costs", "ring_all_reduce_time": "costs",
+    "ring_reduce_scatter_time": "costs",
+    "MODEL_NOTE": "model", "SharedLink": "model", "simulate": "model",
+    "Link": "topology", "Topology": "topology", "ring_nic_share": "topology",
+    "EVAL": "trace", "TRACE_COLUMNS": "trace", "TRAIN": "trace", "TraceRecorder": "trace",
+    "comm_per_step": "trace", "load_trace": "trace", "validate_trace": "trace",
+    "format_bandwidth": "units", "parse_bandwidth": "units", "parse_latency": "units",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining ``name`` on first use and keep the name here."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'netsim' has no attribute {name!r}")
+    if module:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+    else:
+        value = importlib.import_module(f".{name}", __name__)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public names and this module's own."""
+    return sorted(set(globals()) | set(__all__))
