@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import flexdemo
-from experiments.config import RunConfig
+from experiments.config import RunConfig, shared_for
 from experiments.run.launch import launch
 from experiments.workloads import make_workload
 from flexdemo.replicators.sampled_spread import SampledSpread
@@ -99,8 +99,10 @@ def compare(steps: int, settings: list[str]) -> None:
     print(f"{'arm':24}{'final val':>10}{'MB/step':>10}  graphs (steps)")
     with tempfile.TemporaryDirectory() as tmp:
         for label, arm in arms:
-            cfg = RunConfig.from_dict({"workload": "lm-tiny", "nodes": NODES,
-                                       "gpus_per_node": 1, "steps": steps, **arm, **extra})
+            # The extra settings' knobs apply to the arms whose method reads them.
+            cfg = RunConfig.from_dict(shared_for(arm["method"], {
+                "workload": "lm-tiny", "nodes": NODES, "gpus_per_node": 1, "steps": steps,
+                **arm, **extra}))
             out = launch(cfg.validate(), Path(tmp) / label.replace(" ", "-"), quiet=True)
             meta = json.loads((out / "run.json").read_text())
             rows = pd.read_parquet(out / "steps.parquet")

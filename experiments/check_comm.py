@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from experiments.config import METHODS, RunConfig
+from experiments.config import METHODS, RunConfig, shared_for
 from experiments.io import write_atomic
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,9 @@ def measure(methods: Iterable[str], settings: dict[str, Any]) -> dict[str, dict[
     found: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="check-comm-") as tmp:
         for method in tqdm(methods, desc="check-comm", unit="method"):
-            cfg = RunConfig.from_dict({**settings, "method": method}).validate()
+            # The fixed setting's knobs apply to the methods that read them.
+            cfg = RunConfig.from_dict(shared_for(method, {**settings, "method": method}))
+            cfg.validate()
             try:
                 out = launch(cfg, Path(tmp) / method, timeout_s=600)
             except Exception as err:  # reported as a missing method by compare()

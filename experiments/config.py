@@ -2,6 +2,9 @@
 
 TOML files and `--set key=value` overrides mirror the field names; human units ("100Mbit",
 "10ms") stay strings here and become bytes/s and seconds in one place, `RunConfig.topology()`.
+The method knobs (topk, graph, diloco_h, ...) are fields too, one per knob some method reads,
+generated from the method records (`flexdemo.methods`): None means "the method's default", and a
+knob given to a method that does not read it is refused. Torch-free.
 """
 
 from __future__ import annotations
@@ -12,17 +15,19 @@ import dataclasses
 import inspect
 import math
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from experiments.errors import ConfigError
+from flexdemo.knobs import StepKnobs
 
-# The one list of methods, chunkings and wire formats: the optimizer package owns them.
-from flexdemo import CHUNKINGS, GRAPHS, METHODS, VALUE_FORMATS, resolve_knobs
-from flexdemo.graphs import graph_ladder, graph_problem
-from flexdemo.replicators.ada import DEFAULT_EVERY, DEFAULT_HIGH, DEFAULT_LOW
+# The one list of methods and their knobs: the optimizer package owns them.
+from flexdemo.methods import METHODS, RECORDS, Method, method_record
+
+__all__ = ["KNOBS", "METHODS", "BACKENDS", "SCHEDULES", "SHAPING_MODES", "WORKLOADS",
+           "ConfigError", "KnobSettings", "RunConfig", "RunSettings", "add_run_arguments",
+           "field_help", "parse_overrides", "run_arguments", "shared_for"]
 
 if TYPE_CHECKING:
     from netsim.topology import Topology
@@ -30,16 +35,81 @@ if TYPE_CHECKING:
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
 SCHEDULES = ("constant", "warmup", "cosine")
-VALUE_DTYPES = ("bf16", "fp32")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Each dataclass field's docstring (the string literal under it), for --help texts.
+
+    Fields of base classes count; a generated field's help is its metadata's "help".
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):  # made by make_dataclass: no source
+            continue
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for item, after in zip(body, body[1:], strict=False):
+            if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)):
+                docs[item.target.id] = " ".join(str(after.value.value).split())
+    docs.update({f.name: f.metadata["help"] for f in dataclasses.fields(cls)
+                 if "help" in f.metadata})
+    return docs
+
+
+def _knob_doc(name: str, record: Method) -> tuple[str, str]:
+    """(type, help) of knob ``name`` as ``record``'s schema declares it."""
+    schema = StepKnobs if name in StepKnobs.names() else type(record.knobs)
+    if name in schema.aliases:
+        return "str", schema.aliases[name]
+    kind = next(f.type for f in dataclasses.fields(schema) if f.name == name)
+    return str(kind).split(" | ")[0], field_help(schema)[name]
+
+
+def _knob_field(name: str, records: list[Method]) -> tuple[str, str, Any]:
+    """The RunConfig field of knob ``name``: typed as its schema says, None by default."""
+    docs: dict[str, list[str]] = {}
+    for record in records:
+        docs.setdefault(_knob_doc(name, record)[1], []).append(record.name)
+    text = " ".join(doc if len(docs) == 1 else f"{', '.join(names)}: {doc}"
+                    for doc, names in docs.items())
+    defaults = {r.name: r.resolved({})[name] for r in records}
+    if len(set(map(repr, defaults.values()))) == 1:
+        default = next(iter(defaults.values()))
+        read = ", ".join(defaults) + ("" if default is None else f" (default {default})")
+    else:
+        read = ", ".join(f"{m} {v}" for m, v in defaults.items())
+    kind = _knob_doc(name, records[0])[0]
+    return name, f"{kind} | None", field(
+        default=None, metadata={"knob": True, "help": f"{text} Read by {read}."})
+
+
+def _knob_fields() -> list[tuple[str, str, Any]]:
+    readers: dict[str, list[Method]] = {}
+    for record in RECORDS:
+        for name in record.takes:
+            readers.setdefault(name, []).append(record)
+    return [_knob_field(name, records) for name, records in readers.items()]
+
+
+KnobSettings = dataclasses.make_dataclass(
+    "KnobSettings", _knob_fields(),
+    namespace={"__module__": __name__,
+               "__doc__": "One field per knob some method reads (None: the method's default)."})
+KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(KnobSettings))
 
 
 @dataclass
-class RunConfig:
-    """Everything that defines one training run (method, workload, cluster shape, network)."""
+class RunSettings:
+    """A run's own settings: method, workload, cluster shape, budget, network, launch."""
 
-    method: str = "flexdemo"
-    """Training scheme: flexdemo, demo, hsdp-adamw, diloco, random, striding, none, gossip or
-    ada."""
+    method: str = field(default="flexdemo",
+                        metadata={"help": f"Training scheme: {', '.join(METHODS)}."})
+    """Training scheme: one of flexdemo.methods.METHODS."""
     workload: str = "lm-tiny"
     """Model and data: lm-tiny, lm-small, vision-tiny, or your own factory as "module.path:attr"."""
     nodes: int = 2
@@ -55,45 +125,13 @@ class RunConfig:
     warmup: float = 0.05
     """Fraction of the steps spent in linear warmup (warmup and cosine schedules)."""
     seed: int = 0
-    """Seed for model init, data order and random replication."""
+    """Seed for model init, data order, random replication and Ada's sample."""
     batch_size: int | None = None
     """Per-rank micro-batch; None takes the workload's default."""
     eval_every: int | None = None
     """Steps between validation evaluations; None takes the workload's default."""
-    topk: int | None = None
-    """FlexDeMo: DCT coefficients kept per chunk; None: the method's (flexdemo 4, demo 32)."""
-    chunk: int = 64
-    """FlexDeMo: DCT chunk size (largest divisor of each dimension not above this)."""
-    decay: float = 0.999
-    """FlexDeMo: decay of the decoupled momentum."""
     weight_decay: float = 0.0
     """Decoupled weight decay."""
-    sign: bool = True
-    """FlexDeMo: take sign() of the decoded update."""
-    value_dtype: str = "bf16"
-    """FlexDeMo: dtype of the values on the wire, bf16 or fp32."""
-    chunking: str | None = None
-    """FlexDeMo: block (2-D DCT blocks) or flat (1-D chunks); None: the method's (flexdemo flat)."""
-    value_format: str | None = None
-    """FlexDeMo: wire format (bf16, bf16-packed, int8, int2, sign, ...); None: the method's."""
-    diloco_h: int = 50
-    """DiLoCo: inner steps between synchronizations."""
-    outer_lr: float = 0.7
-    """DiLoCo: outer Nesterov learning rate."""
-    outer_momentum: float = 0.9
-    """DiLoCo: outer Nesterov momentum."""
-    graph: str = "ring"
-    """Gossip: communication graph: ring, torus, exponential, one-peer-exponential or complete
-    (ada picks its own)."""
-    ada_every: int = DEFAULT_EVERY
-    """Ada: gossip rounds between two measurements of the replica spread (the graph changes at
-    most this often)."""
-    ada_high: float = DEFAULT_HIGH
-    """Ada: relative consensus distance above which the graph moves one rung denser."""
-    ada_low: float = DEFAULT_LOW
-    """Ada: relative consensus distance below which the graph moves one rung sparser."""
-    replicate_every: int = 1
-    """Replicate only every k-th step."""
     inter_bw: str | None = None
     """Inter-node bandwidth ("100Mbit", "1Gbit", "25GB/s"); None: the real, unshaped link."""
     inter_lat: str = "0ms"
@@ -121,6 +159,11 @@ class RunConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form labels carried into run.json (e.g. sweep unit ids)."""
 
+
+@dataclass
+class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
+    """Everything that defines one training run: its settings, then its method's knobs."""
+
     def validate(self) -> RunConfig:
         """Raise ConfigError on the first bad field; return self so calls chain."""
         for f in dataclasses.fields(self):
@@ -129,65 +172,45 @@ class RunConfig:
                 raise ConfigError(f"{f.name} must be a finite number, got {value}.")
         _choice("method", self.method, METHODS)
         _workload(self.workload)
-        _choice("shaping", self.shaping, SHAPING_MODES)
-        _choice("schedule", self.schedule, SCHEDULES)
-        if not 0.0 <= self.warmup < 1.0:
-            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.warmup}.")
-        self._check_wire()
-        _choice("backend", self.backend, ("auto", "gloo", "nccl"))
-        _choice("graph", self.graph, GRAPHS)
-        _at_least("nodes", self.nodes, 1)
-        _at_least("gpus_per_node", self.gpus_per_node, 1)
-        _at_least("diloco_h", self.diloco_h, 1)
-        _at_least("ada_every", self.ada_every, 1)
-        _at_least("replicate_every", self.replicate_every, 1)
-        _at_least("threads_per_rank", self.threads_per_rank, 1)
-        for name in ("steps", "batch_size", "eval_every"):
-            if getattr(self, name) is not None:
-                _at_least(name, getattr(self, name), 1)
-        if not 0.0 <= self.decay < 1.0:
-            raise ConfigError(f"decay must be in [0, 1), got {self.decay}.")
-        if self.lr is not None and not self.lr > 0:
-            raise ConfigError(f"lr must be a positive number, got {self.lr}.")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}.")
-        if not self.outer_lr > 0:
-            raise ConfigError(f"outer_lr must be a positive number, got {self.outer_lr}.")
-        if not 0.0 <= self.outer_momentum < 1.0:
-            raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum}.")
-        if not self.stall_timeout > 0:
-            raise ConfigError(f"stall_timeout must be a positive number of seconds, got "
-                              f"{self.stall_timeout}.")
-        if self.method == "gossip" and graph_problem(self.graph, self.nodes):
-            raise ConfigError(graph_problem(self.graph, self.nodes))
-        self._check_ada()
+        for name, allowed in (("shaping", SHAPING_MODES), ("schedule", SCHEDULES),
+                              ("backend", BACKENDS)):
+            _choice(name, getattr(self, name), allowed)
+        self._check_counts()
+        self._check_ranges()
+        self._check_knobs()
         self._check_shaping()
         self.topology()  # parses the unit strings and node links
         return self
 
-    def _check_wire(self) -> None:
-        """FlexDeMo's chunking, top-k and wire format, with the method's defaults filled in."""
-        _choice("value_dtype", self.value_dtype, VALUE_DTYPES)
-        if self.chunking is not None:
-            _choice("chunking", self.chunking, CHUNKINGS)
-        if self.value_format is not None:
-            _choice("value_format", self.value_format, VALUE_FORMATS)
-        if self.topk is not None:
-            _at_least("topk", self.topk, 1)
-        _at_least("chunk", self.chunk, 1)
-        topk, chunking, _ = self.knobs()
-        if chunking == "flat" and topk > self.chunk:
-            raise ConfigError(f"topk={topk} is larger than a flat chunk of chunk="
-                              f"{self.chunk} elements; use topk <= chunk or chunking=block.")
+    def _check_counts(self) -> None:
+        """Cluster shape, threads and the optional step counts are positive integers."""
+        for name in ("nodes", "gpus_per_node", "threads_per_rank"):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("steps", "batch_size", "eval_every"):
+            if getattr(self, name) is not None:
+                _at_least(name, getattr(self, name), 1)
 
-    def _check_ada(self) -> None:
-        """Ada's thresholds, and a graph ladder on this many nodes."""
-        if not 0 <= self.ada_low < self.ada_high:
-            raise ConfigError(f"ada_low={self.ada_low} and ada_high={self.ada_high} must satisfy "
-                              "0 <= ada_low < ada_high.")
-        if self.method == "ada" and not graph_ladder(self.nodes):
-            raise ConfigError(f"method='ada' needs at least 2 nodes to gossip between, got "
-                              f"nodes={self.nodes}; use nodes >= 2.")
+    def _check_ranges(self) -> None:
+        """warmup, lr, weight_decay and stall_timeout lie in their ranges."""
+        if not 0.0 <= self.warmup < 1.0:
+            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.warmup}.")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"lr must be a positive number, got {self.lr}.")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}.")
+        if not self.stall_timeout > 0:
+            raise ConfigError(f"stall_timeout must be a positive number of seconds, got "
+                              f"{self.stall_timeout}.")
+
+    def _check_knobs(self) -> None:
+        """The knobs given are ones the method reads, each valid, and fit this many nodes."""
+        try:
+            knobs, _ = self.record.settings(self.given_knobs())
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        problem = knobs.problem(self.nodes)
+        if problem is not None:
+            raise ConfigError(problem)
 
     def _check_shaping(self) -> None:
         """Shaping needs a bandwidth; kernel shaping runs gloo ranks in namespaces."""
@@ -197,10 +220,18 @@ class RunConfig:
             raise ConfigError("shaping='kernel' runs gloo ranks over the namespaces' links; use "
                               "backend auto or gloo, not nccl.")
 
-    def knobs(self) -> tuple[int, str, str | None]:
-        """(topk, chunking, value_format) with the method's defaults filled in."""
-        dtype = torch.float32 if self.value_dtype == "fp32" else torch.bfloat16
-        return resolve_knobs(self.method, self.topk, self.chunking, self.value_format, dtype)
+    @property
+    def record(self) -> Method:
+        """The method's record: its replicator, knobs and wiring (ValueError if unknown)."""
+        return method_record(self.method)
+
+    def given_knobs(self) -> dict[str, Any]:
+        """The method knobs set here (not None), by name: what `build_optimizer` is handed."""
+        return {name: getattr(self, name) for name in KNOBS if getattr(self, name) is not None}
+
+    def knob_values(self) -> dict[str, Any]:
+        """Every knob the method reads with its value: as given, else the method's default."""
+        return self.record.resolved(self.given_knobs())
 
     @property
     def world_size(self) -> int:
@@ -244,21 +275,28 @@ class RunConfig:
             )
         return cls(**{k: _coerce(names[k], v) for k, v in data.items()})
 
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any]) -> RunConfig:
+        """Build from a run.json config, leaving out the knobs its method does not read.
+
+        Runs recorded before the method records listed every knob for every method
+        (hsdp-adamw's run.json has topk, chunk, ...): reading a stored run never refuses it.
+        """
+        return cls.from_dict(shared_for(data.get("method", RunSettings.method), data))
+
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed (string values coerced as from the CLI)."""
         return RunConfig.from_dict({**self.to_dict(), **changes})
 
 
-def field_help(cls: type) -> dict[str, str]:
-    """Each dataclass field's docstring (the string literal under it), for --help texts."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for item, after in zip(body, body[1:], strict=False):
-        if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)):
-            docs[item.target.id] = " ".join(str(after.value.value).split())
-    return docs
+def shared_for(method: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` meant for several methods as ``method`` takes them: other knobs left out.
+
+    For settings shared across methods (a sweep's [run] table, check-comm's fixed setting, a
+    stored run.json); knobs given to one method alone are checked, not dropped.
+    """
+    takes = set(method_record(method).takes) if method in METHODS else set(KNOBS)
+    return {k: v for k, v in settings.items() if k not in KNOBS or k in takes}
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:

@@ -2,9 +2,10 @@
 
 Usage on N nodes × G ranks (one process per rank, process group already initialised)::
 
+    record = method_record(method)                           # its replicator, knobs, lr, wiring
     mesh = build_mesh(N, G)                                  # ("replicate", "shard")
-    parallelize(model, mesh, inter_all_reduce=method_uses_inter_all_reduce(method))
-    opt = build_optimizer(method, model, mesh)    # DEFAULT_LR, DEFAULT_KNOBS unless given
+    parallelize(model, mesh, inter_all_reduce=record.inter_all_reduce)
+    opt = build_optimizer(method, model, mesh, topk=8)       # record's lr, knobs unless given
     loss.backward(); opt.step()
 
 or directly::
@@ -13,99 +14,69 @@ or directly::
                    base="sign", replication_group=replicate_group(mesh))
     opt.step(); opt.last_step_comm                           # bytes/calls on the inter-node group
 
-Where things live: ``optimizer.py`` (FlexDeMo), ``bases.py`` (sign-SGD and AdamW steps),
-``replicators/`` (one module per family), ``dct.py`` and ``chunking.py`` (the transform),
-``codec.py`` (top-k and index wire format), ``formats.py`` and ``bitpack.py`` (the value
-formats, quantizers and bit-packed indices), ``wire.py`` (the bucket and byte counts),
-``graphs.py`` (gossip graphs, mixing matrices and Ada's ladder), ``consensus.py`` (replica
-variance), ``methods.py`` (method name -> replicator and base), ``hsdp.py`` (mesh and FSDP2).
-Only torch is imported here.
+Where things live: ``methods.py`` (one record per method: replicator, knobs with the method's
+defaults, lr, wiring) and ``build.py`` (``build_optimizer``, a record made into an optimizer),
+``knobs.py`` (each replicator's knobs: the one place a default and a check live),
+``optimizer.py`` (FlexDeMo), ``bases.py`` (sign-SGD and AdamW steps), ``replicators/`` (one
+module per family), ``dct.py`` and ``chunking.py`` (the transform), ``codec.py`` (top-k and
+index wire format), ``formats.py`` and ``bitpack.py`` (the value formats, quantizers and
+bit-packed indices), ``wire.py`` (the bucket and byte counts), ``graphs.py`` (gossip graphs,
+mixing matrices and Ada's ladder), ``consensus.py`` (replica variance), ``hsdp.py`` (mesh and
+FSDP2). Only torch is imported here, and only when a name that needs it is first used:
+``methods``, ``knobs``, ``graphs`` and ``chunking`` are torch-free, so run settings are
+checked without torch.
 """
 
-from .bases import BASES
-from .bitpack import index_width, pack_bits, packed_nbytes, unpack_bits
-from .chunking import CHUNKINGS, BlockLayout, largest_divisor_at_most, matrix_shape
-from .codec import index_dtype, mean_decode, topk_encode
-from .consensus import replica_spread
-from .dct import dct_chunked, dct_matrix, idct_chunked
-from .formats import VALUE_FORMATS, WireFormat, make_format
-from .graphs import GRAPHS, check_graph, graph_ladder, mixing_matrix
-from .hsdp import build_mesh, parallelize, replicate_group, shard_group
-from .methods import (
-    DEFAULT_KNOBS,
-    DEFAULT_LR,
-    METHODS,
-    build_optimizer,
-    method_uses_inter_all_reduce,
-    method_uses_sharding,
-    resolve_knobs,
-)
-from .optimizer import FlexDeMo, local_tensor
-from .replicators import (
-    REPLICATORS,
-    AdaReplicator,
-    DeMoReplicator,
-    DiLoCoReplicator,
-    FullReplicator,
-    GossipReplicator,
-    NoReplicator,
-    RandomReplicator,
-    Replicator,
-    StridingReplicator,
-)
-from .wire import CommStats, all_gather_bytes, all_reduce_bytes, pack, plan_bucket, unpack
+from __future__ import annotations
 
-__all__ = [
-    "BASES",
-    "CHUNKINGS",
-    "DEFAULT_KNOBS",
-    "DEFAULT_LR",
-    "GRAPHS",
-    "METHODS",
-    "REPLICATORS",
-    "AdaReplicator",
-    "BlockLayout",
-    "CommStats",
-    "DeMoReplicator",
-    "DiLoCoReplicator",
-    "FlexDeMo",
-    "FullReplicator",
-    "GossipReplicator",
-    "NoReplicator",
-    "RandomReplicator",
-    "Replicator",
-    "StridingReplicator",
-    "VALUE_FORMATS",
-    "WireFormat",
-    "all_gather_bytes",
-    "all_reduce_bytes",
-    "build_mesh",
-    "build_optimizer",
-    "check_graph",
-    "graph_ladder",
-    "dct_chunked",
-    "dct_matrix",
-    "idct_chunked",
-    "index_dtype",
-    "index_width",
-    "largest_divisor_at_most",
-    "local_tensor",
-    "make_format",
-    "matrix_shape",
-    "mean_decode",
-    "method_uses_inter_all_reduce",
-    "mixing_matrix",
-    "method_uses_sharding",
-    "pack",
-    "pack_bits",
-    "packed_nbytes",
-    "parallelize",
-    "plan_bucket",
-    "replica_spread",
-    "replicate_group",
-    "resolve_knobs",
-    "shard_group",
-    "topk_encode",
-    "unpack",
-    "unpack_bits",
-]
+import importlib
+from typing import Any
+
+# Name -> the module that defines it, imported on first use (PEP 562): `import flexdemo.methods`
+# must not pull torch in through this file.
+_WHERE = {
+    "BASES": "knobs", "VALUE_FORMATS": "knobs", "VALUE_DTYPES": "knobs", "Knobs": "knobs",
+    "StepKnobs": "knobs", "DeMoKnobs": "knobs", "RandomKnobs": "knobs",
+    "StridingKnobs": "knobs", "DiLoCoKnobs": "knobs", "GossipKnobs": "knobs",
+    "AdaKnobs": "knobs",
+    "BASELINE": "methods", "METHODS": "methods", "RECORDS": "methods", "Method": "methods",
+    "method_record": "methods",
+    "build_optimizer": "build",
+    "index_width": "bitpack", "pack_bits": "bitpack", "packed_nbytes": "bitpack",
+    "unpack_bits": "bitpack",
+    "CHUNKINGS": "chunking", "BlockLayout": "chunking", "largest_divisor_at_most": "chunking",
+    "matrix_shape": "chunking",
+    "index_dtype": "codec", "mean_decode": "codec", "topk_encode": "codec",
+    "replica_spread": "consensus",
+    "dct_chunked": "dct", "dct_matrix": "dct", "idct_chunked": "dct",
+    "WireFormat": "formats", "make_format": "formats",
+    "GRAPHS": "graphs", "check_graph": "graphs", "graph_ladder": "graphs",
+    "mixing_matrix": "graphs",
+    "build_mesh": "hsdp", "parallelize": "hsdp", "replicate_group": "hsdp",
+    "shard_group": "hsdp",
+    "FlexDeMo": "optimizer", "local_tensor": "optimizer",
+    "REPLICATORS": "replicators", "AdaReplicator": "replicators",
+    "DeMoReplicator": "replicators", "DiLoCoReplicator": "replicators",
+    "FullReplicator": "replicators", "GossipReplicator": "replicators",
+    "NoReplicator": "replicators", "RandomReplicator": "replicators",
+    "Replicator": "replicators", "StridingReplicator": "replicators",
+    "CommStats": "wire", "all_gather_bytes": "wire", "all_reduce_bytes": "wire", "pack": "wire",
+    "plan_bucket": "wire", "unpack": "wire",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining ``name`` on first use and keep the name here."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flexdemo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public names and this module's own."""
+    return sorted(set(globals()) | set(__all__))

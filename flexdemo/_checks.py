@@ -1,8 +1,9 @@
-"""Input checks shared by the optimizer and the replicators: one clear sentence per bad value."""
+"""Input checks shared by the optimizer and the replicators: one clear sentence per bad value.
+
+Torch-free at import (the knob schemas use it while a run's settings are checked).
+"""
 
 from __future__ import annotations
-
-import torch
 
 
 def check(ok: bool, message: str) -> None:
@@ -30,5 +31,7 @@ def in_unit_interval(name: str, value: object, *, closed_low: bool, closed_high:
 
 def float_dtype(name: str, value: object) -> None:
     """``value`` must be a floating-point ``torch.dtype``."""
+    import torch  # here, not at the top: the other checks run without torch
+
     check(isinstance(value, torch.dtype) and value.is_floating_point,
           f"{name}={value!r} must be a floating-point torch.dtype.")

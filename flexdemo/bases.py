@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch.optim.adamw import adamw
 
-BASES = ("sign", "adamw")
+from .knobs import BASES, check_base
+
+__all__ = ["BASES", "AdamWBase", "SignBase", "make_base"]
 
 
 class SignBase:
@@ -85,6 +87,5 @@ class AdamWBase:
 def make_base(name: str, shards: list[torch.Tensor], betas: tuple[float, float],
               eps: float) -> SignBase | AdamWBase:
     """The base step called ``name`` (one of ``BASES``) for these shards."""
-    if name not in BASES:
-        raise ValueError(f"base={name!r} is unknown; use one of {', '.join(BASES)}.")
+    check_base(name)
     return AdamWBase(shards, betas, eps) if name == "adamw" else SignBase()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: CHUNKINGS is read by torch-free settings checks
+    import torch
 
 # "block": 2-D (c1 x c2) blocks of each shard seen as a matrix; "flat": 1-D chunks of the
 # flattened shard (the reference on FSDP1, whose shards are flat).

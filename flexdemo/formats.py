@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check
 from .bitpack import index_width, pack_bits, packed_nbytes, unpack_bits
 from .codec import decode_indices, encode_indices, index_dtype
+from .knobs import VALUE_FORMATS, check_value_format
 
 Spec = tuple[tuple[int, ...], torch.dtype]
 _FLOATS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -171,16 +171,19 @@ class QuantizedFormat(_PackedIndices):
         return idx, self._dequantize(codes, views[2].unsqueeze(-1), dtype)
 
 
-VALUE_FORMATS = ("fp32", "bf16", "fp32-packed", "bf16-packed", "int8", "int2", "sign")
+__all__ = ["VALUE_FORMATS", "DtypeFormat", "PackedFloatFormat", "QuantizedFormat", "WireFormat",
+           "make_format"]
 
 
-def make_format(value_format: str | None, value_dtype: torch.dtype) -> WireFormat:
+def make_format(value_format: str | None,
+                value_dtype: torch.dtype | None = None) -> WireFormat:
     """The wire format called ``value_format``; None keeps today's layout in ``value_dtype``."""
     if value_format is None:
+        if value_dtype is None:
+            raise ValueError("make_format needs a value_format or a value_dtype, got neither.")
         names = {v: k for k, v in _FLOATS.items()}
         return DtypeFormat(value_dtype, names.get(value_dtype, str(value_dtype)))
-    check(value_format in VALUE_FORMATS,
-          f"value_format={value_format!r} is unknown; use one of {', '.join(VALUE_FORMATS)}.")
+    check_value_format(value_format)
     if value_format in _FLOATS:
         return DtypeFormat(_FLOATS[value_format], value_format)
     if value_format.endswith("-packed"):

@@ -1,8 +1,9 @@
 """Communication graphs for gossip: who a node talks to at a step, and with which weights.
 
-Pure python/torch. Nodes are ``0..n-1`` (a node's index in the replicate group). Every graph is
-undirected, so the Metropolis-Hastings weights ``w_ij = 1 / (1 + max(d_i, d_j))`` make its
-mixing matrix symmetric and doubly stochastic; on the regular graphs here that is ``1/(d+1)``.
+Pure python (torch only for :func:`mixing_matrix`). Nodes are ``0..n-1`` (a node's index in
+the replicate group). Every graph is undirected, so the Metropolis-Hastings weights
+``w_ij = 1 / (1 + max(d_i, d_j))`` make its mixing matrix symmetric and doubly stochastic; on
+the regular graphs here that is ``1/(d+1)``.
 
 - ``ring``: the two nodes next to i (one on 2 nodes).
 - ``torus``: a 2-D wrap-around grid of r x c nodes, r the largest divisor of n not above
@@ -19,8 +20,10 @@ mixing matrix symmetric and doubly stochastic; on the regular graphs here that i
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only in mixing_matrix: settings checks read the rest without it
+    import torch
 
 GRAPHS = ("ring", "torus", "exponential", "one-peer-exponential", "complete")
 
@@ -112,6 +115,8 @@ def weights(graph: str, nodes: int, node: int, step: int = 0) -> tuple[float, di
 
 def mixing_matrix(graph: str, nodes: int, step: int = 0) -> torch.Tensor:
     """The n x n mixing matrix W of round ``step`` (float64): x_next = W @ x."""
+    import torch
+
     w = torch.zeros(nodes, nodes, dtype=torch.float64)
     for i in range(nodes):
         own, theirs = weights(graph, nodes, i, step)

@@ -1,175 +1,126 @@
-"""Named training methods: the one place a method name becomes a wiring, a replicator and a base."""
+"""The training methods as records: one :class:`Method` each, the one place a method's facts live.
+
+A record holds the method's replicator (by its ``REPLICATORS`` name), the knobs it reads with
+this method's defaults (an instance of that replicator's schema, :mod:`flexdemo.knobs`), its
+default learning rate and how it is wired: whether FSDP2 shards the model, keeps its inter-node
+all-reduce, and whether the method gossips or adapts its graph. Everything that asks "which
+methods ..." asks the records; :func:`flexdemo.build_optimizer` turns one into an optimizer.
+
+Torch-free, so that run settings are checked without torch.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-
-from .hsdp import replicate_group, shard_group
-from .optimizer import FlexDeMo
-from .replicators import (
-    AdaReplicator,
-    DeMoReplicator,
-    DiLoCoReplicator,
-    GossipReplicator,
-    NoReplicator,
-    RandomReplicator,
-    Replicator,
-    StridingReplicator,
+from ._checks import check
+from .knobs import (
+    AdaKnobs,
+    DeMoKnobs,
+    DiLoCoKnobs,
+    GossipKnobs,
+    Knobs,
+    RandomKnobs,
+    StepKnobs,
+    StridingKnobs,
 )
-from .replicators.ada import DEFAULT_EVERY, DEFAULT_HIGH, DEFAULT_LOW
 
-METHODS = ("flexdemo", "demo", "hsdp-adamw", "diloco", "random", "striding", "none", "gossip",
-           "ada")
+__all__ = ["BASELINE", "METHODS", "RECORDS", "WIRED", "Method", "method_record"]
 
-# Tuned on lm-tiny, 2 nodes x 2, 300 steps, constant lr (README "Learning rates"): both
-# hsdp-adamw and flexdemo degrade sharply above about 1.2e-3.
-DEFAULT_LR = {
-    "flexdemo": 1e-3,
-    "demo": 1e-3,
-    "hsdp-adamw": 1e-3,
-    "diloco": 1e-3,
-    "random": 1e-3,
-    "striding": 1e-3,
-    "none": 1e-3,
-    # Not tuned: the AdamW base of hsdp-adamw at its default.
-    "gossip": 1e-3,
-    "ada": 1e-3,
-}
-
-
-# FlexDeMo's defaults come from the frontier sweep (README "FlexDeMo at the paper's settings"):
-# the paper's 1-D chunks of 64 elements with the top 4 kept reached the target first at
-# 100 Mbit/s; its indices are bit-packed (6 bits instead of 16: lossless, 31% fewer bytes).
-# Every other method keeps DeMo's original setting: 64 x 64 blocks, top 32, 16-bit indices.
-DEFAULT_KNOBS: dict[str, dict[str, Any]] = {
-    "flexdemo": {"chunking": "flat", "topk": 4, "packed": True},
-}
-_DEMO_DEFAULTS: dict[str, Any] = {"chunking": "block", "topk": 32, "packed": False}
-
-
-def resolve_knobs(method: str, topk: int | None = None, chunking: str | None = None,
-                  value_format: str | None = None,
-                  value_dtype: torch.dtype = torch.bfloat16) -> tuple[int, str, str | None]:
-    """(topk, chunking, value_format) with what was not given taken from ``DEFAULT_KNOBS``."""
-    defaults = {**_DEMO_DEFAULTS, **DEFAULT_KNOBS.get(method, {})}
-    if value_format is None and defaults["packed"]:
-        value_format = "fp32-packed" if value_dtype == torch.float32 else "bf16-packed"
-    return (defaults["topk"] if topk is None else topk, chunking or defaults["chunking"],
-            value_format)
+# Knobs a run sets from its own settings rather than per method (the run's seed).
+WIRED = ("seed",)
 
 
 @dataclass(frozen=True)
-class _Recipe:
-    """A FlexDeMo method: its replicator class and which knobs (by their one name) it takes."""
+class Method:
+    """One training method: its replicator, the knobs it reads (with defaults), lr and wiring."""
 
-    replicator: type[Replicator]
-    knobs: tuple[str, ...]
-    # DiLoCo's inner optimizer is plain AdamW: the run's ``sign`` knob is the DeMo family's.
+    name: str
+    replicator: str | None
+    """The replicator's name in ``flexdemo.replicators.REPLICATORS``; None: plain AdamW, with
+    FSDP2's all-reduce averaging the gradients across nodes."""
+    knobs: Knobs = field(default_factory=Knobs)
+    """The replicator's knobs (its ``knobs_type``) at this method's defaults."""
+    lr: float = 1e-3
+    """Default learning rate."""
+    shards: bool = True
+    """FSDP2 shards the model inside a node (:func:`flexdemo.parallelize`); False: every rank
+    holds the whole model and is a replica."""
+    inter_all_reduce: bool = False
+    """FSDP2's inter-node gradient all-reduce stays on."""
     takes_sign: bool = True
+    """The ``sign`` knob applies (False where the local step is plain AdamW)."""
+    gossips: bool = False
+    """Its traffic is messages to the neighbours of a communication graph."""
+    adapts: bool = False
+    """It picks its own graph from the replica spread it measures."""
+
+    @property
+    def takes(self) -> tuple[str, ...]:
+        """The knobs this method reads, by their run-setting names."""
+        if self.replicator is None:
+            return ()
+        step = [n for n in StepKnobs.names() if n != "sign" or self.takes_sign]
+        return tuple(n for n in self.knobs.names() if n not in WIRED) + tuple(step)
+
+    def settings(self, given: Mapping[str, Any],
+                 **wired: Any) -> tuple[Knobs, StepKnobs]:
+        """The replicator's knobs and FlexDeMo's, ``given`` over this method's defaults.
+
+        None in ``given`` means "the default". ``wired`` (the run's ``seed``) applies where the
+        replicator reads it. ValueError (one sentence) on a knob this method does not read or a
+        bad value.
+        """
+        given = {k: v for k, v in given.items() if v is not None}
+        extra = sorted(k for k in given if k not in self.takes)
+        check(not extra, f"method {self.name!r} does not read {', '.join(extra)}; it takes "
+                         f"{', '.join(self.takes) or 'no knobs'}.")
+        step = StepKnobs().with_given({k: given.pop(k) for k in StepKnobs.names() if k in given})
+        names = self.knobs.names()
+        given.update({k: v for k, v in wired.items() if k in names and v is not None})
+        return self.knobs.with_given(given), step  # type: ignore[return-value]
+
+    def resolved(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every knob this method reads with its value: as given, else this method's default."""
+        knobs, step = self.settings(given)
+        values = {**dataclasses.asdict(knobs), **dataclasses.asdict(step)}
+        # An alias (value_dtype) has no value of its own: it stays as given.
+        return {name: values.get(name, given.get(name)) for name in self.takes}
 
 
-_SCHEDULE = ("replicate_every", "skip_every")
-_RECIPES = {
-    "flexdemo": _Recipe(DeMoReplicator, ("topk", "chunk", "decay", "value_dtype", "value_format",
-                                         "chunking", *_SCHEDULE)),
-    "demo": _Recipe(DeMoReplicator, ("topk", "chunk", "decay", "value_dtype", "value_format",
-                                     "chunking", *_SCHEDULE)),
-    "random": _Recipe(RandomReplicator, ("rate", "decay", "seed", *_SCHEDULE)),
-    "striding": _Recipe(StridingReplicator, ("rate", "decay", "chunk", *_SCHEDULE)),
-    "diloco": _Recipe(DiLoCoReplicator, ("diloco_h", "outer_lr", "outer_momentum"),
-                      takes_sign=False),
-    "none": _Recipe(NoReplicator, ()),
-    # Gossip's local step is plain AdamW, as DiLoCo's inner one.
-    "gossip": _Recipe(GossipReplicator, ("graph", "replicate_every"), takes_sign=False),
-    "ada": _Recipe(AdaReplicator, ("ada_every", "ada_high", "ada_low", "seed", "node_group",
-                                   "replicate_every"), takes_sign=False),
-}
+RECORDS: tuple[Method, ...] = (
+    # FlexDeMo's defaults come from the frontier sweep (README "FlexDeMo at the paper's
+    # settings"): the paper's 1-D chunks of 64 elements with the top 4 kept reached the target
+    # first at 100 Mbit/s; its indices are bit-packed (6 bits instead of 16: lossless, 31% fewer
+    # bytes). demo keeps DeMo's original setting: 64 x 64 blocks, top 32, 16-bit indices.
+    Method("flexdemo", "demo", DeMoKnobs(topk=4, chunking="flat", value_format="bf16-packed")),
+    Method("demo", "demo", DeMoKnobs(), shards=False),
+    Method("hsdp-adamw", None, inter_all_reduce=True),
+    Method("diloco", "diloco", DiLoCoKnobs(), takes_sign=False),
+    Method("random", "random", RandomKnobs()),
+    Method("striding", "striding", StridingKnobs()),
+    Method("none", "none"),
+    # Gossip's and Ada's local step is plain AdamW, as DiLoCo's inner one.
+    Method("gossip", "gossip", GossipKnobs(), takes_sign=False, gossips=True),
+    Method("ada", "ada", AdaKnobs(), takes_sign=False, gossips=True, adapts=True),
+)
+# Learning rates: tuned on lm-tiny, 2 nodes x 2, 300 steps, constant lr (README "Learning
+# rates"): hsdp-adamw and flexdemo both degrade sharply above about 1.2e-3; the others keep 1e-3
+# untuned (gossip and ada: the AdamW base of hsdp-adamw at its default).
+
+METHODS: tuple[str, ...] = tuple(m.name for m in RECORDS)
+"""The method names, in the order tables list them."""
+
+BASELINE = "hsdp-adamw"
+"""The full-synchronization method that targets and speed-ups are measured against."""
+
+_BY_NAME = {m.name: m for m in RECORDS}
 
 
-def _check_method(method: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"method={method!r} is unknown; use one of {', '.join(METHODS)}.")
-
-
-def method_uses_sharding(method: str) -> bool:
-    """Whether ``method`` expects the model wrapped by :func:`parallelize` (FSDP2)."""
-    _check_method(method)
-    return method != "demo"
-
-
-def method_uses_inter_all_reduce(method: str) -> bool:
-    """Whether ``method`` keeps FSDP2's inter-node gradient all-reduce on."""
-    _check_method(method)
-    return method == "hsdp-adamw"
-
-
-def _make_replicator(method: str, **knobs: Any) -> Replicator:
-    """The replicator of FlexDeMo ``method``, built from the knobs it takes (others ignored)."""
-    recipe = _RECIPES[method]
-    return recipe.replicator(**{k: knobs[k] for k in recipe.knobs if k in knobs})
-
-
-def _replication_group(method: str, mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
-    if method == "demo":
-        # Unsharded: every rank is a replica. The mesh's replicate group is the world when
-        # its shard dim has size 1 (or there is no mesh: the default group).
-        if mesh is not None and mesh.size(1) == 1:
-            return replicate_group(mesh)
-        return dist.group.WORLD
-    return None if mesh is None else replicate_group(mesh)
-
-
-def _node_group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
-    """The ranks of this rank's node, which Ada's spread is summed over (None: one rank each)."""
-    return None if mesh is None or mesh.size(1) == 1 else shard_group(mesh)
-
-
-def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: float | None = None,
-                    *, topk: int | None = None, chunk: int = 64, decay: float = 0.999,
-                    value_dtype: torch.dtype = torch.bfloat16, weight_decay: float = 0.0,
-                    sign: bool | None = None, base: str | None = None, replicate_every: int = 1,
-                    skip_every: int | None = None, rate: float = 0.1, seed: int = 42,
-                    diloco_h: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                    betas: tuple[float, float] = (0.9, 0.999),
-                    eps: float = 1e-8, chunking: str | None = None,
-                    value_format: str | None = None,
-                    graph: str = "ring", ada_every: int = DEFAULT_EVERY,
-                    ada_high: float = DEFAULT_HIGH,
-                    ada_low: float = DEFAULT_LOW) -> torch.optim.Optimizer:
-    """Return the optimizer implementing ``method`` for ``model`` on ``mesh``.
-
-    Sharded methods expect ``parallelize(model, mesh, method_uses_inter_all_reduce(method))``
-    to have run. ``hsdp-adamw`` is ``torch.optim.AdamW``: FSDP2's all-reduce averages the
-    gradients across nodes. ``demo`` expects an unsharded model; every rank is a replica.
-    ``mesh=None`` for the other methods means no sharding, the default group as replicas.
-    ``lr=None`` takes ``DEFAULT_LR``; ``topk``, ``chunking`` and ``value_format`` left None take
-    the method's ``DEFAULT_KNOBS`` (``resolve_knobs``). Each knob keeps its name from the run
-    config to the replicator class; knobs a method does not take are ignored. ``ada`` also
-    gets the mesh's shard group, over which the ranks of a node agree on the measured spread.
-    """
-    _check_method(method)
-    lr = DEFAULT_LR[method] if lr is None else lr
-    if method == "hsdp-adamw":
-        if mesh is None:
-            raise ValueError("method='hsdp-adamw' needs a (replicate, shard) mesh, got None.")
-        return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
-                                 weight_decay=weight_decay)
-    topk, chunking, value_format = resolve_knobs(method, topk, chunking, value_format,
-                                                 value_dtype)
-    knobs = {"topk": topk, "chunk": chunk, "decay": decay, "value_dtype": value_dtype,
-             "value_format": value_format, "chunking": chunking,
-             "replicate_every": replicate_every, "skip_every": skip_every, "rate": rate,
-             "seed": seed, "diloco_h": diloco_h, "outer_lr": outer_lr,
-             "outer_momentum": outer_momentum, "graph": graph, "ada_every": ada_every,
-             "ada_high": ada_high, "ada_low": ada_low, "node_group": _node_group(mesh)}
-    replicator = _make_replicator(method, **knobs)
-    return FlexDeMo(model.parameters(), lr=lr, weight_decay=weight_decay,
-                    sign=sign if _RECIPES[method].takes_sign else None, replicator=replicator,
-                    replication_group=_replication_group(method, mesh), base=base,
-                    betas=betas, eps=eps)
+def method_record(name: str) -> Method:
+    """The record of method ``name`` (ValueError, one sentence, naming the known ones)."""
+    check(name in _BY_NAME, f"method={name!r} is unknown; use one of {', '.join(METHODS)}.")
+    return _BY_NAME[name]

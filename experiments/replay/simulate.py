@@ -33,6 +33,7 @@ from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.report.metrics import time_to_target
 from flexdemo.graphs import degree_of, graph_problem, period
+from flexdemo.methods import RECORDS
 from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import Replay, algorithm_summary, simulate
@@ -42,7 +43,8 @@ log = logging.getLogger(__name__)
 __all__ = ["RecordedRun", "simulate_run", "read_run", "gossip_degrees", "loss_on_time_axis",
            "configure", "main"]
 
-GOSSIP_METHODS = ("gossip", "ada")  # methods whose traffic is messages to graph neighbours
+# Methods whose traffic is messages to graph neighbours.
+GOSSIP_METHODS = tuple(m.name for m in RECORDS if m.gossips)
 
 
 @dataclass(frozen=True)
@@ -82,12 +84,13 @@ def _read(run_dir: Path, name: str, reader: Callable[[Path], Any]) -> Any:
 
 
 def _recorded_config(run_dir: Path, meta: Any) -> RunConfig:
-    """run.json's config as a RunConfig; keys of settings an older version had are left out."""
+    """run.json's config as a RunConfig: settings an older version had, and knobs the method
+    does not read (older runs listed every knob for every method), are left out."""
     recorded = meta.get("config") if isinstance(meta, dict) else None
     if not isinstance(recorded, dict):
         raise ConfigError(f"{str(run_dir / 'run.json')!r} has no config table; is it a run?")
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    return RunConfig.from_dict({k: v for k, v in recorded.items() if k in names})
+    return RunConfig.from_stored({k: v for k, v in recorded.items() if k in names})
 
 
 @lru_cache(maxsize=4096)

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.config import RunConfig, parse_overrides
+from experiments.config import RunConfig, parse_overrides, shared_for
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import check_output_file
 from experiments.replay.simulate import RecordedRun, read_run, simulate_run
@@ -86,7 +86,7 @@ def validate(
                          work_dir / f"{method}-recording-{k}", quiet=True)
             recorded[method].append(read_run(out))  # read once, replayed at every point
             continue
-        cfg = base.replace(method=method, inter_bw=bw, inter_lat=lat, shaping=shaping)
+        cfg = _for_method(base, method, inter_bw=bw, inter_lat=lat, shaping=shaping)
         out = launch(cfg, work_dir / f"{method}-{bw}-{lat}", quiet=True)
         measured = median_step_time(pd.read_parquet(out / "steps.parquet")["wall_time_s"], warmup)
         predictions = sorted(
@@ -107,9 +107,15 @@ def validate(
 def _recording_config(base: RunConfig, method: str, shaping: str) -> RunConfig:
     """A recording run: unshaped, or for kernel shaping through the namespaces on a fast link."""
     if shaping == "kernel":
-        return base.replace(method=method, inter_bw=KERNEL_RECORDING_BW, inter_lat="0ms",
-                            shaping="kernel")
-    return base.replace(method=method, inter_lat="0ms", shaping="off")
+        return _for_method(base, method, inter_bw=KERNEL_RECORDING_BW, inter_lat="0ms",
+                           shaping="kernel")
+    return _for_method(base, method, inter_lat="0ms", shaping="off")
+
+
+def _for_method(base: RunConfig, method: str, **changes: Any) -> RunConfig:
+    """`base` with `changes` as `method` runs it: --set knobs it does not read are left out."""
+    return RunConfig.from_dict(shared_for(method, {**base.to_dict(), "method": method,
+                                                   **changes}))
 
 
 def _point_row(cfg: RunConfig, measured: float, predictions: list[float],
@@ -194,7 +200,7 @@ def _check_arguments(args: argparse.Namespace) -> dict[str, str]:
         args.inter_lat = list(DEFAULT_LATENCIES) if wall else ["0ms"]
     settings = parse_overrides(args.set)
     for method in args.methods:
-        base = RunConfig(method=method, workload=args.workload).replace(**settings)
+        base = _for_method(RunConfig(workload=args.workload).replace(**settings), method)
         for bw in args.inter_bw:
             for lat in args.inter_lat:  # each shaped run's network, as it will be launched
                 shaped = base.replace(inter_bw=bw, inter_lat=lat, shaping=args.shaping)

@@ -22,12 +22,14 @@ import numpy as np
 import pandas as pd
 
 from experiments.report import metrics
+from flexdemo.methods import RECORDS
 
 __all__ = ["ADAPTIVE", "PERMUTATIONS", "ada_verdicts", "correlations", "graphs_markdown",
            "has_graph_units", "plot_loss_vs_degree", "plot_loss_vs_variance",
            "plot_time_to_target_by_graph", "spearman", "unit_table"]
 
-ADAPTIVE = "ada"  # the adaptive-graph method: compared with every fixed graph
+# The adaptive-graph method (the record that adapts its graph): compared with every fixed graph.
+ADAPTIVE = next(m.name for m in RECORDS if m.adapts)
 PERMUTATIONS = 10_000  # for the p-values; with a fixed seed, so the summary is reproducible
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 

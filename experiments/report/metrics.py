@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-BASELINE = "hsdp-adamw"
+from flexdemo.methods import BASELINE
+
 TARGET_MARGIN = 0.02
 
 __all__ = [

@@ -28,14 +28,16 @@ _VAL_BATCHES = 8
 
 
 def resolve(cfg: RunConfig, workload: Workload) -> RunConfig:
-    """Fill the run's None fields with the workload's and method's defaults."""
-    topk, chunking, value_format = cfg.knobs()
+    """Fill the run's None fields with the workload's and method's defaults (run.json's values).
+
+    Every knob the method reads gets its value; the others stay None.
+    """
     return cfg.replace(
-        topk=topk, chunking=chunking, value_format=value_format,
+        **cfg.knob_values(),
         steps=cfg.steps or workload.default_steps,
         batch_size=cfg.batch_size or workload.default_batch_size,
         eval_every=cfg.eval_every or workload.default_eval_every,
-        lr=cfg.lr or flexdemo.DEFAULT_LR[cfg.method],
+        lr=cfg.lr or cfg.record.lr,
     )
 
 
@@ -51,27 +53,20 @@ def _build(cfg: RunConfig, workload: Workload, device: torch.device):
     """Model (sharded or not) and optimizer for the run's method."""
     torch.manual_seed(cfg.seed)  # same init on every rank
     model = workload.model().to(device)
-    knobs = dict(
-        topk=cfg.topk, chunk=cfg.chunk, decay=cfg.decay, weight_decay=cfg.weight_decay,
-        sign=cfg.sign, value_dtype=torch.bfloat16 if cfg.value_dtype == "bf16" else torch.float32,
-        diloco_h=cfg.diloco_h, outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum,
-        replicate_every=cfg.replicate_every, seed=cfg.seed, chunking=cfg.chunking,
-        value_format=cfg.value_format, graph=cfg.graph, ada_every=cfg.ada_every,
-        ada_high=cfg.ada_high, ada_low=cfg.ada_low,
-    )
-    if flexdemo.method_uses_sharding(cfg.method):
+    record = cfg.record
+    if record.shards:
         mesh = flexdemo.build_mesh(
             cfg.nodes, cfg.gpus_per_node, device_type=device.type, backend=shaping.BACKEND
         )
-        flexdemo.parallelize(
-            model, mesh, inter_all_reduce=flexdemo.method_uses_inter_all_reduce(cfg.method)
-        )
+        flexdemo.parallelize(model, mesh, inter_all_reduce=record.inter_all_reduce)
     else:
         # Original DeMo: no sharding, every rank is a replica, so the replicate dim spans the
         # world; netsim still sees which of its ranks share a node.
         mesh = flexdemo.build_mesh(cfg.world_size, 1, device_type=device.type,
                                    backend=shaping.BACKEND)
-    opt = flexdemo.build_optimizer(cfg.method, model, mesh, lr=cfg.lr, **knobs)
+    opt = flexdemo.build_optimizer(cfg.method, model, mesh, lr=cfg.lr,
+                                   weight_decay=cfg.weight_decay, seed=cfg.seed,
+                                   **cfg.given_knobs())
     return model, opt, mesh
 
 
@@ -110,6 +105,21 @@ def _evaluate(model: torch.nn.Module, workload: Workload, batches: list,
     bad = torch.tensor([first_bad_step], dtype=torch.float64)
     dist.all_reduce(bad, op=dist.ReduceOp.MIN)
     return val.item() / dist.get_world_size(), bad.item()
+
+
+def _evaluate_into(row: dict, model: torch.nn.Module, workload: Workload, batches: list,
+                   first_bad_step: float, mesh) -> int | None:
+    """Fill ``row``'s validation loss and replica spread; the step the run diverged at, if any.
+
+    Collective on every rank, so all ranks agree on the divergence and stop at the same step.
+    """
+    row["val_loss"], bad = _evaluate(model, workload, batches, first_bad_step)
+    # Its replica-group all-reduce is recorded under the eval phase the caller set.
+    row["replica_variance"], row["consensus_distance"] = flexdemo.replica_spread(
+        model.parameters(), flexdemo.replicate_group(mesh))
+    if math.isfinite(bad):
+        return int(bad)
+    return None if math.isfinite(row["val_loss"]) else row["step"]
 
 
 def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
@@ -166,15 +176,10 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
         if step % cfg.eval_every == 0 or step == cfg.steps:
             recorder.set_phase(EVAL)  # evaluation traffic is its own phase, left out
             e0 = shaping.clock()
-            row["val_loss"], bad = _evaluate(model, workload, val, first_bad)
-            # Its replica-group all-reduce is recorded under the eval phase set above.
-            row["replica_variance"], row["consensus_distance"] = flexdemo.replica_spread(
-                model.parameters(), flexdemo.replicate_group(mesh))
+            result.diverged_step = _evaluate_into(row, model, workload, val, first_bad, mesh)
             eval_s += shaping.clock() - e0
             beat(step)
             bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{row['val_loss']:.3f}")
-            if math.isfinite(bad) or not math.isfinite(row["val_loss"]):
-                result.diverged_step = int(bad) if math.isfinite(bad) else step
         elif step % 10 == 0:
             bar.set_postfix(loss=f"{loss_value:.3f}")
         result.steps.append(row)

@@ -16,20 +16,22 @@ from typing import Any
 import pandas as pd
 
 from experiments.sweep.plan import Unit
+from flexdemo.methods import RECORDS
 from netsim.trace import TRAIN
 
 __all__ = ["GRAPH_METHODS", "SPREAD_COLUMNS", "graph_label", "mean_degree", "run_columns",
            "unit_columns"]
 
-# Methods whose `graph` setting says who talks to whom; Ada's adaptive graph joins when merged.
-GRAPH_METHODS = ("gossip",)
+# Methods whose `graph` setting says who talks to whom (those that read the graph knob); Ada's
+# adaptive graph joins when merged.
+GRAPH_METHODS = tuple(m.name for m in RECORDS if "graph" in m.takes)
 
 SPREAD_COLUMNS = ("replica_variance", "consensus_distance")
 
 
 def graph_label(unit: Unit) -> str | None:
     """The unit's gossip graph, or None when its method has no fixed graph."""
-    return unit.config.graph if unit.method in GRAPH_METHODS else None
+    return unit.config.knob_values()["graph"] if unit.method in GRAPH_METHODS else None
 
 
 def unit_columns(unit: Unit) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.config import RunConfig
+from experiments.config import RunConfig, shared_for
 from experiments.errors import ConfigError
 from experiments.sweep.spec import (
     NetworkPoint,
@@ -92,7 +92,9 @@ def _unit(
     label = knob_label(knobs)
     base = f"{method}{'-' + label if label else ''}-s{seed}"
     unit_id = slug(base if network is None else f"{base}-{network.slug}")
-    changes: dict[str, Any] = {**cfg.run.to_dict(), **knobs, "method": method, "seed": seed}
+    # [run] knobs apply to the methods that read them; [grid.knobs.<method>] are that method's.
+    shared = shared_for(method, cfg.run.to_dict())
+    changes: dict[str, Any] = {**shared, **knobs, "method": method, "seed": seed}
     if network is None:
         changes.update(shaping="off", inter_bw=None)
     else:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from experiments.config import METHODS, RunConfig, parse_overrides
 from experiments.errors import ConfigError
 from experiments.sweep.executors import EXECUTORS
+from flexdemo.methods import BASELINE
 
 if TYPE_CHECKING:
     from netsim.topology import Link
@@ -131,9 +132,9 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
         target=target, target_fraction=fraction, validate=validate, timeout_s=timeout,
         executor=executor, raw=raw,
     )
-    if target is None and "hsdp-adamw" not in methods:
-        raise ConfigError("without [target] val_loss the target comes from hsdp-adamw; add "
-                          "'hsdp-adamw' to grid.methods or set target.val_loss.")
+    if target is None and BASELINE not in methods:
+        raise ConfigError(f"without [target] val_loss the target comes from {BASELINE}; add "
+                          f"{BASELINE!r} to grid.methods or set target.val_loss.")
     return cfg
 
 def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int],

@@ -1,6 +1,7 @@
 """Replicators: how the shard gradients of one replica are exchanged with the other replicas.
 
-One class per scheme, each owning its knobs and its schedule (``replicates_on(step)``):
+One class per scheme, each owning its knobs (``knobs_type``, a schema of
+:mod:`flexdemo.knobs`) and its schedule (``replicates_on(step)``):
 
 - ``demo.py``: :class:`DeMoReplicator`, top-k DCT coefficients of a decoupled momentum
   (``blocks.py`` holds its batched block transform and momentum).
@@ -13,7 +14,9 @@ One class per scheme, each owning its knobs and its schedule (``replicates_on(st
   the replica spread it measures (``sampled_spread.py``) every few rounds.
 - ``diloco.py``: :class:`DiLoCoReplicator`, local steps and a periodic outer Nesterov step.
 
-A new scheme is one subclass of :class:`Replicator` (``base.py``) and one entry in ``REPLICATORS``.
+A new scheme is one subclass of :class:`Replicator` (``base.py``), its knobs in
+:mod:`flexdemo.knobs` and one entry in ``REPLICATORS``; a named method using it is one record in
+:mod:`flexdemo.methods`.
 """
 
 from __future__ import annotations

@@ -50,29 +50,11 @@ import torch
 
 from .._checks import check, int_at_least
 from ..graphs import graph_ladder
+from ..knobs import AdaKnobs, check_ada_thresholds
 from ..wire import CommStats
 from .base import Group
 from .gossip import GossipReplicator
 from .sampled_spread import SampledSpread
-
-# From lm-tiny, 4 nodes x 1, constant lr 1e-3 (benchmarks/bench_ada.py spread, README "Ada"):
-# before mixing the complete graph reads 2.4e-3 early to 4.3e-3 late, ring 3.6e-3 to 7.3e-3.
-# The band is a factor-2 budget around the exact average's ~4e-3: above 1.5x of it, buy edges;
-# below ~0.75x, the replicas agree well enough to save some. The spread scales with the lr
-# (a local step moves each replica by about lr per entry), so other settings re-tune both.
-DEFAULT_EVERY = 10
-DEFAULT_HIGH = 6e-3
-DEFAULT_LOW = 3e-3
-SAMPLE = 4096
-
-
-def check_thresholds(high: object, low: object) -> None:
-    """Raise ValueError (one sentence) unless ``0 <= low < high`` are finite numbers."""
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                  for v in (high, low))
-    check(numbers and 0 <= low < high,
-          f"ada_low={low!r} and ada_high={high!r} must be finite numbers with "
-          "0 <= ada_low < ada_high.")
 
 
 class AdaRule:
@@ -83,11 +65,11 @@ class AdaRule:
     (every ``every``-th, never round 0) and moves at most one rung then.
     """
 
-    def __init__(self, rungs: int, every: int = DEFAULT_EVERY, high: float = DEFAULT_HIGH,
-                 low: float = DEFAULT_LOW) -> None:
+    def __init__(self, rungs: int, every: int = AdaKnobs.ada_every,
+                 high: float = AdaKnobs.ada_high, low: float = AdaKnobs.ada_low) -> None:
         int_at_least("rungs", rungs, 1)
         int_at_least("ada_every", every, 1)
-        check_thresholds(high, low)
+        check_ada_thresholds(high, low)
         self.rungs, self.every, self.high, self.low = rungs, every, high, low
         self.rung = rungs - 1  # densest first: replicas drift apart fastest early
         self.last_spread = math.nan
@@ -115,32 +97,22 @@ class AdaRule:
 class AdaReplicator(GossipReplicator):
     """Gossip whose graph follows the measured replica spread (the rule: module docstring).
 
-    Args:
-        ada_every: gossip rounds between measurements (K); the graph changes at most this often.
-        ada_high: relative consensus distance above which the graph moves one rung denser.
-        ada_low: distance below which it moves one rung sparser (``0 <= ada_low < ada_high``).
-        seed: draws the sampled entries (the same on every replica).
-        node_group: the ranks of this rank's node (FSDP2's shard group), over which the shards'
-            spreads are summed; None when every node is one rank.
-        replicate_every: gossip only on steps divisible by this.
-        sample: entries of the local shard the spread is measured on.
-
-    ``graph`` is the graph of the latest round (None before setup and on one node),
-    ``ladder`` the rungs, ``rule`` the :class:`AdaRule` with the ``rung`` and ``last_spread``.
+    Knobs: :class:`flexdemo.knobs.AdaKnobs` (``ada_every``, ``ada_high``, ``ada_low``,
+    ``ada_sample``, ``seed``, ``replicate_every``). ``node_group`` is the ranks of this rank's
+    node (FSDP2's shard group), over which the shards' spreads are summed; None when every node
+    is one rank. ``graph`` is the graph of the latest round (None before setup and on one
+    node), ``ladder`` the rungs, ``rule`` the :class:`AdaRule` with ``rung`` and ``last_spread``.
     """
 
     name = "ada"
+    knobs_type = AdaKnobs
+    uses_node_group = True
 
-    def __init__(self, ada_every: int = DEFAULT_EVERY, ada_high: float = DEFAULT_HIGH,
-                 ada_low: float = DEFAULT_LOW, seed: int = 0, node_group: Group = None,
-                 replicate_every: int = 1, sample: int = SAMPLE) -> None:
-        int_at_least("ada_every", ada_every, 1)
-        check_thresholds(ada_high, ada_low)
-        int_at_least("sample", sample, 1)
-        super().__init__(graph="complete", replicate_every=replicate_every)
-        self.every, self.high, self.low = ada_every, ada_high, ada_low
-        self.seed, self.node_group, self.sample = seed, node_group, sample
-        self.graph: str | None = None  # known once setup has the node count
+    def __init__(self, knobs: AdaKnobs | None = None, *, node_group: Group = None,
+                 **given: object) -> None:
+        super().__init__(knobs, **given)
+        self.node_group = node_group
+        self.graph = None  # known once setup has the node count
         self.ladder: list[str] = []
         self.rule: AdaRule | None = None
 
@@ -148,10 +120,10 @@ class AdaReplicator(GossipReplicator):
         """Build the ladder for ``ranks`` nodes, start on its top and draw the sample."""
         self.ladder = graph_ladder(ranks)
         if self.ladder:
-            self.rule = AdaRule(len(self.ladder), self.every, self.high, self.low)
+            self.rule = AdaRule(len(self.ladder), self.ada_every, self.ada_high, self.ada_low)
             self.graph = self.ladder[self.rule.rung]
         super().setup(params, group, ranks)
-        self.probe = SampledSpread(params, self.sample, self.seed)
+        self.probe = SampledSpread(params, self.ada_sample, self.seed)
 
     def after_update(self, params: list[torch.Tensor], stats: CommStats) -> None:
         """Measure and move on a due round, then gossip on the round's graph."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+import dataclasses
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
-from .._checks import check, int_at_least
+from .._checks import check
+from ..knobs import Knobs, ScheduleKnobs
 from ..wire import CommStats, all_reduce_bytes
 
 Group = dist.ProcessGroup | None
@@ -20,14 +22,20 @@ class Replicator:
     asks :meth:`replicates_on`; on those steps it calls :meth:`replicate` before the base step
     and :meth:`after_update` after it, on the others :meth:`accumulate`. Every collective goes
     over ``group`` (one rank per node) and is recorded in the ``CommStats`` it is handed.
-    A new scheme is one subclass: set ``name``, override the hooks it needs.
+    A new scheme is one subclass: set ``name`` and ``knobs_type``, override the hooks it needs.
 
-    Args:
-        replicate_every: replicate only on steps divisible by this.
-        skip_every: and never on steps divisible by this (None: skip none).
+    Its knobs are a ``knobs_type`` (:mod:`flexdemo.knobs`), handed in whole or by name over
+    their defaults (``DeMoReplicator(topk=8)``); building checks them once and sets each as an
+    attribute of the same name. The base schema is the schedule: ``replicate_every`` and
+    ``skip_every`` (replicate only on steps divisible by the first, never on those divisible
+    by the second).
     """
 
     name: ClassVar[str] = "base"
+    # The schema of this scheme's knobs: the one place their defaults and checks are written.
+    knobs_type: ClassVar[type[Knobs]] = ScheduleKnobs
+    # True when the builder must hand in node_group (the ranks of this rank's node).
+    uses_node_group: ClassVar[bool] = False
     # The base step and whether it takes the sign of the update, when the optimizer is not told.
     default_base: ClassVar[str] = "sign"
     default_sign: ClassVar[bool] = True
@@ -38,20 +46,28 @@ class Replicator:
     # built from lr * grad): a base step without sign then must not multiply by lr again.
     lr_in_update: ClassVar[bool] = False
 
-    def __init__(self, replicate_every: int = 1, skip_every: int | None = None) -> None:
-        int_at_least("replicate_every", replicate_every, 1)
-        check(skip_every is None or (isinstance(skip_every, int) and skip_every >= 1),
-              f"skip_every={skip_every!r} must be None or an integer >= 1.")
-        self.replicate_every, self.skip_every = replicate_every, skip_every
+    def __init__(self, knobs: Knobs | None = None, **given: Any) -> None:
+        """Build from ``knobs`` (a ``knobs_type``; None: its defaults) with ``given`` replaced."""
+        base = self.knobs_type() if knobs is None else knobs
+        check(isinstance(base, self.knobs_type),
+              f"knobs={base!r} must be a {self.knobs_type.__name__} for {type(self).__name__}.")
+        self.knobs = base.with_given(given)
+        for f in dataclasses.fields(self.knobs):
+            setattr(self, f.name, getattr(self.knobs, f.name))
+        # Schemes without a schedule knob replicate on every step.
+        self.replicate_every: int = getattr(self.knobs, "replicate_every", 1)
+        self.skip_every: int | None = getattr(self.knobs, "skip_every", None)
         self.group: Group = None
         self.ranks = 1
 
     @classmethod
     def from_reference(cls, *, topk: int | None = None, chunk: int | None = None,
-                       decay: float | None = None,
-                       value_dtype: torch.dtype | None = None) -> Replicator:
-        """Build from the reference call's ``compression_*`` knobs (those this scheme has)."""
-        return cls()
+                       decay: float | None = None, value_dtype: torch.dtype | None = None,
+                       chunking: str | None = None) -> Replicator:
+        """Build from the reference call's ``compression_*`` knobs (those this scheme reads)."""
+        given = {"topk": topk, "chunk": chunk, "decay": decay, "value_dtype": value_dtype,
+                 "chunking": chunking}
+        return cls(**{k: v for k, v in given.items() if k in cls.knobs_type.names()})
 
     def replicates_on(self, step: int) -> bool:
         """Whether the 1-based optimizer step ``step`` communicates."""

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .._checks import check, float_dtype, in_unit_interval, int_at_least
-from ..chunking import CHUNKINGS, BlockLayout
+from ..chunking import BlockLayout
 from ..codec import topk_encode
 from ..formats import make_format
+from ..knobs import DeMoKnobs
 from ..wire import CommStats, all_gather_bytes, pack, plan_bucket, unpack
 from .base import Group, Replicator, copy_state
 from .blocks import BlockGroup
@@ -47,58 +48,24 @@ class DeMoReplicator(Replicator):
         decode_mean       mean over the replicas that sent a coefficient, inverse DCT
     The optimizer's base then takes the sign step.
 
-    Args:
-        topk: coefficients kept per chunk. Block mode clamps it to the block's elements; flat
-            mode refuses a ``topk`` above ``chunk`` and, like the reference, clamps it where a
-            tensor's chunk (the largest divisor of its size not above ``chunk``) is shorter.
-        chunk: chunk side; each dimension uses its largest divisor not above it.
-        decay: momentum decay in [0, 1).
-        value_dtype: dtype of the values on the wire (float32 reproduces DeMo's figures), with
-            int16 indices: today's layout. Used when ``value_format`` is None.
-        value_format: a wire format of ``flexdemo.formats.VALUE_FORMATS`` ("fp32", "bf16",
-            "bf16-packed", "int8", "int2", "sign", ...); the compact ones bit-pack the indices.
-            What a format loses stays in the momentum (error feedback).
-        chunking: "block" cuts each shard (as a matrix) into 2-D chunk x chunk DCT blocks;
-            "flat" cuts the flattened shard into 1-D chunks of ``chunk`` elements, as the
-            reference does on FSDP1's flat shards.
-        replicate_every / skip_every: the schedule (see :class:`Replicator`). Off-schedule
-            steps apply the local gradient and, as in the reference, leave the momentum alone.
-        fold_skipped: fold an off-schedule step's gradient into the momentum as well (so it is
-            applied now and sent again later: this toolkit's behaviour before it followed the
-            reference).
+    Knobs: :class:`flexdemo.knobs.DeMoKnobs` (``topk``, ``chunk``, ``decay``, ``chunking``,
+    ``value_format`` or its alias ``value_dtype``, the schedule, ``fold_skipped``). Block
+    chunking clamps ``topk`` to a block's elements; flat chunking refuses a ``topk`` above
+    ``chunk`` and, like the reference, clamps it where a tensor's chunk (the largest divisor of
+    its size not above ``chunk``) is shorter. ``value_format`` "fp32" and "bf16" are today's
+    layout (int16 indices; fp32 reproduces DeMo's figures); the compact formats bit-pack the
+    indices, and what a format loses stays in the momentum (error feedback). Off-schedule steps
+    apply the local gradient and, as in the reference, leave the momentum alone.
     """
 
     name = "demo"
+    knobs_type = DeMoKnobs
     owns_updates = True
     lr_in_update = True
 
-    def __init__(self, topk: int = 32, chunk: int = 64, decay: float = 0.999,
-                 value_dtype: torch.dtype = torch.bfloat16, replicate_every: int = 1,
-                 skip_every: int | None = None, *, value_format: str | None = None,
-                 chunking: str = "block", fold_skipped: bool = False) -> None:
-        super().__init__(replicate_every, skip_every)
-        int_at_least("topk", topk, 1)
-        int_at_least("chunk", chunk, 1)
-        in_unit_interval("decay", decay, closed_low=True, closed_high=False)
-        float_dtype("value_dtype", value_dtype)
-        check(chunking in CHUNKINGS,
-              f"chunking={chunking!r} is unknown; use one of {', '.join(CHUNKINGS)}.")
-        check(chunking != "flat" or topk <= chunk,
-              f"topk={topk} is larger than a flat chunk of chunk={chunk} elements; "
-              f"use topk <= {chunk} or chunking='block'.")
-        self.topk, self.chunk, self.decay, self.value_dtype = topk, chunk, decay, value_dtype
-        self.chunking, self.fold_skipped = chunking, fold_skipped
-        self.value_format = value_format
-        self.format = make_format(value_format, value_dtype)
-
-    @classmethod
-    def from_reference(cls, *, topk: int | None = None, chunk: int | None = None,
-                       decay: float | None = None, value_dtype: torch.dtype | None = None,
-                       chunking: str | None = None) -> Replicator:
-        """Build from the reference call's ``compression_*`` knobs (and ``chunking``)."""
-        given = {"topk": topk, "chunk": chunk, "decay": decay, "value_dtype": value_dtype,
-                 "chunking": chunking}
-        return cls(**{k: v for k, v in given.items() if v is not None})
+    def __init__(self, knobs: DeMoKnobs | None = None, **given: Any) -> None:
+        super().__init__(knobs, **given)
+        self.format = make_format(self.value_format)
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Group the shards' blocks by shape and plan the bucket every step sends."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..knobs import Knobs
 from ..wire import CommStats
 from .base import Replicator
 
@@ -23,6 +24,7 @@ class NoReplicator(Replicator):
     """Keep every replica on its own gradients: no inter-node traffic."""
 
     name = "none"
+    knobs_type = Knobs  # nothing is sent, so no schedule either
 
     def replicate(self, grads: list[torch.Tensor], lrs: list[float],
                   stats: CommStats) -> list[torch.Tensor]:

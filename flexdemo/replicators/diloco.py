@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from .._checks import check, in_unit_interval, int_at_least
+from ..knobs import DiLoCoKnobs
 from ..wire import CommStats
 from .base import Group, Replicator, copy_state
 
@@ -16,24 +18,17 @@ class DiLoCoReplicator(Replicator):
     ones) is averaged over the replicas in one all-reduce and drives an outer
     ``torch.optim.SGD(nesterov=True)`` step from the synchronised parameters, as torchft does;
     every replica then continues from the result. The inner optimizer is the base (AdamW, no sign).
-
-    Args:
-        diloco_h: inner steps between synchronisations (DiLoCo's H).
-        outer_lr / outer_momentum: the outer Nesterov SGD.
+    Knobs: :class:`flexdemo.knobs.DiLoCoKnobs` (``diloco_h``, ``outer_lr``, ``outer_momentum``).
     """
 
     name = "diloco"
+    knobs_type = DiLoCoKnobs
     default_base = "adamw"
     default_sign = False
 
-    def __init__(self, diloco_h: int = 50, outer_lr: float = 0.7,
-                 outer_momentum: float = 0.9) -> None:
-        int_at_least("diloco_h", diloco_h, 1)
-        super().__init__(replicate_every=diloco_h)
-        check(isinstance(outer_lr, (int, float)) and outer_lr > 0,
-              f"outer_lr={outer_lr!r} must be a number > 0.")
-        in_unit_interval("outer_momentum", outer_momentum, closed_low=True, closed_high=False)
-        self.diloco_h, self.outer_lr, self.outer_momentum = diloco_h, outer_lr, outer_momentum
+    def __init__(self, knobs: DiLoCoKnobs | None = None, **given: Any) -> None:
+        super().__init__(knobs, **given)
+        self.replicate_every = self.diloco_h  # synchronise every H steps
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Remember the starting point and build the outer optimizer over it."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
-from .._checks import check
-from ..graphs import GRAPHS, check_graph, degree_of, weights
+from ..graphs import check_graph, degree_of, weights
+from ..knobs import GossipKnobs
 from ..wire import CommStats
 from .base import Group, Replicator
 
@@ -21,20 +23,16 @@ class GossipReplicator(Replicator):
     shard is row i of the mixing matrix applied to the replicas: ``w_ii x_i + sum_j w_ij x_j``.
     Under FSDP2 each rank gossips its shard with the same-index ranks of the neighbour nodes,
     which is what the replication group (one rank per node) connects.
-
-    Args:
-        graph: one of :data:`flexdemo.graphs.GRAPHS`.
-        replicate_every: gossip only on steps divisible by this.
+    Knobs: :class:`flexdemo.knobs.GossipKnobs` (``graph``, ``replicate_every``).
     """
 
     name = "gossip"
+    knobs_type = GossipKnobs
     default_base = "adamw"
     default_sign = False
 
-    def __init__(self, graph: str = "ring", replicate_every: int = 1) -> None:
-        check(graph in GRAPHS, f"graph={graph!r} is unknown; use one of {', '.join(GRAPHS)}.")
-        super().__init__(replicate_every=replicate_every)
-        self.graph = graph
+    def __init__(self, knobs: GossipKnobs | None = None, **given: Any) -> None:
+        super().__init__(knobs, **given)
         self.rounds = 0  # gossip rounds so far: selects a time-varying graph's peer
         self.node = 0
 

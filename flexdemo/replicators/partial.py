@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from .._checks import in_unit_interval, int_at_least
 from ..chunking import largest_divisor_at_most, matrix_shape
+from ..knobs import PartialKnobs, RandomKnobs, StridingKnobs
 from ..wire import CommStats
 from .base import Group, Replicator, copy_state
 
@@ -25,24 +25,12 @@ class _DeltaReplicator(Replicator):
 
     Off-schedule steps (``replicate_every``, ``skip_every``) apply the local gradient and leave
     delta alone, as the reference does; ``fold_skipped=True`` folds it into delta as well.
+    Knobs: :class:`flexdemo.knobs.PartialKnobs` (``rate``, ``decay``, the schedule).
     """
 
+    knobs_type = PartialKnobs
     owns_updates = True
     lr_in_update = True
-
-    def __init__(self, rate: float = 0.1, decay: float = 0.999, replicate_every: int = 1,
-                 skip_every: int | None = None, *, fold_skipped: bool = False) -> None:
-        super().__init__(replicate_every, skip_every)
-        in_unit_interval("rate", rate, closed_low=False, closed_high=True)
-        in_unit_interval("decay", decay, closed_low=True, closed_high=False)
-        self.rate, self.decay, self.fold_skipped = rate, decay, fold_skipped
-
-    @classmethod
-    def from_reference(cls, *, topk: int | None = None, chunk: int | None = None,
-                       decay: float | None = None,
-                       value_dtype: torch.dtype | None = None) -> Replicator:
-        """Build from the reference call's ``compression_decay``."""
-        return cls() if decay is None else cls(decay=decay)
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Allocate the momentum."""
@@ -112,12 +100,7 @@ class RandomReplicator(_DeltaReplicator):
     """
 
     name = "random"
-
-    def __init__(self, rate: float = 0.1, decay: float = 0.999, seed: int = 42,
-                 replicate_every: int = 1, skip_every: int | None = None, *,
-                 fold_skipped: bool = False) -> None:
-        super().__init__(rate, decay, replicate_every, skip_every, fold_skipped=fold_skipped)
-        self.seed = seed
+    knobs_type = RandomKnobs
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Allocate the momentum and seed the row draws."""
@@ -164,22 +147,11 @@ class StridingReplicator(_DeltaReplicator):
     """
 
     name = "striding"
+    knobs_type = StridingKnobs
 
-    def __init__(self, rate: float = 0.1, decay: float = 0.999, chunk: int = 64,
-                 replicate_every: int = 1, skip_every: int | None = None, *,
-                 fold_skipped: bool = False) -> None:
-        super().__init__(rate, decay, replicate_every, skip_every, fold_skipped=fold_skipped)
-        int_at_least("chunk", chunk, 1)
-        self.chunk = chunk
+    def __init__(self, knobs: StridingKnobs | None = None, **given: object) -> None:
+        super().__init__(knobs, **given)
         self.counter = 0
-
-    @classmethod
-    def from_reference(cls, *, topk: int | None = None, chunk: int | None = None,
-                       decay: float | None = None,
-                       value_dtype: torch.dtype | None = None) -> Replicator:
-        """Build from the reference call's ``compression_decay`` and ``compression_chunk``."""
-        given = {"decay": decay, "chunk": chunk}
-        return cls(**{k: v for k, v in given.items() if v is not None})
 
     def _rows(self, d: torch.Tensor) -> torch.Tensor:
         n = largest_divisor_at_most(d.numel(), self.chunk)

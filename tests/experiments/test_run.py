@@ -38,7 +38,7 @@ STEPS = 4
         (["--inter-bw", "12 parsecs"], "bandwidth"),
         (["--set", "steps"], "key=value"),
         (["--set", "colour=blue"], "colour"),
-        (["--method", "gossip", "--set", "graph=star"], "unknown graph 'star'"),
+        (["--method", "gossip", "--set", "graph=star"], "graph='star' is unknown"),
         (["--method", "gossip", "--graph", "torus", "--nodes", "2"],
          "needs at least 4 nodes, got nodes=2"),
         (["--method", "gossip", "--graph", "torus", "--nodes", "5"],

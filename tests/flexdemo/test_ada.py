@@ -69,7 +69,7 @@ def test_rule_starts_densest_and_holds_on_nan():
                                          "with 0 <= ada_low < ada_high."),
     ({"ada_low": -1.0}, "ada_low=-1.0"),
     ({"ada_high": math.inf}, "ada_high=inf"),
-    ({"sample": 0}, "sample=0 must be a positive integer."),
+    ({"ada_sample": 0}, "ada_sample=0 must be a positive integer."),
 ])
 def test_bad_knobs_are_one_sentence(kwargs, words):
     with pytest.raises(ValueError) as err:
@@ -207,10 +207,11 @@ def test_flexbench_run_ada_writes_the_graph_column(tmp_path):
 
 
 @pytest.mark.parametrize(("flags", "words"), [
-    (["--method", "ada", "--nodes", "1"], "method='ada' needs at least 2 nodes"),
+    (["--method", "ada", "--nodes", "1"], "ada needs at least 2 nodes"),
     (["--method", "ada", "--ada-low", "0.2", "--ada-high", "0.1"],
-     "ada_low=0.2 and ada_high=0.1 must satisfy 0 <= ada_low < ada_high."),
-    (["--method", "ada", "--ada-every", "0"], "ada_every must be an integer >= 1"),
+     "ada_low=0.2 and ada_high=0.1 must be finite numbers with 0 <= ada_low < ada_high."),
+    (["--method", "ada", "--ada-every", "0"], "ada_every=0 must be a positive integer."),
+    (["--method", "ada", "--graph", "ring"], "method 'ada' does not read graph; it takes"),
 ])
 def test_bad_ada_settings_are_one_sentence_and_write_nothing(tmp_path, capsys, flags, words):
     assert main(["run", "--out", str(tmp_path / "run"), *flags]) == 2

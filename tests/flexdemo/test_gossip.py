@@ -80,7 +80,7 @@ def test_gossip_on_2_nodes_of_2_ranks_shards_inside_the_node():
 
 def _centralized(rank, world):
     for method in ("hsdp-adamw", "flexdemo"):
-        recorder, model, mesh, opt = shaped_world(rank, 2, 2, method, graph="ring")
+        recorder, model, mesh, opt = shaped_world(rank, 2, 2, method)
         try:
             for step in range(1, STEPS + 1):
                 train_step(model, opt, recorder, rank, step)

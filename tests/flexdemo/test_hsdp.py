@@ -9,8 +9,7 @@ from flexdemo import (
     build_mesh,
     build_optimizer,
     local_tensor,
-    method_uses_inter_all_reduce,
-    method_uses_sharding,
+    method_record,
     parallelize,
     replicate_group,
 )
@@ -62,11 +61,17 @@ def _replicas_identical(model, mesh):
 KNOBS = {"topk": 3, "chunk": 4, "diloco_h": 2, "rate": 0.5, "value_dtype": torch.float32}
 
 
+def _knobs(method):
+    """The shared test knobs that ``method`` reads (it refuses the others)."""
+    return {k: v for k, v in KNOBS.items() if k in method_record(method).takes}
+
+
 def _check_replicators(rank, mesh):
     for method in ("flexdemo", "random", "striding", "diloco", "none"):
-        assert method_uses_sharding(method) and not method_uses_inter_all_reduce(method)
+        record = method_record(method)
+        assert record.shards and not record.inter_all_reduce
         model = parallelize(Net(), mesh, inter_all_reduce=False)
-        opt = build_optimizer(method, model, mesh, lr=LR, **KNOBS)
+        opt = build_optimizer(method, model, mesh, lr=LR, **_knobs(method))
         start = [local_tensor(p.detach()).clone() for p in model.parameters()]
         for step in range(1, 5):
             _train_step(model, opt, step, rank)
@@ -101,7 +106,7 @@ class _CountAllReduce:
 
 
 def _check_hsdp_adamw(rank, mesh):
-    assert method_uses_inter_all_reduce("hsdp-adamw")
+    assert method_record("hsdp-adamw").inter_all_reduce
     model = parallelize(Net(), mesh, inter_all_reduce=True)
     opt = build_optimizer("hsdp-adamw", model, mesh, lr=LR)
     # Plain AdamW: FSDP2's all-reduce is what crosses nodes (netsim counts it in a run).
@@ -147,7 +152,7 @@ def _check_single_node(rank):
     # One node of four ranks: FSDP2 shards inside it and nothing crosses nodes.
     mesh = build_mesh(1, NODES * PER_NODE)
     model = parallelize(Net(), mesh, inter_all_reduce=False)
-    opt = build_optimizer("flexdemo", model, mesh, lr=LR, **KNOBS)
+    opt = build_optimizer("flexdemo", model, mesh, lr=LR, **_knobs("flexdemo"))
     before = [local_tensor(p.detach()).clone() for p in model.parameters()]
     for step in range(2):
         _train_step(model, opt, step, rank)

@@ -198,9 +198,12 @@ def test_schedules_belong_to_the_replicators():
     assert (opt.base.name, opt.sign) == ("adamw", False)  # DiLoCo's inner optimizer
 
 
-def test_diloco_inner_steps_are_plain_adamw_even_with_sign_knob():
-    opt = build_optimizer("diloco", _tiny(), None, lr=0.1, sign=True, diloco_h=7)
+def test_diloco_inner_steps_are_plain_adamw_and_refuse_the_sign_knob():
+    opt = build_optimizer("diloco", _tiny(), None, lr=0.1, diloco_h=7)
     assert (opt.base.name, opt.sign, opt.replicator.diloco_h) == ("adamw", False, 7)
+    with pytest.raises(ValueError, match="^method 'diloco' does not read sign; it takes "
+                                         "diloco_h, outer_lr, outer_momentum, base.$"):
+        build_optimizer("diloco", _tiny(), None, lr=0.1, sign=True, diloco_h=7)
     opt = build_optimizer("demo", _tiny(), None, lr=0.1, topk=5)
     assert (opt.base.name, opt.sign, opt.replicator.topk) == ("sign", True, 5)
 
@@ -256,9 +259,17 @@ def _flat_tensors(state):
 
 
 def test_method_defaults_fill_only_what_is_not_given():
-    from flexdemo import resolve_knobs
+    from flexdemo import method_record
 
-    assert resolve_knobs("flexdemo") == (4, "flat", "bf16-packed")
-    assert resolve_knobs("flexdemo", value_dtype=torch.float32) == (4, "flat", "fp32-packed")
-    assert resolve_knobs("demo") == (32, "block", None)  # DeMo's own setting
-    assert resolve_knobs("flexdemo", 32, "block", "bf16") == (32, "block", "bf16")
+    def wire(method, **given):
+        values = method_record(method).resolved(given)
+        return values["topk"], values["chunking"], values["value_format"]
+
+    assert wire("flexdemo") == (4, "flat", "bf16-packed")
+    assert wire("flexdemo", value_dtype="fp32") == (4, "flat", "fp32-packed")
+    assert wire("demo") == (32, "block", "bf16")  # DeMo's own setting
+    assert wire("demo", value_dtype="fp32") == (32, "block", "fp32")
+    assert wire("flexdemo", topk=32, chunking="block", value_format="bf16") == (32, "block",
+                                                                              "bf16")
+    # value_dtype only picks the float of the default format: a format given as well wins.
+    assert wire("flexdemo", value_dtype="fp32", value_format="int8")[2] == "int8"

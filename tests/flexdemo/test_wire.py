@@ -223,11 +223,13 @@ def test_defaults_keep_todays_layout():
 
 
 @pytest.mark.parametrize("kwargs,needle", [
-    ({"chunking": "rows"}, "unknown chunking 'rows'"),
-    ({"value_format": "int4"}, "unknown value_format 'int4'"),
+    ({"chunking": "rows"}, "chunking='rows' is unknown"),
+    ({"value_format": "int4"}, "value_format='int4' is unknown"),
     ({"chunking": "flat", "topk": 65}, "topk=65 is larger than a flat chunk"),
+    ({"value_dtype": "fp16"}, "value_dtype='fp16' is unknown; use one of bf16, fp32."),
 ])
 def test_run_config_checks_the_wire_knobs(kwargs, needle):
+    # The replicator's schema (flexdemo.knobs.DeMoKnobs) is the one check, run and library alike.
     from experiments.config import RunConfig
     from experiments.errors import ConfigError
 

@@ -278,7 +278,7 @@ def _wall_gossip(rank: int, world: int, out: str) -> None:
         model = torch.nn.Linear(500, 500, bias=False)  # 1 MB of float32: the node's message
         mesh = flexdemo.build_mesh(world, 1, backend=shaping.BACKEND)
         flexdemo.parallelize(model, mesh,
-                             inter_all_reduce=flexdemo.method_uses_inter_all_reduce("gossip"))
+                             inter_all_reduce=flexdemo.method_record("gossip").inter_all_reduce)
         opt = flexdemo.build_optimizer("gossip", model, mesh, lr=0.01, graph="ring")
         for step in range(1, 4):
             rec.begin_step(step)

@@ -1,0 +1,65 @@
+"""build_optimizer: a method's record (:mod:`flexdemo.methods`) made into a model's optimizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from .hsdp import replicate_group, shard_group
+from .methods import Method, method_record
+from .optimizer import FlexDeMo
+from .replicators import REPLICATORS
+
+__all__ = ["build_optimizer"]
+
+
+def _replication_group(record: Method, mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
+    if not record.shards:
+        # Unsharded: every rank is a replica. The mesh's replicate group is the world when
+        # its shard dim has size 1 (or there is no mesh: the default group).
+        if mesh is not None and mesh.size(1) == 1:
+            return replicate_group(mesh)
+        return dist.group.WORLD
+    return None if mesh is None else replicate_group(mesh)
+
+
+def _node_group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
+    """The ranks of this rank's node, which Ada's spread is summed over (None: one rank each)."""
+    return None if mesh is None or mesh.size(1) == 1 else shard_group(mesh)
+
+
+def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: float | None = None,
+                    *, weight_decay: float = 0.0, seed: int | None = None,
+                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                    **knobs: Any) -> torch.optim.Optimizer:
+    """Return the optimizer implementing ``method`` for ``model`` on ``mesh``.
+
+    Sharded methods expect ``parallelize(model, mesh, record.inter_all_reduce)`` to have run
+    (``record = method_record(method)``). ``hsdp-adamw`` is ``torch.optim.AdamW``: FSDP2's
+    all-reduce averages the gradients across nodes. ``demo`` expects an unsharded model; every
+    rank is a replica. ``mesh=None`` for the other methods means no sharding, the default group
+    as replicas. ``lr=None`` takes the record's lr. ``knobs`` are the method's knobs by their
+    run-setting names (``record.takes``); those not given take the record's defaults, and one
+    the method does not read is refused (ValueError, one sentence). ``seed`` seeds what a
+    replicator draws (random's rows, Ada's sample); None: the replicator's own default.
+    ``ada`` also gets the mesh's shard group, over which the ranks of a node agree on the
+    measured spread.
+    """
+    record = method_record(method)
+    lr = record.lr if lr is None else lr
+    rep_knobs, step = record.settings(knobs, seed=seed)
+    if record.replicator is None:
+        if mesh is None:
+            raise ValueError(f"method={method!r} needs a (replicate, shard) mesh, got None.")
+        return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
+                                 weight_decay=weight_decay)
+    cls = REPLICATORS[record.replicator]
+    wiring = {"node_group": _node_group(mesh)} if cls.uses_node_group else {}
+    replicator = cls(rep_knobs, **wiring)
+    return FlexDeMo(model.parameters(), lr=lr, weight_decay=weight_decay, sign=step.sign,
+                    replicator=replicator, replication_group=_replication_group(record, mesh),
+                    base=step.base, betas=betas, eps=eps)

@@ -1,0 +1,320 @@
+"""The replicators' knobs: a frozen dataclass each, the one place a default and a check live.
+
+A replicator names its schema (``Replicator.knobs_type``) and builds it from its keyword
+arguments, so ``DeMoReplicator(topk=8)`` and a run's ``--topk 8`` meet the same check, once,
+without a process group. :class:`StepKnobs` are FlexDeMo's own (the base step and the sign).
+A field's docstring is the help of its ``flexbench run`` flag; :mod:`flexdemo.methods` records
+which schema each method reads, with the method's own defaults.
+
+Torch-free (as ``methods``, ``graphs``, ``chunking`` and ``_checks``), so that a run's settings
+are checked without importing torch (``flexbench sweep --dry-run`` checks every unit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ._checks import check, in_unit_interval, int_at_least
+from .chunking import CHUNKINGS
+from .graphs import GRAPHS, graph_ladder, graph_problem
+
+__all__ = ["BASES", "VALUE_DTYPES", "VALUE_FORMATS", "AdaKnobs", "DeMoKnobs", "DiLoCoKnobs",
+           "EveryKnobs", "GossipKnobs", "Knobs", "MomentumKnobs", "PartialKnobs", "RandomKnobs",
+           "ScheduleKnobs", "StepKnobs", "StridingKnobs", "check_ada_thresholds", "check_base",
+           "check_value_format"]
+
+# The wire formats of flexdemo.formats (which owns their encodings), listed here so that they
+# are checked without torch.
+VALUE_FORMATS = ("fp32", "bf16", "fp32-packed", "bf16-packed", "int8", "int2", "sign")
+VALUE_DTYPES = ("bf16", "fp32")
+BASES = ("sign", "adamw")
+
+# value_dtype names a float by its short name or as torch prints a dtype, so the torch-free
+# check also takes the reference call's torch.float32 / torch.bfloat16.
+_FLOAT_NAMES = {"bf16": "bf16", "fp32": "fp32", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
+
+
+def check_value_format(value_format: object) -> None:
+    """Raise ValueError (one sentence) unless ``value_format`` is one of ``VALUE_FORMATS``."""
+    check(value_format in VALUE_FORMATS,
+          f"value_format={value_format!r} is unknown; use one of {', '.join(VALUE_FORMATS)}.")
+
+
+def check_base(base: object) -> None:
+    """Raise ValueError (one sentence) unless ``base`` is one of ``BASES``."""
+    check(base in BASES, f"base={base!r} is unknown; use one of {', '.join(BASES)}.")
+
+
+def check_ada_thresholds(high: object, low: object) -> None:
+    """Raise ValueError (one sentence) unless ``0 <= low < high`` are finite numbers."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                  for v in (high, low))
+    check(numbers and 0 <= low < high,  # type: ignore[operator]
+          f"ada_low={low!r} and ada_high={high!r} must be finite numbers with "
+          "0 <= ada_low < ada_high.")
+
+
+def _with_float(value_format: str, dtype: str) -> str:
+    """``value_format`` with its float (bf16 or fp32) replaced by ``dtype``; others unchanged."""
+    head, sep, tail = value_format.partition("-")
+    return dtype + sep + tail if head in VALUE_DTYPES else value_format
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """No knobs (a replicator without any); subclasses add fields and extend :meth:`check`."""
+
+    # Names a schema also answers to (name -> what it means), which with_given() turns into
+    # its fields.
+    aliases: ClassVar[dict[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError (one sentence) on the first bad knob."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The knobs this schema reads: its fields, then its aliases."""
+        return tuple(f.name for f in dataclasses.fields(cls)) + tuple(cls.aliases)
+
+    def with_given(self, given: Mapping[str, Any]) -> Knobs:
+        """A checked copy with the ``given`` knobs replaced; None means "keep the default"."""
+        given = {k: v for k, v in given.items() if v is not None}
+        unknown = [k for k in given if k not in self.names()]
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no knob {unknown[0]!r}; it takes "
+                             f"{', '.join(self.names()) or 'none'}.")
+        return dataclasses.replace(self, **given) if given else self
+
+    def problem(self, nodes: int) -> str | None:
+        """One sentence saying why these knobs cannot run on ``nodes`` nodes, or None."""
+        return None
+
+
+@dataclass(frozen=True)
+class StepKnobs(Knobs):
+    """FlexDeMo's own knobs: how a replica applies the update its replicator hands back."""
+
+    base: str | None = None
+    """Base step: sign (SGD) or adamw; None: the replicator's (adamw for diloco, gossip and
+    ada, sign for the others)."""
+    sign: bool | None = None
+    """Take sign() of the update before the base step; None: the replicator's (yes for the DeMo
+    family, random, striding and none)."""
+
+    def check(self) -> None:
+        """The base is a known one; sign is a bool."""
+        if self.base is not None:
+            check_base(self.base)
+        check(self.sign is None or isinstance(self.sign, bool),
+              f"sign={self.sign!r} must be true or false.")
+
+
+@dataclass(frozen=True)
+class EveryKnobs(Knobs):
+    """A replicator that replicates every k-th step."""
+
+    replicate_every: int = 1
+    """Replicate only on steps divisible by this."""
+
+    def check(self) -> None:
+        """``replicate_every`` is a positive integer."""
+        super().check()
+        int_at_least("replicate_every", self.replicate_every, 1)
+
+
+@dataclass(frozen=True)
+class ScheduleKnobs(EveryKnobs):
+    """A replicator that replicates every k-th step and skips every m-th."""
+
+    skip_every: int | None = None
+    """And never on steps divisible by this (None: skip none)."""
+
+    def check(self) -> None:
+        """``skip_every`` is None or a positive integer."""
+        super().check()
+        ok = self.skip_every is None or (isinstance(self.skip_every, int)
+                                         and not isinstance(self.skip_every, bool)
+                                         and self.skip_every >= 1)
+        check(ok, f"skip_every={self.skip_every!r} must be None or an integer >= 1.")
+
+
+@dataclass(frozen=True)
+class MomentumKnobs(ScheduleKnobs):
+    """A replicator that sends part of a decaying momentum (DeMo, random, striding)."""
+
+    decay: float = 0.999
+    """Decay of the momentum the replicator sends from, in [0, 1)."""
+    fold_skipped: bool = False
+    """Fold an off-schedule step's gradient into the momentum as well, so it is sent again
+    later (this toolkit's behaviour before it followed the reference, which leaves it alone)."""
+
+    def check(self) -> None:
+        """``decay`` lies in [0, 1); ``fold_skipped`` is a bool."""
+        super().check()
+        in_unit_interval("decay", self.decay, closed_low=True, closed_high=False)
+        check(isinstance(self.fold_skipped, bool),
+              f"fold_skipped={self.fold_skipped!r} must be true or false.")
+
+
+@dataclass(frozen=True)
+class DeMoKnobs(MomentumKnobs):
+    """:class:`~flexdemo.replicators.DeMoReplicator`'s knobs (DeMo's own setting by default)."""
+
+    topk: int = 32
+    """DCT coefficients kept per chunk (block chunking clamps it to a block's elements)."""
+    chunk: int = 64
+    """DCT chunk side: each dimension (block) or the flat shard (flat) uses its largest divisor
+    not above this."""
+    chunking: str = "block"
+    """block (2-D DCT blocks of each shard as a matrix) or flat (1-D chunks of the flat shard, as
+    the reference on FSDP1)."""
+    value_format: str = "bf16"
+    """Wire format of the coefficients: fp32, bf16 (16-bit indices), fp32-packed, bf16-packed
+    (bit-packed indices), int8, int2 or sign (quantized, with a per-chunk scale)."""
+
+    aliases: ClassVar[dict[str, str]] = {
+        "value_dtype": "Alias kept for value_format: bf16 or fp32, the float of the method's "
+                       "default value_format (bf16 <-> fp32, bf16-packed <-> fp32-packed); a "
+                       "value_format given as well wins.",
+    }
+
+    def check(self) -> None:
+        """Positive topk and chunk, a known chunking and format, and topk <= chunk when flat."""
+        super().check()
+        int_at_least("topk", self.topk, 1)
+        int_at_least("chunk", self.chunk, 1)
+        check(self.chunking in CHUNKINGS,
+              f"chunking={self.chunking!r} is unknown; use one of {', '.join(CHUNKINGS)}.")
+        check_value_format(self.value_format)
+        check(self.chunking != "flat" or self.topk <= self.chunk,
+              f"topk={self.topk} is larger than a flat chunk of chunk={self.chunk} elements; "
+              f"use topk <= {self.chunk} or chunking='block'.")
+
+    def with_given(self, given: Mapping[str, Any]) -> Knobs:
+        """As :meth:`Knobs.with_given`, with ``value_dtype`` turned into the value format."""
+        given = dict(given)
+        dtype = given.pop("value_dtype", None)
+        if dtype is not None:
+            name = _FLOAT_NAMES.get(str(dtype))
+            check(name is not None, f"value_dtype={dtype!r} is unknown; use one of "
+                                    f"{', '.join(VALUE_DTYPES)}.")
+            if given.get("value_format") is None:
+                given["value_format"] = _with_float(self.value_format, name)
+        return super().with_given(given)
+
+
+@dataclass(frozen=True)
+class PartialKnobs(MomentumKnobs):
+    """A replicator that averages a fraction of the momentum's rows or chunks."""
+
+    rate: float = 0.1
+    """Fraction of the momentum's rows (random) or chunks (striding) sent each step, in (0, 1]."""
+
+    def check(self) -> None:
+        """``rate`` lies in (0, 1]."""
+        super().check()
+        in_unit_interval("rate", self.rate, closed_low=False, closed_high=True)
+
+
+@dataclass(frozen=True)
+class RandomKnobs(PartialKnobs):
+    """:class:`~flexdemo.replicators.RandomReplicator`'s knobs."""
+
+    seed: int = 42
+    """Seed of the row draws, the same on every replica (a run hands in its own seed)."""
+
+
+@dataclass(frozen=True)
+class StridingKnobs(PartialKnobs):
+    """:class:`~flexdemo.replicators.StridingReplicator`'s knobs."""
+
+    chunk: int = 64
+    """Chunks each tensor's momentum is cut into (the largest divisor of its size not above
+    this)."""
+
+    def check(self) -> None:
+        """``chunk`` is a positive integer."""
+        super().check()
+        int_at_least("chunk", self.chunk, 1)
+
+
+@dataclass(frozen=True)
+class DiLoCoKnobs(Knobs):
+    """:class:`~flexdemo.replicators.DiLoCoReplicator`'s knobs."""
+
+    diloco_h: int = 50
+    """Inner steps between synchronizations (DiLoCo's H)."""
+    outer_lr: float = 0.7
+    """Learning rate of the outer Nesterov SGD step."""
+    outer_momentum: float = 0.9
+    """Momentum of the outer Nesterov SGD step, in [0, 1)."""
+
+    def check(self) -> None:
+        """Positive ``diloco_h`` and ``outer_lr``; ``outer_momentum`` in [0, 1)."""
+        int_at_least("diloco_h", self.diloco_h, 1)
+        lr = self.outer_lr
+        check(isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0,
+              f"outer_lr={lr!r} must be a number > 0.")
+        in_unit_interval("outer_momentum", self.outer_momentum, closed_low=True,
+                         closed_high=False)
+
+
+@dataclass(frozen=True)
+class GossipKnobs(EveryKnobs):
+    """:class:`~flexdemo.replicators.GossipReplicator`'s knobs."""
+
+    graph: str = "ring"
+    """Communication graph: ring, torus, exponential, one-peer-exponential or complete."""
+
+    def check(self) -> None:
+        """``graph`` is a known graph."""
+        super().check()
+        check(self.graph in GRAPHS,
+              f"graph={self.graph!r} is unknown; use one of {', '.join(GRAPHS)}.")
+
+    def problem(self, nodes: int) -> str | None:
+        """Why the graph cannot be built on ``nodes`` nodes, or None."""
+        return graph_problem(self.graph, nodes)
+
+
+@dataclass(frozen=True)
+class AdaKnobs(EveryKnobs):
+    """:class:`~flexdemo.replicators.AdaReplicator`'s knobs (the rule: ``replicators/ada.py``)."""
+
+    # From lm-tiny, 4 nodes x 1, constant lr 1e-3 (benchmarks/bench_ada.py spread, README "Ada"):
+    # before mixing the complete graph reads 2.4e-3 early to 4.3e-3 late, ring 3.6e-3 to 7.3e-3.
+    # The band is a factor-2 budget around the exact average's ~4e-3: above 1.5x of it, buy
+    # edges; below ~0.75x, the replicas agree well enough to save some. The spread scales with
+    # the lr (a local step moves each replica by about lr per entry): other settings re-tune both.
+    ada_every: int = 10
+    """Gossip rounds between two measurements of the replica spread (the graph changes at most
+    this often)."""
+    ada_high: float = 6e-3
+    """Relative consensus distance above which the graph moves one rung denser."""
+    ada_low: float = 3e-3
+    """Relative consensus distance below which the graph moves one rung sparser."""
+    ada_sample: int = 4096
+    """Entries of each rank's shard the spread is measured on."""
+    seed: int = 0
+    """Seed of the sampled entries, the same on every replica (a run hands in its own seed)."""
+
+    def check(self) -> None:
+        """Positive ``ada_every`` and ``ada_sample``; ``0 <= ada_low < ada_high``."""
+        super().check()
+        int_at_least("ada_every", self.ada_every, 1)
+        check_ada_thresholds(self.ada_high, self.ada_low)
+        int_at_least("ada_sample", self.ada_sample, 1)
+
+    def problem(self, nodes: int) -> str | None:
+        """Ada needs a ladder of graphs: at least two nodes."""
+        if graph_ladder(nodes):
+            return None
+        return (f"ada needs at least 2 nodes to gossip between, got nodes={nodes}; "
+                "use nodes >= 2.")
