@@ -1,0 +1,89 @@
+"""The package layout holds: no file imports a file that imports it back, no function a newcomer
+cannot read in one go (radon's cyclomatic complexity, which counts more than ruff's), and the
+commands that only read results load without torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("flexdemo", "netsim", "experiments")
+MAX_COMPLEXITY = 15
+
+
+def _module_files() -> dict[str, Path]:
+    files = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            files[name] = path
+    return files
+
+
+def _imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
+    """Every module of ours `path` imports, at the top, under TYPE_CHECKING or in a function."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from pkg import sub` imports the submodule's file when there is one.
+            subs = {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules}
+            found |= subs or {base}
+    return {m for m in found if m in modules and m != name}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_file_imports_a_file_that_imports_it_back():
+    modules = _module_files()
+    graph = {name: _imports(path, name, modules) for name, path in modules.items()}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_check_sees_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_function_above_complexity_15_by_radon():
+    from radon.complexity import cc_visit
+
+    too_complex = [
+        f"{path.relative_to(ROOT)}:{block.lineno} {block.fullname} ({block.complexity})"
+        for path in _module_files().values()
+        for block in cc_visit(path.read_text())
+        if block.complexity > MAX_COMPLEXITY
+    ]
+    assert not too_complex, "; ".join(too_complex)
