@@ -64,7 +64,7 @@ def test_a_bad_unit_is_refused_with_the_same_sentence_by_run_simulate_and_sweep(
 
 def test_simulate_run_is_the_recorded_config_with_overrides():
     run = read_run(RECORDED)
-    assert run.config == RunConfig.from_dict(run.meta["config"])
+    assert run.config == RunConfig.from_stored(run.meta["config"])
     replay = simulate_run(run, inter_bw="1Gbit", inter_lat="1ms", nodes=4, gpus_per_node=None,
                           steps=3)
     assert isinstance(replay, Replay)
