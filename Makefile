@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test test-fast lint clean
 
 $(STAMP): pyproject.toml
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -28,6 +28,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check .
+
+# The tests that start no process (no ranks, launchers or CLIs): the loop while editing.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not dist"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
