@@ -31,6 +31,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     run_x.write_text('run = "x"\n')
     listed = tmp / "list.json"
     listed.write_text("[1, 2]\n")
+    beside = tmp / "beside.toml"
+    beside.write_text('steps = 5\n[run]\nnodes = 2\n')
     out = str(tmp / "out")
     sim = ["simulate", str(RECORDED), "--inter-bw", "1Gbit"]
     return [
@@ -42,6 +44,13 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["run", "--out", str(a_file)], "is a file; choose a folder"),
         (["run", "--out", "/proc/flexbench-cannot-write-here"], "cannot be"),
         (["run", "--out", out, "--config", str(run_x)], "'run' must be a table"),
+        (["run", "--out", out, "--config", str(ROOT / "experiments/configs/quick.toml")],
+         "it looks like a sweep file; run it with `flexbench sweep`"),
+        (["run", "--out", out, "--config", str(beside)], "has steps beside its [run] table"),
+        (["run", "--out", out, "--method", "hsdp-adamw", "--topk", "7"],
+         "method 'hsdp-adamw' does not read topk"),
+        (["sweep", str(ROOT / "experiments/configs/quick.toml"), "--out", out, "--set",
+          "executor.timeout_mn=5"], "[executor]: Unknown executor 'timeout'"),
         ([*sim, "--out", str(a_dir)], "is a folder"),
         ([*sim, "--out", str(a_file / "x.csv")], "is a file, not a folder"),
         ([*sim, "--out", str(tmp / "s.csv"), "--target", "-1"], "--target must be a finite"),
@@ -52,10 +61,10 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(14))
+@pytest.mark.parametrize("case", range(18))
 def test_bad_input_is_one_sentence_nothing_written(tmp_path, capsys, case):
     cases = _bad_inputs(tmp_path)
-    assert len(cases) == 14
+    assert len(cases) == 18
     argv, words = cases[case]
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(argv) != 0
