@@ -140,6 +140,35 @@ def test_stalled_rank_ends_the_run_with_one_sentence(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing at --out, no working folder left
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting to be reaped has stopped running)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.dist
+def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs Linux /proc")
+    out = tmp_path / "run"
+    proc = _start(["run", "--out", str(out), "--method", "flexdemo", "--workload", "vision-tiny",
+                   "--steps", "100000", "--eval-every", "100000"], tmp_path)
+    try:
+        ranks = [pid for pid, _ in _progress(out, 4, deadline_s=120).values()]
+        os.kill(proc.pid, signal.SIGKILL)  # the launcher alone: no cleanup code of ours runs
+        proc.wait(timeout=30)
+        end = time.monotonic() + 30
+        while any(_running(pid) for pid in ranks) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not [pid for pid in ranks if _running(pid)], "ranks outlived their launcher"
+    finally:
+        if proc.poll() is None or any(_running(pid) for pid in ranks):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def _listening_sockets(pids: set[int]) -> list[str]:
     """Local addresses of the TCP sockets in LISTEN state that these processes hold."""
     inodes: set[str] = set()
