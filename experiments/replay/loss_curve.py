@@ -90,8 +90,8 @@ class Recording:
     """The gossip graph setting (None for methods that do not gossip)."""
     nodes: int
     gpus_per_node: int
-    batch_size: int
-    """Per-rank micro-batch."""
+    batch_size: int | None
+    """Per-rank micro-batch; None where run.json does not record it (the workload's default)."""
     steps: pd.DataFrame
     """steps.parquet (step, val_loss, ...)."""
     final_val_loss: float | None
@@ -99,18 +99,20 @@ class Recording:
     @classmethod
     def of(cls, path: Path, config: Any, meta: dict, steps: pd.DataFrame) -> Recording:
         """A run's Recording from its RunConfig, run.json and steps.parquet."""
-        if config.batch_size is None:
-            raise ConfigError(f"{str(path)!r} records no batch_size in run.json, so its global "
-                              "batch is unknown; re-record it with this version.")
         gossips = method_record(config.method).gossips
         return cls(Path(path), config.method, config.workload,
                    getattr(config, "graph", None) if gossips else None, config.nodes,
                    config.gpus_per_node, config.batch_size, steps, meta.get("final_val_loss"))
 
     @property
-    def global_batch(self) -> int:
-        """Samples per optimizer step over all ranks: nodes x gpus_per_node x per-rank batch."""
-        return self.nodes * self.gpus_per_node * self.batch_size
+    def ranks(self) -> int:
+        """Ranks the recording trained on: nodes x gpus_per_node."""
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def global_batch(self) -> int | None:
+        """Samples per optimizer step over all ranks (None when the per-rank batch is unknown)."""
+        return None if self.batch_size is None else self.ranks * self.batch_size
 
     @property
     def shape(self) -> str:
@@ -129,14 +131,16 @@ class LossCurve:
     """Target node count."""
     gpus_per_node: int
     """Target ranks per node."""
-    global_batch: int
-    """The target's global batch: its ranks times the traced run's per-rank batch."""
+    global_batch: int | None
+    """The target's global batch: its ranks times the traced run's per-rank batch (or None)."""
     refusal: str | None = None
     """Why no time to target is given (gossip at a node count no recording has), else None."""
 
     @property
     def factor(self) -> Fraction:
         """k of the rule from the recording's global batch to the target's."""
+        if self.recording.global_batch is None or self.global_batch is None:
+            return Fraction(1)  # only rule none is allowed then (choose_loss_curve)
         return self.rule.step_factor(self.recording.global_batch, self.global_batch)
 
     @property
@@ -144,7 +148,8 @@ class LossCurve:
         """Whether the replay must say which curve it uses (another shape, recording or rule)."""
         rec = self.recording
         return (rec.path != self.trace_from or self.rule.critical_batch is not None
-                or (rec.nodes, rec.global_batch) != (self.nodes, self.global_batch))
+                or (rec.nodes, rec.ranks, rec.global_batch)
+                != (self.nodes, self.nodes * self.gpus_per_node, self.global_batch))
 
     def target_step(self, step: int) -> int:
         """The target step at which the recording's step `step` loss is reached: ceil(s / k)."""
@@ -167,21 +172,23 @@ class LossCurve:
     def label(self) -> str:
         """What goes beside a time to target: the rule and the recording's shape and batch."""
         rec = self.recording
-        return (f"loss curve of {rec.path.name} at {rec.shape}, global batch {rec.global_batch}; "
+        return (f"loss curve of {rec.path.name} at {rec.shape}, {_batch(rec.global_batch)}; "
                 f"--loss-scaling {self.rule.describe()}")
 
     def summary(self) -> str:
         """One sentence on where the trace and the loss curve came from and how it was mapped."""
         rec = self.recording
         if self.rule.critical_batch is None or self.factor == 1:
-            how = (f"its loss per step as recorded (rule {self.rule.describe()}, an assumption)"
-                   if rec.global_batch != self.global_batch else "its loss per step as recorded")
+            same = (rec.ranks, rec.global_batch) == (self.nodes * self.gpus_per_node,
+                                                     self.global_batch)
+            how = ("its loss per step as recorded" if same else
+                   f"its loss per step as recorded (rule {self.rule.describe()}, an assumption)")
         else:
             how = (f"its step s reached at step ceil(s / {_fmt(self.factor)}) (rule "
                    f"{self.rule.describe()}, an assumption)")
-        return (f"trace from {self.trace_from}; loss curve from {rec.path} ({rec.shape}, global "
-                f"batch {rec.global_batch}) for {self.nodes} x {self.gpus_per_node} (global batch "
-                f"{self.global_batch}): {how}")
+        return (f"trace from {self.trace_from}; loss curve from {rec.path} ({rec.shape}, "
+                f"{_batch(rec.global_batch)}) for {self.nodes} x {self.gpus_per_node} "
+                f"({_batch(self.global_batch)}): {how}")
 
     def record(self) -> dict[str, Any]:
         """What the replay stores beside its CSV: where each part came from and the rule."""
@@ -193,6 +200,12 @@ class LossCurve:
                 "gpus_per_node": self.gpus_per_node, "global_batch": self.global_batch,
                 "step_factor": _fmt(self.factor), "refusal": self.refusal,
                 "summary": self.summary()}
+
+
+def _batch(global_batch: int | None) -> str:
+    """"global batch N", or that run.json does not say."""
+    return ("global batch unknown (no batch_size in run.json)" if global_batch is None
+            else f"global batch {global_batch}")
 
 
 def _fmt(k: Fraction) -> str:
@@ -210,6 +223,7 @@ def choose_loss_curve(recordings: list[Recording], *, nodes: int, gpus_per_node:
     first = recordings[0]
     for other in recordings[1:]:
         _check_same_training(first, other)
+    _check_batches_known(recordings, rule)
     gossips = method_record(first.method).gossips
     pool = [r for r in recordings if r.nodes == nodes] if gossips else recordings
     refusal = None
@@ -219,9 +233,29 @@ def choose_loss_curve(recordings: list[Recording], *, nodes: int, gpus_per_node:
                    f"mixes more slowly) and the recordings are at {have} nodes, not {nodes}: "
                    f"give one at {nodes} nodes with --loss-from RUN.")
         pool = recordings
-    target = nodes * gpus_per_node * first.batch_size
-    best = min(pool, key=lambda r: abs(math.log(r.global_batch / target)))  # min keeps the first
+    target = None if first.batch_size is None else nodes * gpus_per_node * first.batch_size
+    best = min(pool, key=lambda r: _distance(r, nodes * gpus_per_node, target))  # ties: first
     return LossCurve(best, first.path, rule, nodes, gpus_per_node, target, refusal)
+
+
+def _distance(rec: Recording, ranks: int, target: int | None) -> float:
+    """How far a recording's global batch is from the target's, as |log ratio|."""
+    if target is None or rec.global_batch is None:  # one shared, unknown per-rank batch
+        return abs(math.log(rec.ranks / ranks))
+    return abs(math.log(rec.global_batch / target))
+
+
+def _check_batches_known(recordings: list[Recording], rule: LossScaling) -> None:
+    """ConfigError where a run without batch_size would have to be compared or scaled."""
+    unknown = [r for r in recordings if r.batch_size is None]
+    if not unknown:
+        return
+    if rule.critical_batch is not None:
+        raise ConfigError(f"--loss-scaling {rule.describe()} needs each run's global batch, and "
+                          f"{str(unknown[0].path)!r} records no batch_size in run.json.")
+    if len({r.batch_size for r in recordings}) > 1:
+        raise ConfigError(f"{str(unknown[0].path)!r} records no batch_size in run.json, so its "
+                          "global batch cannot be compared with the other runs'.")
 
 
 def _check_same_training(first: Recording, other: Recording) -> None:

@@ -33,7 +33,7 @@ def _simulate(capsys, tmp_path, *argv: str) -> tuple[int, str, Path]:
     return rc, capsys.readouterr().out, out
 
 
-def _synthetic(nodes: int, gpus: int, batch: int, *, path: str = "rec",
+def _synthetic(nodes: int, gpus: int, batch: int | None, *, path: str = "rec",
                method: str = "hsdp-adamw") -> Recording:
     steps = pd.DataFrame({"step": range(1, 101),
                           "val_loss": [4.0 - 0.02 * s if s % 10 == 0 else math.nan
@@ -149,3 +149,16 @@ def test_a_loss_recording_of_another_method_is_one_sentence(capsys, tmp_path):
     assert rc == 2 and not (tmp_path / "s.csv").exists()
     err = capsys.readouterr().err
     assert "has method 'hsdp-adamw', not 'ada'" in err and err.count("\n") == 1
+
+
+def test_a_run_without_batch_size_compares_by_ranks_but_takes_no_batch_rule():
+    old = [_synthetic(4, 1, None, path="four"), _synthetic(8, 1, None, path="eight")]
+    curve = choose_loss_curve(old, nodes=8, gpus_per_node=1, rule=LossScaling())
+    assert curve.recording.path.name == "eight" and curve.factor == 1
+    assert "global batch unknown (no batch_size in run.json)" in curve.label()
+    with pytest.raises(ConfigError, match="needs each run's global batch"):
+        choose_loss_curve(old, nodes=8, gpus_per_node=1,
+                          rule=parse_loss_scaling("linear-to-critical-batch:64"))
+    with pytest.raises(ConfigError, match="cannot be compared with the other runs'"):
+        choose_loss_curve([*old, _synthetic(2, 2, 16)], nodes=8, gpus_per_node=1,
+                          rule=LossScaling())
