@@ -5,11 +5,7 @@ commands that only read results load without torch."""
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flexdemo", "netsim", "experiments")
