@@ -178,7 +178,9 @@ class LossCurve:
     def summary(self) -> str:
         """One sentence on where the trace and the loss curve came from and how it was mapped."""
         rec = self.recording
-        if self.rule.critical_batch is None or self.factor == 1:
+        if self.refusal is not None:
+            how = f"not used ({rec.method} has no recording at {self.nodes} nodes)"
+        elif self.rule.critical_batch is None or self.factor == 1:
             same = (rec.ranks, rec.global_batch) == (self.nodes * self.gpus_per_node,
                                                      self.global_batch)
             how = ("its loss per step as recorded" if same else
