@@ -218,7 +218,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inter-lat", default="0ms", help="inter-node latency, e.g. 20ms")
     parser.add_argument("--nodes", type=int, help="nodes to simulate (default: the run's)")
     parser.add_argument("--gpus-per-node", type=int, help="ranks per node (default: the run's)")
-    parser.add_argument("--steps", type=int, help="steps to simulate (default: the run's)")
+    parser.add_argument("--steps", type=int, help="steps to simulate (default: the run's; at "
+                        "another shape, as many as the loss curve used needs)")
     speed = parser.add_mutually_exclusive_group()
     speed.add_argument("--compute-scale", type=float, default=None,
                        help="multiply recorded compute time (0.05: accelerators 20x faster)")
