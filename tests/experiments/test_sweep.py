@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -387,3 +391,52 @@ def test_a_diverged_baseline_never_sets_the_target(config_file: Path, tmp_path: 
     else:
         expected = fake_loss("hsdp-adamw", 0, 20) * 1.02
     assert runs["target_val_loss"].iloc[0] == pytest.approx(expected)
+
+
+@pytest.mark.timeout(60)
+def test_a_unit_stopped_by_sigterm_reruns_on_resume(config_file: Path, tmp_path: Path,
+                                                    calls: Path) -> None:
+    from experiments.errors import Stopped
+    from experiments.run.rank import raise_on_sigterm
+
+    previous = raise_on_sigterm()  # what the real launcher installs around a run
+    try:
+        with pytest.raises(Stopped):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises in this thread at once
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    def stopped_at_diloco(cfg, out, **kw):
+        if cfg.method == "diloco":
+            raise Stopped("stopped by SIGTERM")
+        return fake_launch(cfg, out, **kw)
+
+    out = tmp_path / "res"
+    cfg = sweep.load_config(config_file)
+    with pytest.raises(Stopped):  # the sweep stops too: it does not go on to the next unit
+        sweep.run_sweep(cfg, out, launcher=stopped_at_diloco, simulator=fake_simulate,
+                        progress=False)
+    assert not (out / "failed").exists() or not any((out / "failed").iterdir())
+    stopped = [u for u in _launched(calls) if u.startswith("diloco")]
+    assert len(stopped) == 0 and not (out / sweep.runner.LOCK).exists()
+    calls.unlink()
+    runs = _run(config_file, out)  # a plain resume reruns it
+    assert any(u.startswith("diloco") for u in _launched(calls))
+    assert set(runs["status"]) == {"done"}
+
+
+@pytest.mark.timeout(60)
+def test_one_sweep_per_folder_at_a_time(config_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    _run(config_file, out)
+    other = subprocess.Popen(["sleep", "60"])  # a live process holding the folder
+    try:
+        (out / sweep.runner.LOCK).write_text(f"{other.pid}\n")
+        with pytest.raises(ConfigError, match=f"another sweep \\(pid {other.pid}\\) is running"):
+            _run(config_file, out)
+    finally:
+        other.kill()
+        other.wait()
+    runs = _run(config_file, out)  # its holder is gone: the lock is taken over
+    assert set(runs["status"]) == {"done"} and not (out / sweep.runner.LOCK).exists()
