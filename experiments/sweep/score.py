@@ -1,6 +1,10 @@
 """Scoring a sweep: every finished unit timed on every network point, then time-to-target.
 
-    sim/<unit>/<net>.parquet  cached simulated time axis of one unit at one network point
+    sim/<unit>/<net>-<key>.parquet  cached simulated time axis of one unit at one network
+                          point; the key is a hash of what the axis depends on (the run's
+                          run.json and trace, the exact link values, the model's source), so a
+                          retrained unit, another point with a like label or a changed model
+                          never reads a stale axis
     runs.parquet          one row per unit x network point x source ("sim" / "measured"), with
                           the unit's cluster, graph, graph degree and replica spread (`describe`)
     speedups.parquet      per variant, network point and source: time-to-target and speed-up
@@ -18,6 +22,8 @@ Each unit is scored against the baseline of its own cluster when hsdp-adamw runs
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import json
 import logging
@@ -175,8 +181,11 @@ def _time_unit(
     return row, steps.assign(**keys)
 
 def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulator) -> pd.DataFrame:
-    """The unit's simulated time axis at one network point, cached on disk."""
-    cache = out / "sim" / unit.id / f"{net.slug}.parquet"
+    """The unit's simulated time axis at one network point, cached on disk by content."""
+    key = hashlib.sha256(_run_digest(unit_dir(out, unit)).encode())
+    key.update(repr((net.link.bandwidth, net.link.latency)).encode())  # exact, not the label
+    key.update(_model_digest().encode())
+    cache = out / "sim" / unit.id / f"{net.slug}-{key.hexdigest()[:16]}.parquet"
     if cache.exists():
         return pd.read_parquet(cache)
     axis = simulate(unit_dir(out, unit), inter_bw=net.inter_bw, inter_lat=net.inter_lat).frame
@@ -185,6 +194,41 @@ def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulato
         raise ValueError(f"the simulator returned no {sorted(missing)} columns")
     write_atomic(cache, parquet_bytes(axis))
     return axis
+
+def _run_digest(run_dir: Path) -> str:
+    """A hash of what a replay reads from a run: its run.json and its trace."""
+    digest = hashlib.sha256()
+    for name in ("run.json", "trace.parquet"):
+        digest.update(_file_digest(run_dir / name).encode())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _file_digest_at(path: Path, size: int, mtime_ns: int) -> str:
+    del size, mtime_ns  # part of the cache key only: a rewritten file is hashed again
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        stat = path.stat()
+    except OSError:
+        return "missing"
+    return _file_digest_at(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _model_digest() -> str:
+    """A hash of the replay's own code (netsim and the experiments' replay): its version."""
+    import experiments.replay
+    import netsim
+
+    roots = [Path(netsim.__file__).parent, Path(experiments.replay.__file__).parent]
+    digest = hashlib.sha256()
+    for path in sorted(p for root in roots for p in root.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
 
 def _run_status(run_dir: Path) -> str:
     """run.json's status: done, or diverged (a finished run whose loss stopped being finite)."""

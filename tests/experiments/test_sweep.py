@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -440,3 +441,31 @@ def test_one_sweep_per_folder_at_a_time(config_file: Path, tmp_path: Path) -> No
         other.wait()
     runs = _run(config_file, out)  # its holder is gone: the lock is taken over
     assert set(runs["status"]) == {"done"} and not (out / sweep.runner.LOCK).exists()
+
+
+def _time_at(runs: pd.DataFrame, unit: str, lat: str) -> float:
+    row = runs[(runs["unit"] == unit) & (runs["inter_lat"] == lat) & (runs["source"] == "sim")]
+    return float(row["time_to_target_s"].iloc[0])
+
+
+@pytest.mark.timeout(60)
+def test_a_retrained_unit_is_replayed_anew_not_read_from_the_old_cache(
+        config_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "res"
+    before = _time_at(_run(config_file, out), "hsdp-adamw-s0", "1ms")
+    shutil.rmtree(out / "units" / "hsdp-adamw-s0")  # the user deletes a unit and resumes
+    monkeypatch.setenv("FAKE_BYTES_SCALE", "3")  # its new run sends three times the bytes
+    after = _time_at(_run(config_file, out), "hsdp-adamw-s0", "1ms")
+    assert after > 2 * before
+
+
+@pytest.mark.timeout(60)
+def test_points_with_like_labels_have_caches_of_their_own(config_file: Path,
+                                                          tmp_path: Path) -> None:
+    cfg = sweep.load_config(config_file, ["grid.inter_bw=['100Mbit']",
+                                          "grid.inter_lat=['5µs', '5 s']"])
+    assert len({net.slug for net in cfg.networks}) == 1  # both labels make one file name
+    runs = sweep.run_sweep(cfg, tmp_path / "res", launcher=fake_launch, simulator=fake_simulate,
+                           progress=False)
+    # 3 calls a step at 5 s each: the slow point is seconds per step slower, not the same.
+    assert _time_at(runs, "hsdp-adamw-s0", "5 s") > _time_at(runs, "hsdp-adamw-s0", "5µs") + 10
