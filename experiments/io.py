@@ -7,6 +7,8 @@ finished run.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import platform
 import socket
@@ -21,7 +23,7 @@ from typing import Any
 from experiments.errors import ConfigError
 
 __all__ = ["check_output_file", "check_output_folder", "exclusive", "pid_alive", "provenance",
-           "write_atomic"]
+           "run_digest", "write_atomic"]
 
 # The umask can only be read by setting it: once, at import, before any worker thread runs.
 _UMASK = os.umask(0o022)
@@ -95,6 +97,28 @@ def _read_or_empty(path: Path) -> str:
         return path.read_text().strip()
     except OSError:
         return ""
+
+
+def run_digest(run_dir: Path) -> str:
+    """A hash of what a replay reads from a run: its run.json and its trace."""
+    digest = hashlib.sha256()
+    for name in ("run.json", "trace.parquet"):
+        digest.update(_file_digest(run_dir / name).encode())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _file_digest_at(path: Path, size: int, mtime_ns: int) -> str:
+    del size, mtime_ns  # part of the cache key only: a rewritten file is hashed again
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        stat = path.stat()
+    except OSError:
+        return "missing"
+    return _file_digest_at(path, stat.st_size, stat.st_mtime_ns)
 
 
 def _check_creatable(path: Path, what: str) -> None:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.io import write_atomic
+from experiments.io import run_digest, write_atomic
 from experiments.report import metrics
 from experiments.sweep.describe import run_columns, unit_columns
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
@@ -138,13 +138,14 @@ def _time_unit(
         "inter_bytes_received_per_step": math.nan, "inter_calls_per_step": math.nan,
         "diverged": False,
         "intra_bytes_per_step": math.nan, "graph_degree": math.nan,
-        "replica_variance": math.nan, "consensus_distance": math.nan,
+        "replica_variance": math.nan, "consensus_distance": math.nan, "run_digest": None,
     }
     run_dir = unit_dir(out, unit)
     if row["status"] == "failed":
         row["error"] = json.loads(failure_path(out, unit).read_text()).get("error")
     if row["status"] != "done":
         return row, None  # kept as "not reached": a failed run is never dropped
+    row["run_digest"] = run_digest(run_dir)  # `report` checks the run is still the one scored
     steps = pd.read_parquet(run_dir / "steps.parquet").sort_values("step")
     if source == "sim":
         try:
@@ -182,7 +183,7 @@ def _time_unit(
 
 def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulator) -> pd.DataFrame:
     """The unit's simulated time axis at one network point, cached on disk by content."""
-    key = hashlib.sha256(_run_digest(unit_dir(out, unit)).encode())
+    key = hashlib.sha256(run_digest(unit_dir(out, unit)).encode())
     key.update(repr((net.link.bandwidth, net.link.latency)).encode())  # exact, not the label
     key.update(_model_digest().encode())
     cache = out / "sim" / unit.id / f"{net.slug}-{key.hexdigest()[:16]}.parquet"
@@ -194,28 +195,6 @@ def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulato
         raise ValueError(f"the simulator returned no {sorted(missing)} columns")
     write_atomic(cache, parquet_bytes(axis))
     return axis
-
-def _run_digest(run_dir: Path) -> str:
-    """A hash of what a replay reads from a run: its run.json and its trace."""
-    digest = hashlib.sha256()
-    for name in ("run.json", "trace.parquet"):
-        digest.update(_file_digest(run_dir / name).encode())
-    return digest.hexdigest()
-
-
-@functools.lru_cache(maxsize=1024)
-def _file_digest_at(path: Path, size: int, mtime_ns: int) -> str:
-    del size, mtime_ns  # part of the cache key only: a rewritten file is hashed again
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _file_digest(path: Path) -> str:
-    try:
-        stat = path.stat()
-    except OSError:
-        return "missing"
-    return _file_digest_at(path, stat.st_size, stat.st_mtime_ns)
-
 
 @functools.lru_cache(maxsize=1)
 def _model_digest() -> str:
