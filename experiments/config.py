@@ -36,6 +36,7 @@ WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
 SCHEDULES = ("constant", "warmup", "cosine")
 BACKENDS = ("auto", "gloo", "nccl")
+MAX_SEED = 2**32 - 1
 
 
 def field_help(cls: type) -> dict[str, str]:
@@ -189,6 +190,9 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
         for name in ("steps", "batch_size", "eval_every"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
+        _at_least("seed", self.seed, 0)
+        if self.seed > MAX_SEED:  # torch's generators take 64 bits; seeds are mixed with steps
+            raise ConfigError(f"seed must be an integer from 0 to {MAX_SEED}, got {self.seed}.")
 
     def _check_ranges(self) -> None:
         """warmup, lr, weight_decay and stall_timeout lie in their ranges."""

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from experiments.errors import ConfigError
+from experiments.errors import ConfigError, users_location
 
 __all__ = ["Workload", "BuiltinWorkload", "make_workload", "check_workload", "WORKLOAD_NAMES",
            "TinyGPT", "TinyCNN"]
@@ -173,7 +173,12 @@ def make_workload(name: str) -> Workload:
     Raises ConfigError, in one sentence naming what is missing, when the name is unknown, the
     module or attribute does not exist, or the object lacks part of the `Workload` protocol.
     """
-    workload = _factory(name)()
+    factory = _factory(name)
+    try:
+        workload = factory()
+    except Exception as err:  # the user's factory: show where in their code it failed
+        raise ConfigError(f"workload {name!r}: the factory raised {type(err).__name__}: {err}"
+                          f"{users_location(err)}.") from None
     _check_protocol(name, workload)
     return workload
 
@@ -196,8 +201,14 @@ def _factory(name: str) -> Callable[[], Any]:
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as err:
+        if err.name != module_name.split(".")[0] and users_location(err):  # raised inside it
+            raise ConfigError(f"workload {name!r}: importing {module_name!r} raised "
+                              f"{type(err).__name__}: {err}{users_location(err)}.") from None
         raise ConfigError(f"workload {name!r}: cannot import module {module_name!r} ({err}); "
                           "install it or put its folder on PYTHONPATH.") from None
+    except Exception as err:  # the user's module failed while it ran: show where
+        raise ConfigError(f"workload {name!r}: importing {module_name!r} raised "
+                          f"{type(err).__name__}: {err}{users_location(err)}.") from None
     for part in attr.split("."):
         if not hasattr(target, part):
             raise ConfigError(f"workload {name!r}: module {module_name!r} has no attribute "

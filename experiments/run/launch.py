@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import socket
 import time
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import RunConfig
-from experiments.errors import ConfigError, RunFailed
+from experiments.errors import ConfigError, RunFailed, is_users_file
 from experiments.io import check_output_folder
 from experiments.logs import configure_logging
 from experiments.run.folder import RunFolder, read_rank_result, write_run
@@ -74,6 +75,7 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     """Spawn every rank here; they share files in the working folder, not sockets to the world."""
     import torch.multiprocessing as mp
 
+    _check_spawnable(cfg.world_size)
     backend = _backend(cfg, cfg.world_size)
     # forkserver imports torch and our modules once, then forks every rank from that warm
     # process: four cold interpreters would spend longer importing than a short run trains.
@@ -97,7 +99,7 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     except RankStalled as err:
         raise RunFailed(str(err)) from None
     except mp.ProcessRaisedException as err:
-        raise RunFailed(_last_line(str(err))) from None
+        raise RunFailed(_rank_error(str(err), folder.out)) from None
     except mp.ProcessExitedException as err:
         raise RunFailed(f"a rank died: {err}") from None
     finally:
@@ -166,6 +168,37 @@ def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
         teardown()
 
 
-def _last_line(text: str) -> str:
+# What one spawned rank needs at least: an interpreter with torch imported, a model, buffers.
+RANK_MEMORY_BYTES = 512 * 2**20
+RANKS_PER_CORE = 16
+
+
+def _check_spawnable(world: int) -> None:
+    """Refuse more ranks than this machine can hold (cores and memory), before any starts."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = max(1, min(RANKS_PER_CORE * (cores or 1), memory // RANK_MEMORY_BYTES))
+    if world > limit:
+        raise ConfigError(f"{world} ranks cannot be spawned on this machine ({cores} cores, "
+                          f"{memory / 2**30:.0f} GiB): at most {limit}; run across hosts with "
+                          "torchrun, or replay a smaller run at this size with `flexbench "
+                          "simulate`.")
+
+
+def _rank_error(text: str, out: Path) -> str:
+    """A rank's error in one line, pointing at the user's own code and the whole traceback.
+
+    The traceback goes to a log file beside OUT (OUT itself is never written on failure).
+    """
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else text
+    last = lines[-1] if lines else text
+    log = out.parent / f"{out.name}.error.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(text.strip() + "\n")
+    except OSError:
+        return last
+    frames = re.findall(r'File "([^"]+)", line (\d+)', text)
+    theirs = [(f, n) for f, n in frames if is_users_file(f)]
+    where = f" at {theirs[-1][0]}:{theirs[-1][1]}" if theirs else ""
+    return f"{last}{where} (the whole traceback: {log})"

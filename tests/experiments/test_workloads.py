@@ -128,3 +128,59 @@ def test_the_protocol_accepts_a_built_in_through_its_import_path() -> None:
     torch.manual_seed(0)
     model = builtin.model()
     assert builtin.loss(model, batch).item() == via_path.loss(model, batch).item()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_an_error_in_the_users_own_code_names_their_file_and_line(tmp_path: Path) -> None:
+    # The README's workload, whose batches fail from step 2 on inside the ranks.
+    source = _readme_example() + textwrap.dedent('''
+
+        class Failing(Regression):
+            def batch(self, step, rank, batch_size, seed):
+                if step >= 1:
+                    raise RuntimeError("boom in my loss")
+                return super().batch(step, rank, batch_size, seed)
+
+
+        def failing_workload():
+            return Failing()
+    ''')
+    (tmp_path / "my_workloads.py").write_text(source)
+    line = 1 + next(i for i, text in enumerate(source.splitlines()) if "raise RuntimeError" in text)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "experiments.cli", "run", "--workload",
+           "my_workloads:failing_workload", "--method", "hsdp-adamw", "--nodes", "2",
+           "--gpus-per-node", "1", "--steps", "3", "--eval-every", "100", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1",
+           "TQDM_DISABLE": "1"}
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=220)
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    log = tmp_path / "run.error.log"
+    assert "RuntimeError: boom in my loss" in last, last
+    assert f"at {tmp_path / 'my_workloads.py'}:{line}" in last, last
+    assert str(log) in last and "Traceback" in log.read_text()
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ("x = 1\nraise ValueError('bad constant')\n", "importing 'broken_wl' raised ValueError: bad "
+     "constant at {path}:2."),
+    ("def f(:\n", "importing 'broken_wl' raised SyntaxError"),
+    ("import nosuchdependency_xyz\n", "importing 'broken_wl' raised ModuleNotFoundError"),
+    ("def make():\n    return 1 / 0\n", "the factory raised ZeroDivisionError: division by zero "
+     "at {path}:2."),
+])
+@pytest.mark.timeout(60)
+def test_a_workload_module_that_fails_shows_its_own_file_and_line(body, words, tmp_path,
+                                                                  monkeypatch, capsys):
+    path = tmp_path / "broken_wl.py"
+    path.write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["run", "--workload", "broken_wl:make", "--steps", "1",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words.format(path=path) in err and len(err.splitlines()) == 1, err
+    if "SyntaxError" in words or "ModuleNotFound" in words:
+        assert f"at {path}:1" in err
