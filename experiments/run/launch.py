@@ -52,6 +52,7 @@ def launch(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
         return run_kernel(cfg, folder, timeout_s=timeout_s, quiet=quiet)
     if _under_torchrun():
         return _run_torchrun(cfg, folder)
+    _check_spawnable(cfg.world_size)
     return _run_spawned(cfg, folder.create(), timeout_s=timeout_s, quiet=quiet)
 
 
@@ -75,7 +76,6 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     """Spawn every rank here; they share files in the working folder, not sockets to the world."""
     import torch.multiprocessing as mp
 
-    _check_spawnable(cfg.world_size)
     backend = _backend(cfg, cfg.world_size)
     # forkserver imports torch and our modules once, then forks every rank from that warm
     # process: four cold interpreters would spend longer importing than a short run trains.

@@ -49,6 +49,10 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["run", "--out", out, "--config", str(beside)], "has steps beside its [run] table"),
         (["run", "--out", out, "--method", "hsdp-adamw", "--topk", "7"],
          "method 'hsdp-adamw' does not read topk"),
+        (["run", "--out", out, "--nodes", "100000", "--gpus-per-node", "1"],
+         "100000 ranks cannot be spawned on this machine"),
+        (["run", "--out", out, "--seed", "-1"], "seed must be an integer >= 0"),
+        (["run", "--out", out, "--seed", str(2**40)], "seed must be an integer from 0 to"),
         (["sweep", str(ROOT / "experiments/configs/quick.toml"), "--out", out, "--set",
           "executor.timeout_mn=5"], "[executor]: Unknown executor 'timeout'"),
         ([*sim, "--out", str(a_dir)], "is a folder"),
@@ -61,10 +65,10 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(18))
+@pytest.mark.parametrize("case", range(21))
 def test_bad_input_is_one_sentence_nothing_written(tmp_path, capsys, case):
     cases = _bad_inputs(tmp_path)
-    assert len(cases) == 18
+    assert len(cases) == 21
     argv, words = cases[case]
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(argv) != 0
