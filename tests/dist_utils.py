@@ -1,29 +1,33 @@
-"""Spawning small gloo worlds on 127.0.0.1 for the multi-process flexdemo tests."""
+"""Spawning small gloo worlds on loopback for the multi-process tests.
+
+Ranks meet through a file (a FileStore, as spawned runs do) rather than a TCPStore, which would
+listen on every interface; gloo's own sockets stay on the loopback interface.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def init_loopback(rank: int, world: int, store: str) -> None:
+    """Join a gloo world of `world` ranks through the file `store`, sockets on loopback only."""
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    os.environ["GLOO_SOCKET_IFNAME"] = names[0] if names else "lo"
     # Each rank gets one thread so a 4-rank world does not oversubscribe a 2-core machine.
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+
+
+def _entry(rank: int, world: int, store: str, fn: Callable, args: tuple) -> None:
+    init_loopback(rank, world, store)
     try:
         fn(rank, world, *args)
         dist.barrier()
@@ -33,7 +37,9 @@ def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple) -> None:
 
 def run_ranks(fn: Callable, world: int, *args) -> None:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; any failure re-raises."""
-    mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=True)
+    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
+        mp.spawn(_entry, args=(world, str(Path(tmp) / "store"), fn, args), nprocs=world,
+                 join=True)
 
 
 class TinyBlocks(torch.nn.Module):

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import socket
 import subprocess
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from netsim import Link, Topology, TraceRecorder, collective_time, kernel, shapi
 from netsim.kernel_probe import measure_goodput
 from netsim.topology import parse_node_links
 from netsim.units import parse_bandwidth, parse_node_link
+from tests.dist_utils import init_loopback
 from tests.netsim.test_model import make_trace
 
 FAST, SLOW = "80Mbit", "20Mbit"  # 10 MB/s and 2.5 MB/s
@@ -110,16 +110,9 @@ def test_a_fast_node_link_changes_nothing_when_another_node_is_slower():
 
 
 # -- virtual shaping of real gloo groups ---------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
-
-def _three_nodes(rank: int, world: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+def _three_nodes(rank: int, world: int, store: str, out: str) -> None:
+    init_loopback(rank, world, store)
     topo = Topology.from_strings(3, 1, FAST, "10ms", node_links=[f"2={SLOW},30ms"])
     rec = TraceRecorder(rank)
     shaping.install(topo, "virtual", rec, run_dir=out)
@@ -150,7 +143,8 @@ def _three_nodes(rank: int, world: int, port: int, out: str) -> None:
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_virtual_shaping_runs_a_ring_at_the_slow_nodes_pace(tmp_path):
-    mp.spawn(_three_nodes, args=(3, _free_port(), str(tmp_path)), nprocs=3, join=True)
+    mp.spawn(_three_nodes, args=(3, str(tmp_path / "store"), str(tmp_path)), nprocs=3,
+             join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
     slow = collective_time("all_reduce", 3, 1e6, Link(SLOW, "30ms"))  # 0.653 s
     fast = collective_time("all_reduce", 2, 1e6, Link(FAST, "10ms"))  # 0.12 s

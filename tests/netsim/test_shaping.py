@@ -17,24 +17,17 @@ import torch.multiprocessing as mp
 
 from netsim import Topology, TraceRecorder, comm_per_step, shaping, simulate
 from netsim.shaping import run_dir
+from tests.dist_utils import init_loopback
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _init(rank: int, world: int, port: int) -> None:
-    torch.set_num_threads(1)
+def _init(rank: int, world: int, store: str) -> None:
+    init_loopback(rank, world, store)
     torch.manual_seed(0)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
 
 
 def _spawn(fn, world: int, tmp_path) -> list[dict]:
-    mp.spawn(fn, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(fn, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world,
+             join=True)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
@@ -45,8 +38,8 @@ def _summary(rec: TraceRecorder) -> list[dict]:
     return per_step.to_dict("records")
 
 
-def _two_rank_modes(rank: int, world: int, port: int, out: str) -> None:
-    _init(rank, world, port)
+def _two_rank_modes(rank: int, world: int, store: str, out: str) -> None:
+    _init(rank, world, store)
     topo = Topology.from_strings(2, 1, "80Mbit", "10ms")  # 10 MB/s, 10 ms
     results = {}
     for mode in ("off", "wall", "virtual"):
@@ -111,8 +104,8 @@ def test_wall_shaping_delays_and_virtual_clock_agrees(tmp_path):
         assert res["wall"]["predicted"] == pytest.approx(res["wall"]["clock"], abs=0.15)
 
 
-def _four_ranks(rank: int, world: int, port: int, out: str) -> None:
-    _init(rank, world, port)
+def _four_ranks(rank: int, world: int, store: str, out: str) -> None:
+    _init(rank, world, store)
     topo = Topology.from_strings(2, 2, "80Mbit", "0ms")  # 2 nodes x 2, one NIC per node
     rec = TraceRecorder(rank)
     shaping.install(topo, "wall", rec, run_dir=out)
@@ -205,8 +198,8 @@ def _gloo_threads() -> int:
     return sum("gloo" in name for name in names)
 
 
-def _close_releases(rank: int, world: int, port: int, out: str) -> None:
-    _init(rank, world, port)
+def _close_releases(rank: int, world: int, store: str, out: str) -> None:
+    _init(rank, world, store)
     topo = Topology.from_strings(2, 1, "800Mbit", "0ms")
     before = _gloo_threads()
     shaper = shaping.install(topo, "wall", TraceRecorder(rank))  # default run folder
