@@ -31,6 +31,7 @@ import pandas as pd
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
+from experiments.replay.reshard import reshard_trace, run_layout
 from experiments.report.metrics import time_to_target
 from flexdemo.graphs import degree_of, graph_problem, period
 from flexdemo.methods import RECORDS
@@ -161,6 +162,8 @@ def simulate_run(
     node_links replay unless given. `step` is 1-based like the run's steps.parquet; `steps`
     (simulated steps) defaults to the run's. Intra-node collectives keep their recorded
     durations (real runs never shape them) unless `intra="model"` prices them on the intra link.
+    Another gpus_per_node re-shards every sharded payload (experiments.replay.reshard;
+    Replay.payload_rules says how), or refuses with a ConfigError where it cannot.
     `algorithm` picks the inter-node collective algorithms (netsim.model.simulate).
     `calibration` (from `flexbench calibrate`) prices every inter-node link at its measured
     goodput and per-message cost, and the note says so. Gossip runs replay their graph rebuilt
@@ -175,15 +178,27 @@ def simulate_run(
     if calibration is not None:
         topology = calibration.topology(topology)
     degrees, graphs = gossip_degrees(run.meta, run.steps, topology.nodes)
+    trace, rules = _resharded(run, target)
     replay = simulate(
-        run.trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
+        trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
         algorithm=algorithm, degrees=degrees,
+        payloads=f"re-sharded ({'; '.join(rules)})" if rules else None,
     )  # fmt: skip
     note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
     return dataclasses.replace(
         replay, frame=replay.frame.assign(step=range(1, len(replay.frame) + 1)), note=note,
-        graphs=tuple(graphs) if replay.p2p_degrees else (),
+        graphs=tuple(graphs) if replay.p2p_degrees else (), payload_rules=rules,
     )  # fmt: skip
+
+
+def _resharded(run: RecordedRun, target: RunConfig) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """The run's trace with its payloads re-sharded for the target's ranks per node, and the
+    rules applied (none, and the trace as recorded, when the ranks per node are the run's)."""
+    if target.gpus_per_node == run.config.gpus_per_node:
+        return run.trace, ()
+    layout = run_layout(run.meta, run.config) if run.config.record.shards else None
+    resized = reshard_trace(run.trace, run.config, layout, target.gpus_per_node)
+    return resized.trace, resized.notes
 
 
 def loss_on_time_axis(steps: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
