@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 __all__ = ["RecordedRun", "simulate_run", "read_run", "gossip_degrees", "loss_on_time_axis",
            "configure", "main"]
 
+# The intra-node link a declared accelerator profile is modeled on when the run set none: the
+# RunConfig default, an NVLink-class link (per-GPU bus bandwidth of ~100 GB/s, a few us a message).
+GPU_INTRA = (RunConfig.intra_bw, RunConfig.intra_lat)
+
 # Methods whose traffic is messages to graph neighbours.
 GOSSIP_METHODS = tuple(m.name for m in RECORDS if m.gossips)
 
@@ -220,9 +224,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="multiply recorded compute time (0.05: accelerators 20x faster)")
     speed.add_argument("--step-compute", type=float, default=None, metavar="SECONDS",
                        help="compute time per step on the target accelerators")
-    parser.add_argument("--intra", choices=("recorded", "model"), default="recorded",
+    parser.add_argument("--intra", choices=("recorded", "model"), default=None,
                         help="intra-node collectives: recorded durations, or priced on the "
-                        "intra link (for other accelerators)")
+                        "intra link (default: model when --compute-scale or --step-compute "
+                        "declares other hardware, else recorded)")
+    parser.add_argument("--intra-bw", default=None,
+                        help="modeled intra-node link bandwidth (default: the run's intra_bw, "
+                        f"{GPU_INTRA[0]} unless set: NVLink-class)")
+    parser.add_argument("--intra-lat", default=None,
+                        help=f"modeled intra-node link latency (default: the run's intra_lat, "
+                        f"{GPU_INTRA[1]} unless set)")
     parser.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto",
                         help="inter-node collective algorithms: auto picks ring or tree (Bruck "
                         "for all-gathers) by predicted time as NCCL's tuner does; ring or tree "
@@ -245,13 +256,17 @@ def main(args: argparse.Namespace) -> int:
     calibration = load_calibration(args.calibration) if args.calibration else None
     run = read_run(args.run_dir)
     scale = _compute_scale(args, run.steps)
+    intra = _intra_mode(args)
     replay = simulate_run(
         run, inter_bw=args.inter_bw, inter_lat=args.inter_lat, nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, node_links=args.node_link, steps=args.steps,
-        compute_scale=scale, intra=args.intra, algorithm=args.algorithm, calibration=calibration,
+        compute_scale=scale, intra=intra, algorithm=args.algorithm, calibration=calibration,
+        intra_bw=args.intra_bw, intra_lat=args.intra_lat,
     )  # fmt: skip
     write_atomic(out, replay.frame.to_csv(index=False))
     _print_replay(args, run, replay, out, calibration)
+    for line in _basis_lines(args, run, replay, intra, scale):
+        print(f"  {line}")
     if scale != 1.0:
         log.info("compute scaled by %.4g relative to the recording machine", scale)
     _print_time_to_target(args.target, run, replay)
@@ -272,6 +287,54 @@ def _check_arguments(args: argparse.Namespace) -> Path:
         if value is not None and not value > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}.")
     return out
+
+
+def _declares_hardware(args: argparse.Namespace) -> bool:
+    """Whether the flags declare compute other than the recorded CPU's."""
+    return args.compute_scale is not None or args.step_compute is not None
+
+
+def _intra_mode(args: argparse.Namespace) -> str:
+    """--intra, or its default: modeled links when the compute is not the recorded CPU's (its
+    intra-node traffic, CPU gloo loopback, would otherwise dominate a GPU-class step)."""
+    link_given = args.intra_bw is not None or args.intra_lat is not None
+    if args.intra == "recorded" and link_given:
+        flag = "--intra-bw" if args.intra_bw is not None else "--intra-lat"
+        raise ConfigError(f"{flag} prices modeled intra-node links; it has no effect with "
+                          "--intra recorded (drop one of them).")
+    if args.intra is not None:
+        return args.intra
+    return "model" if _declares_hardware(args) or link_given else "recorded"
+
+
+def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, intra: str,
+                 scale: float) -> list[str]:
+    """A line per part (compute, intra-node, inter-node): measured or modeled, and on what.
+
+    Empty for a replay that takes compute, intra-node traffic and payloads as recorded."""
+    if not (_declares_hardware(args) or intra == "model" or replay.payload_rules):
+        return []
+    recorded = float(run.steps["compute_s"].median())
+    if args.step_compute is not None:
+        compute = (f"declared: {args.step_compute:.4g} s per step (x{scale:.4g} of the "
+                   f"{recorded:.4g} s measured on the recording's CPU)")
+    elif args.compute_scale is not None:
+        compute = f"declared: x{scale:.4g} of the measured (recording's CPU, {recorded:.4g} s/step)"
+    else:
+        compute = f"measured on the recording's CPU ({recorded:.4g} s/step)"
+    intra_link = replay.topology.intra
+    if intra == "model":
+        default = (args.intra_bw is None and args.intra_lat is None
+                   and (run.config.intra_bw, run.config.intra_lat) == GPU_INTRA)
+        intra_line = (f"modeled on {intra_link.bandwidth * 8 / 1e9:.4g} Gbit/s "
+                      f"({intra_link.bandwidth / 1e9:.4g} GB/s), {intra_link.latency * 1e6:.3g} us "
+                      f"a message{' (NVLink-class default)' if default else ''}")
+    else:
+        intra_line = "measured: recorded durations (the recording's CPU gloo)"
+    payloads = "re-sharded (below)" if replay.payload_rules else "payloads as recorded"
+    lines = [f"compute: {compute}", f"intra-node: {intra_line}",
+             f"inter-node: modeled on the {args.inter_bw}, {args.inter_lat} links; {payloads}"]
+    return lines + [f"  {rule}" for rule in replay.payload_rules]
 
 
 def _compute_scale(args: argparse.Namespace, steps: pd.DataFrame) -> float:
