@@ -316,12 +316,14 @@ def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, int
         return []
     recorded = float(run.steps["compute_s"].median())
     if args.step_compute is not None:
-        compute = (f"declared: {args.step_compute:.4g} s per step (x{scale:.4g} of the "
-                   f"{recorded:.4g} s measured on the recording's CPU)")
+        compute = (f"declared: {args.step_compute:.4g} s per step, x{scale:.4g} of the "
+                   f"recording's CPU ({recorded:.4g} s per step outside inter-node calls)")
     elif args.compute_scale is not None:
-        compute = f"declared: x{scale:.4g} of the measured (recording's CPU, {recorded:.4g} s/step)"
+        compute = (f"declared: x{scale:.4g} of the recording's CPU ({recorded:.4g} s per step "
+                   "outside inter-node calls)")
     else:
-        compute = f"measured on the recording's CPU ({recorded:.4g} s/step)"
+        compute = (f"measured on the recording's CPU ({recorded:.4g} s per step outside "
+                   "inter-node calls)")
     intra_link = replay.topology.intra
     if intra == "model":
         default = (args.intra_bw is None and args.intra_lat is None
