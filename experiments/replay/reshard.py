@@ -42,6 +42,7 @@ _FIXED = {"ada": "ada's spread probe (a fixed sample per rank)"}
 _ITEMSIZES = (4, 2, 8, 1)
 # Ops whose payload is G shards (the reduce-scatter input); every other op hands in one shard.
 _FULL_OPS = ("reduce_scatter",)
+_OPS = ("reduce_scatter", "all_gather", "all_reduce", "send", "recv", "broadcast")
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,8 @@ def _resized_sizes(trace: pd.DataFrame, config: RunConfig, units: list,
         size, kind = _one_size(config, g_new, op, inter, nbytes, per_shard, ratio)
         sizes[(op, inter, nbytes)] = size
         kinds.add(kind)
+        if kind == "exact":
+            kinds.add(f"{'inter' if inter else 'intra'}-node {op}")
     return sizes, kinds
 
 
@@ -175,9 +178,9 @@ def _notes(config: RunConfig, source: str, g_new: int, kinds: set[str], units: l
              f"({len(units)} units; a shard is ceil(dim0/{g_new}) rows, FSDP2's padding): "
              f"each rank's shard x{ratio:.4g}"]
     if "exact" in kinds:
-        notes.append("exact: FSDP2's reduce-scatter (G shards) and all-gather (one shard) per "
-                     "unit, and every dense exchange of a rank's whole shard or a unit's (hsdp's "
-                     "inter-node all-reduce, diloco's outer all-reduce, gossip messages)")
+        ops = ", ".join(sorted(k for k in kinds if k.endswith(tuple(_OPS))))
+        notes.append(f"exact: {ops} (FSDP2's reduce-scatter takes G shards, every other op one "
+                     "shard of a unit or of the whole model)")
     if "proportional" in kinds:
         notes.append(f"approximate: {config.method}'s inter-node payload "
                      f"({_SHARD_PROPORTIONAL[replicator]}) scaled with the shard's element count "

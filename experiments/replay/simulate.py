@@ -186,13 +186,21 @@ def simulate_run(
     replay = simulate(
         trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
         algorithm=algorithm, degrees=degrees,
-        payloads=f"re-sharded ({'; '.join(rules)})" if rules else None,
+        payloads=_payload_clause(run, rules),
     )  # fmt: skip
     note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
     return dataclasses.replace(
         replay, frame=replay.frame.assign(step=range(1, len(replay.frame) + 1)), note=note,
         graphs=tuple(graphs) if replay.p2p_degrees else (), payload_rules=rules,
     )  # fmt: skip
+
+
+def _payload_clause(run: RecordedRun, rules: tuple[str, ...]) -> str | None:
+    """How the replay sized its payloads, for the model's note (None: as recorded, said there)."""
+    if not rules:
+        return None
+    verb = "re-sharded" if run.config.record.shards else "as recorded"
+    return f"{verb} ({'; '.join(rules)})"
 
 
 def _resharded(run: RecordedRun, target: RunConfig) -> tuple[pd.DataFrame, tuple[str, ...]]:
@@ -333,7 +341,14 @@ def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, int
                       f"a message{' (NVLink-class default)' if default else ''}")
     else:
         intra_line = "measured: recorded durations (the recording's CPU gloo)"
-    payloads = "re-sharded (below)" if replay.payload_rules else "payloads as recorded"
+        if replay.payload_rules and run.config.record.shards:
+            # Durations, not bytes, are replayed: the resized intra-node payloads need a link.
+            intra_line += (f", as at {run.config.gpus_per_node} ranks per node (--intra model "
+                           "prices the re-sharded ones)")
+    payloads = "payloads as recorded"
+    if replay.payload_rules:
+        verb = "re-sharded to" if run.config.record.shards else "as recorded at"
+        payloads = f"payloads {verb} {replay.topology.accelerators_per_node} ranks per node (below)"
     lines = [f"compute: {compute}", f"intra-node: {intra_line}",
              f"inter-node: modeled on the {args.inter_bw}, {args.inter_lat} links; {payloads}"]
     return lines + [f"  {rule}" for rule in replay.payload_rules]
