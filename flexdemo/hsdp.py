@@ -99,8 +99,10 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, inter_all_reduce: bool = Tru
 
 
 def shard_layout(model: nn.Module, blocks: BlockSpec = None) -> list[list[list[int]]]:
-    """Per FSDP2 unit that ``parallelize`` makes (blocks inner first, then the root): its
-    parameters' shapes, which fix every sharded collective's size at any shard count."""
+    """The parameter shapes of each FSDP2 unit ``parallelize`` makes, blocks inner first, then root.
+
+    They fix every sharded collective's size at any shard count (a replay re-shards with them).
+    """
     units: list[list[list[int]]] = []
     taken: set[int] = set()
     # A parameter belongs to the innermost unit holding it: the blocks come inner first.

@@ -176,7 +176,7 @@ def _notes(config: RunConfig, source: str, g_new: int, kinds: set[str], units: l
     ratio = _shard_ratio(units, g, g_new)
     notes = [f"re-sharded from {g} to {g_new} ranks per node with the FSDP2 layout {source} "
              f"({len(units)} units; a shard is ceil(dim0/{g_new}) rows, FSDP2's padding): "
-             f"each rank's shard x{ratio:.4g}"]
+             f"each rank's shard x{ratio:.4g}; the node count changes no shard"]
     if "exact" in kinds:
         ops = ", ".join(sorted(k for k in kinds if k.endswith(tuple(_OPS))))
         notes.append(f"exact: {ops} (FSDP2's reduce-scatter takes G shards, every other op one "

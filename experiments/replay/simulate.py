@@ -8,6 +8,11 @@
 For synchronous schemes the loss at step t does not depend on the network, so the run's loss
 curve placed on the simulated time axis predicts the time to reach a target loss.
 
+Another --gpus-per-node re-shards the run's payloads (experiments.replay.reshard); declared
+compute (--compute-scale, --step-compute) prices the intra-node collectives on an NVLink-class
+link unless told otherwise (--intra, --intra-bw, --intra-lat); the output then says per part
+(compute, intra-node, inter-node) what was measured and what modeled.
+
 Gossip runs (method gossip, or ada, whose graph steps.parquet records per step) are replayed on
 their communication graph rebuilt at the target node count: each node exchanges with its
 neighbours there, so a step costs what the graph's degree costs, whatever the node count.
