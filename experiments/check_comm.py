@@ -1,12 +1,16 @@
-"""CI regression check: fail when any method sends more bytes (or calls) per step than before.
+"""CI regression check: fail when any method's bytes (or calls) per step change from before.
 
     flexbench check-comm                       # compare with results/baselines/comm_volume.json
     flexbench check-comm --update              # re-record the baseline on purpose
+    flexbench check-comm --update --methods flexdemo   # re-record flexdemo's row, keep the rest
 
 Every method runs a couple of steps of a fixed tiny setting (lm-tiny, 2 nodes x 2 ranks, seed 0,
 shaping off) through the real launcher; the per-step inter-node bytes sent and received, the
 inter-node calls and the intra-node bytes are compared with the committed baseline. A figure
-that grows by more than the tolerance (1%), or a method that disappears, fails the check.
+that grows or drops by more than the tolerance (1%), or a method that disappears, fails the
+check: a method that silently stops communicating is as wrong as one that sends more. `--update`
+merges: only the measured methods' rows change, and a method whose run fails keeps its old row
+and fails the command, so an update can never switch the gate off.
 Byte counts depend only on tensor shapes and the method's settings, so they are deterministic.
 """
 
@@ -73,7 +77,7 @@ def compare(
     *,
     tolerance: float = TOLERANCE,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Row-by-row differences and the list of failures (growth over tolerance, lost methods)."""
+    """Row-by-row differences and the list of failures (changes over tolerance, lost methods)."""
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
     for method in sorted(set(baseline) | set(current), key=_method_order):
@@ -88,15 +92,16 @@ def compare(
             after = float(new.get(figure, math.nan))
             change, verdict = _judge(before, after, tolerance)
             if verdict == "FAIL":
-                failures.append(f"{method}: {figure} grew from {_num(before)} to {_num(after)} "
-                                f"({change})")
+                moved = "grew" if after > before or math.isnan(after) else "fell"
+                failures.append(f"{method}: {figure} {moved} from {_num(before)} to "
+                                f"{_num(after)} ({change})")
             rows.append({"method": method, "figure": figure, "baseline": before, "now": after,
                          "change": change, "verdict": verdict})
     return rows, failures
 
 
 def _judge(before: float, after: float, tolerance: float) -> tuple[str, str]:
-    """The change as text and its verdict: ok, FAIL, 'lower' (a win) or 'new'."""
+    """The change as text and its verdict: ok, FAIL (beyond the tolerance either way) or new."""
     if math.isnan(before):
         return "new", "new"
     if math.isnan(after):
@@ -104,11 +109,8 @@ def _judge(before: float, after: float, tolerance: float) -> tuple[str, str]:
     if before == 0:
         return ("+inf%", "FAIL") if after > 0 else ("+0.0%", "ok")
     rel = (after - before) / before
-    if rel > tolerance:
-        return f"{rel:+.1%}", "FAIL"
-    if rel < -tolerance:
-        return f"{rel:+.1%}", "lower"  # fewer bytes: fine, --update locks it in
-    return f"{rel:+.1%}", "ok"
+    # Fewer bytes fail too: a method that stops communicating must be re-recorded on purpose.
+    return f"{rel:+.1%}", ("FAIL" if abs(rel) > tolerance else "ok")
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -154,24 +156,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE,
                         help=f"baseline JSON (default {DEFAULT_BASELINE})")
     parser.add_argument("--update", action="store_true",
-                        help="measure and rewrite the baseline instead of comparing")
+                        help="measure and record instead of comparing; with --methods, only "
+                        "their rows change")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE,
-                        help="allowed relative growth per figure (default 0.01 = 1%%)")
+                        help="allowed relative change per figure (default 0.01 = 1%%)")
     parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                         help="check only these methods (default: all, and every one the "
                         "baseline knows must still run)")
 
 
 def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
-    """Run `flexbench check-comm`; 0 when nothing grew, 1 when something did."""
+    """Run `flexbench check-comm`; 0 when nothing changed (or the update is whole), else 1."""
     methods = _checked_methods(args)
-    baseline = None if args.update else _read_baseline(args.baseline)
-    if baseline is not None and baseline.get("settings") != SETTINGS:
-        raise ValueError(f"baseline {str(args.baseline)!r} was recorded with other settings "
-                         f"({baseline.get('settings')}); re-record it with --update.")
+    baseline = _baseline_for(args)
     current = (measurer or measure)(methods, dict(SETTINGS))
-    if baseline is None:  # --update
-        return _record(args.baseline, current)
+    if args.update:
+        return _record(args.baseline, baseline, methods, current)
     expected = baseline["methods"]
     if args.methods is not None:  # an explicit subset is compared on that subset only
         expected = {m: v for m, v in expected.items() if m in methods}
@@ -189,18 +189,48 @@ def _checked_methods(args: argparse.Namespace) -> list[str]:
     return methods
 
 
-def _record(path: Path, current: dict[str, dict[str, float]]) -> int:
-    """`--update`: write `current` as the new baseline at `path` and print it; 0."""
+def _baseline_for(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The baseline to compare with or merge into (None: a whole first recording)."""
+    if args.update and not args.baseline.exists():
+        if args.methods is not None:
+            raise ValueError(f"no baseline at {str(args.baseline)!r} to update; record every "
+                             "method first (--update without --methods).")
+        return None
+    baseline = _read_baseline(args.baseline)
+    if baseline.get("settings") == SETTINGS:
+        return baseline
+    if args.update and args.methods is None:
+        return None  # re-recorded whole under the new settings
+    raise ValueError(f"baseline {str(args.baseline)!r} was recorded with other settings "
+                     f"({baseline.get('settings')}); re-record every method with --update "
+                     "(without --methods).")
+
+
+def _record(path: Path, baseline: dict[str, Any] | None, methods: list[str],
+            current: dict[str, dict[str, float]]) -> int:
+    """`--update`: merge `current` into the baseline at `path`, print it; 1 if a method failed.
+
+    Rows of methods not measured stay; a method whose run failed keeps its old row.
+    """
     from experiments.io import provenance
 
+    merged = {**(baseline["methods"] if baseline else {}), **current}
     about = provenance()
-    body = {"settings": SETTINGS, "figures": list(FIGURES), "methods": current,
+    body = {"settings": SETTINGS, "figures": list(FIGURES),
+            "methods": {m: merged[m] for m in sorted(merged, key=_method_order)},
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": about["versions"], "git_commit": about["git_commit"]}
     write_atomic(path, json.dumps(body, indent=2, sort_keys=False) + "\n")
     rows, _ = compare({}, current)
     print(render(rows))
     log.info("baseline written to %s", path)
+    failed = [m for m in methods if m not in current]
+    if failed:
+        kept = [m for m in failed if m in merged]
+        print(f"{len(failed)} method(s) failed to run and were not re-recorded: "
+              f"{', '.join(failed)}" + (f" (old rows kept: {', '.join(kept)})" if kept else "")
+              + ".", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -210,11 +240,11 @@ def _report(expected: dict[str, Any], current: dict[str, dict[str, float]],
     rows, failures = compare(expected, current, tolerance=tolerance)
     print(render(rows))
     if failures:
-        print(f"\ncommunication grew beyond {tolerance:.0%}:", file=sys.stderr)
+        print(f"\ncommunication changed beyond {tolerance:.0%}:", file=sys.stderr)
         for line in failures:
             print(f"  {line}", file=sys.stderr)
-        print("if this is intended, re-record with `flexbench check-comm --update`.",
-              file=sys.stderr)
+        print("if this is intended, re-record those methods with `flexbench check-comm "
+              "--update --methods METHOD ...`.", file=sys.stderr)
         return 1
-    print(f"\nno method sends more than its baseline (+{tolerance:.0%}).")
+    print(f"\nevery method sends what its baseline does (within {tolerance:.0%}).")
     return 0

@@ -20,6 +20,10 @@ from experiments.errors import ConfigError
 
 __all__ = ["check_output_file", "check_output_folder", "provenance", "write_atomic"]
 
+# The umask can only be read by setting it: once, at import, before any worker thread runs.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write a file so that readers see the old content or the new one, never a half."""
@@ -32,6 +36,8 @@ def write_atomic(path: Path, data: bytes | str) -> None:
             fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
+        # mkstemp makes the file 0600; a result is read by others, as any file open() makes.
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,15 +1,11 @@
-"""The package layout holds: no file imports a file that imports it back, no function a newcomer
-cannot read in one go (radon's cyclomatic complexity, which counts more than ruff's), and the
-commands that only read results load without torch."""
+"""The package layout holds: no file imports a file that imports it back, and no function is
+above what a newcomer reads in one go (radon's cyclomatic complexity, which counts more than
+ruff's). That the read-only commands load without torch is tests/experiments/test_torch_free.py."""
 
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flexdemo", "netsim", "experiments")

@@ -8,6 +8,17 @@
 For synchronous schemes the loss at step t does not depend on the network, so the run's loss
 curve placed on the simulated time axis predicts the time to reach a target loss.
 
+At another node count or global batch the loss curve is stated, never assumed silently
+(`experiments.replay.loss_curve`): `--loss-from RUN` (repeatable) adds recordings at other node
+counts and the one with the nearest global batch gives the curve (the trace is always the first
+run's); `--loss-scaling none|linear-to-critical-batch:B` maps it to the target's global batch;
+the rule is printed beside the time to target and stored in OUT's sidecar `.loss.json`. Gossip
+and Ada replays at a node count no recording has give no time to target.
+
+    flexbench simulate runs/ada-4 --loss-from runs/ada-8 --nodes 8 --inter-bw 1Gbit --out a.csv
+    flexbench simulate runs/flex --nodes 64 --loss-scaling linear-to-critical-batch:512 \
+        --inter-bw 10Gbit --out f.csv
+
 Another --gpus-per-node re-shards the run's payloads (experiments.replay.reshard); declared
 compute (--compute-scale, --step-compute) prices the intra-node collectives on an NVLink-class
 link unless told otherwise (--intra, --intra-bw, --intra-lat); the output then says per part
@@ -36,6 +47,14 @@ import pandas as pd
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
+from experiments.replay.loss_curve import (
+    LOSS_SCALING_CHOICES,
+    LossCurve,
+    LossScaling,
+    Recording,
+    choose_loss_curve,
+    parse_loss_scaling,
+)
 from experiments.replay.reshard import reshard_trace, run_layout
 from experiments.report.metrics import time_to_target
 from flexdemo.graphs import degree_of, graph_problem, period
@@ -231,7 +250,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inter-lat", default="0ms", help="inter-node latency, e.g. 20ms")
     parser.add_argument("--nodes", type=int, help="nodes to simulate (default: the run's)")
     parser.add_argument("--gpus-per-node", type=int, help="ranks per node (default: the run's)")
-    parser.add_argument("--steps", type=int, help="steps to simulate (default: the run's)")
+    parser.add_argument("--steps", type=int, help="steps to simulate (default: the run's; at "
+                        "another shape, as many as the loss curve used needs)")
     speed = parser.add_mutually_exclusive_group()
     speed.add_argument("--compute-scale", type=float, default=None,
                        help="multiply recorded compute time (0.05: accelerators 20x faster)")
@@ -259,20 +279,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="price links at the goodput and per-message cost measured by "
                         "`flexbench calibrate` (default: the configured rate, no extra cost)")
     parser.add_argument("--target", type=float,
-                        help="target validation loss (default: the run's final one)")
+                        help="target validation loss (default: the final one of the run whose "
+                        "loss curve is used)")
+    parser.add_argument("--loss-from", action="append", default=None, metavar="RUN",
+                        help="another recording of the same method and workload, e.g. at another "
+                        "node count; repeatable; the loss curve comes from the run (RUN_DIR "
+                        "included) whose global batch is nearest the target's, the trace from "
+                        "RUN_DIR")
+    parser.add_argument("--loss-scaling", default=None, metavar=LOSS_SCALING_CHOICES,
+                        help="rule for the loss per step at another global batch: none (as "
+                        "recorded, the default) or linear-to-critical-batch:B (k-times the batch, "
+                        "k-times fewer steps, up to batch B; McCandlish et al. 2018); an "
+                        "assumption, printed and stored with the replay")
     parser.add_argument("--out", required=True, help="CSV file for the per-step times")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench simulate`."""
     out = _check_arguments(args)
+    rule = parse_loss_scaling(args.loss_scaling)
     calibration = load_calibration(args.calibration) if args.calibration else None
     run = read_run(args.run_dir)
+    curve = _loss_curve(args, run, rule)
+    sidecar = check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar") \
+        if curve.stated else None
     scale = _compute_scale(args, run.steps)
     intra = _intra_mode(args)
     replay = simulate_run(
         run, inter_bw=args.inter_bw, inter_lat=args.inter_lat, nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node, node_links=args.node_link, steps=args.steps,
+        gpus_per_node=args.gpus_per_node, node_links=args.node_link,
+        steps=args.steps if args.steps is not None else curve.steps_needed(),
         compute_scale=scale, intra=intra, algorithm=args.algorithm, calibration=calibration,
         intra_bw=args.intra_bw, intra_lat=args.intra_lat,
     )  # fmt: skip
@@ -282,8 +318,18 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {line}")
     if scale != 1.0:
         log.info("compute scaled by %.4g relative to the recording machine", scale)
-    _print_time_to_target(args.target, run, replay)
+    _print_time_to_target(args.target, curve, replay, sidecar)
     return 0
+
+
+def _loss_curve(args: argparse.Namespace, run: RecordedRun, rule: LossScaling) -> LossCurve:
+    """The loss curve the replay uses among RUN_DIR and the --loss-from recordings."""
+    runs = [run, *(read_run(path) for path in args.loss_from or ())]
+    return choose_loss_curve(
+        [Recording.of(r.path, r.config, r.meta, r.steps) for r in runs],
+        nodes=args.nodes or run.config.nodes,
+        gpus_per_node=args.gpus_per_node or run.config.gpus_per_node, rule=rule,
+    )  # fmt: skip
 
 
 def _check_arguments(args: argparse.Namespace) -> Path:
@@ -386,17 +432,31 @@ def _print_replay(args: argparse.Namespace, run: RecordedRun, replay: Replay, ou
         log.info("model: %s", replay.note)
 
 
-def _print_time_to_target(target: float | None, run: RecordedRun, replay: Replay) -> None:
-    """The run's loss curve on the simulated time axis: when it reaches the target."""
+def _print_time_to_target(target: float | None, curve: LossCurve, replay: Replay,
+                          sidecar: Path | None) -> None:
+    """The loss curve on the simulated time axis: when it reaches the target, and which curve.
+
+    A replay at another shape (`curve.stated`) prints where its trace and curve came from, the
+    rule beside the time, and stores both in `sidecar`.
+    """
     if target is None:
-        target = run.meta.get("final_val_loss")
-    if target is None or (isinstance(target, float) and math.isnan(target)):
-        return
-    curve = loss_on_time_axis(run.steps, replay.frame)
-    ttt = time_to_target(curve["time_s"], curve["val_loss"], float(target))
-    when = "not reached" if math.isinf(ttt) else f"{ttt:.2f} s"
-    print(f"predicted time to val_loss <= {target:.4f}: {when}")
-    shape = (replay.topology.nodes, replay.topology.accelerators_per_node)
-    if shape != (run.config.nodes, run.config.gpus_per_node):
-        log.info("(assumes the recorded run's loss per step also holds on the larger "
-                 "cluster)")
+        target = curve.recording.final_val_loss
+    if target is not None and isinstance(target, float) and math.isnan(target):
+        target = None
+    if curve.stated:
+        print(f"  {curve.summary()}")
+    ttt = None
+    if target is not None and curve.refusal is not None:
+        print(f"no time to val_loss <= {target:.4f}: {curve.refusal}")
+    elif target is not None:
+        points = curve.on_time_axis(replay.frame)
+        ttt = time_to_target(points["time_s"], points["val_loss"], float(target))
+        when = "not reached" if math.isinf(ttt) else f"{ttt:.2f} s"
+        label = f" ({curve.label()})" if curve.stated else ""
+        print(f"predicted time to val_loss <= {target:.4f}: {when}{label}")
+    if sidecar is not None:
+        stored = {**curve.record(), "target_val_loss": target,
+                  "time_to_target_s": None if ttt is None or math.isinf(ttt) else ttt,
+                  "reached": ttt is not None and math.isfinite(ttt)}
+        write_atomic(sidecar, json.dumps(stored, indent=2) + "\n")
+        print(f"  loss curve and rule stored in {sidecar}")

@@ -38,14 +38,30 @@ def load_config(path: str | None, flags: dict[str, Any], sets: list[str]) -> Run
             raw = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as err:
             raise ConfigError(f"cannot read config {path!r}: {err}") from None
-        table = raw.get("run", raw)
-        if not isinstance(table, dict):
-            raise ConfigError(f"config {path!r}: 'run' must be a table of run settings "
-                              f"([run]), got {table!r}.")
-        data.update(table)
+        data.update(_run_table(path, raw))
     data.update({k: v for k, v in flags.items() if v is not None})
     data.update(parse_overrides(sets))
     return RunConfig.from_dict(data).validate()
+
+
+def _run_table(path: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The run settings of a TOML file: its [run] table, or its top level when it has none.
+
+    Nothing is read half: keys beside a [run] table, or a sweep file's tables, are refused.
+    """
+    if "run" not in raw:
+        return raw  # unknown keys are refused by RunConfig.from_dict
+    table = raw["run"]
+    if not isinstance(table, dict):
+        raise ConfigError(f"config {path!r}: 'run' must be a table of run settings "
+                          f"([run]), got {table!r}.")
+    beside = sorted(k for k in raw if k != "run")
+    if beside:
+        hint = (" it looks like a sweep file; run it with `flexbench sweep`"
+                if "grid" in raw else " put every run setting inside [run]")
+        raise ConfigError(f"config {path!r} has {', '.join(beside)} beside its [run] table, "
+                          f"which `flexbench run` would not read;{hint}.")
+    return table
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

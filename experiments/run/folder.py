@@ -183,9 +183,10 @@ def _run_meta(results: list[RankResult], cfg: RunConfig, steps: pd.DataFrame,
         "layout": results[0].layout,
         "status": "diverged" if diverged else "done",
         "diverged_step": min(diverged) if diverged else None,
-        # JSON has no NaN: a diverged run has no final loss.
-        "final_val_loss": final_loss if final_loss is not None and math.isfinite(final_loss)
-        else None,
+        # A diverged run has no final loss, even when its last evaluation came before the loss
+        # stopped being finite (JSON has no NaN either).
+        "final_val_loss": final_loss if not diverged and final_loss is not None
+        and math.isfinite(final_loss) else None,
         "train_time_s": float(steps["wall_time_s"].iloc[-1]),
         "inter_bytes_per_step": float(steps["inter_bytes_sent"].mean()),
         "intra_bytes_per_step": float(steps["intra_bytes"].mean()),

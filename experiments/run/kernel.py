@@ -36,7 +36,7 @@ from pathlib import Path
 from experiments.config import RunConfig
 from experiments.errors import RunFailed
 from experiments.run.folder import RunFolder, read_rank_result, write_run
-from experiments.run.rank import raise_on_sigterm, run_one_rank
+from experiments.run.rank import die_with_launcher, raise_on_sigterm, run_one_rank
 from experiments.run.watchdog import RankStalled, Watchdog
 from netsim.kernel import (
     KernelNetwork,
@@ -161,23 +161,11 @@ def _failure(folder: RunFolder, codes: list[int | None]) -> str:
     return f"a rank died: rank {rank} exited with status {code}"
 
 
-def _die_with_launcher() -> None:
-    """Be killed when the launcher dies (even by SIGKILL): orphans would train on for nothing."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    # `ip netns exec` became this process, so the launcher is the parent; it may have died
-    # before prctl took effect.
-    if os.getppid() != int(os.environ.get(_LAUNCHER_PID, os.getppid())):
-        os._exit(1)
-
-
 def _rank_main(work: str) -> int:
     """Inside a namespace: join node 0's TCPStore, run this rank; on failure leave one line."""
     import torch.distributed as dist
 
-    _die_with_launcher()
+    die_with_launcher(int(os.environ[_LAUNCHER_PID]))
     folder = RunFolder(work, work)
     rank = int(os.environ["RANK"])
     try:

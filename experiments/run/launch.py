@@ -29,7 +29,7 @@ from experiments.errors import ConfigError, RunFailed
 from experiments.io import check_output_folder
 from experiments.logs import configure_logging
 from experiments.run.folder import RunFolder, read_rank_result, write_run
-from experiments.run.rank import raise_on_sigterm, run_one_rank, teardown
+from experiments.run.rank import die_with_launcher, raise_on_sigterm, run_one_rank, teardown
 from experiments.run.watchdog import RankStalled, Watchdog
 
 __all__ = ["launch", "RunFailed"]
@@ -83,7 +83,7 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     previous_handler = raise_on_sigterm()
     try:
         ctx = mp.start_processes(
-            _spawned_rank, args=(cfg.to_dict(), backend, str(folder.work), quiet),
+            _spawned_rank, args=(cfg.to_dict(), backend, str(folder.work), quiet, os.getpid()),
             nprocs=cfg.world_size, join=False, start_method="forkserver",
         )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -115,8 +115,11 @@ def _loopback_interface() -> str:
     return names[0] if names else "lo"
 
 
-def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: bool) -> None:
+def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: bool,
+                  launcher_pid: int) -> None:
     import torch.distributed as dist
+
+    die_with_launcher(launcher_pid)
 
     cfg = RunConfig.from_dict(cfg_dict)
     folder = RunFolder(work, work)

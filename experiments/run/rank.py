@@ -6,9 +6,12 @@ runs `run_one_rank`, which calls the training body in `experiments.run.train`.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import select
 import signal
+import sys
 import threading
 from datetime import timedelta
 from typing import Any
@@ -18,8 +21,11 @@ from experiments.errors import RunFailed
 from experiments.logs import configure_logging
 from experiments.run.folder import RunFolder, write_rank_result
 from experiments.run.watchdog import Heartbeat
+from netsim.shaping.run_dir import pid_alive
 
-__all__ = ["pin_to_core", "raise_on_sigterm", "run_one_rank", "teardown"]
+__all__ = ["die_with_launcher", "pin_to_core", "raise_on_sigterm", "run_one_rank", "teardown"]
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def raise_on_sigterm():
@@ -101,3 +107,29 @@ def teardown() -> None:
     # gloo's threads end only when the last reference to a group goes; the model, mesh and
     # optimizer of the finished run form cycles that still hold some.
     gc.collect()
+
+
+def die_with_launcher(launcher_pid: int) -> None:
+    """End this rank when the launcher dies, even by SIGKILL: orphans would train on for nothing.
+
+    A kernel rank's parent is the launcher itself (the kernel's parent-death signal suffices);
+    a spawned rank's parent is the launcher's forkserver, which outlives the launcher as long as
+    its children hold its pipe, so a thread waits on the launcher's exit too.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    try:
+        exited = os.pidfd_open(launcher_pid)  # readable once the launcher has exited
+    except (AttributeError, OSError):  # not Linux >= 5.3, or the launcher is already gone
+        exited = None
+    if exited is None and not pid_alive(launcher_pid):
+        os._exit(1)
+    if exited is not None:
+        threading.Thread(target=_exit_when_readable, args=(exited,), daemon=True,
+                         name="die-with-launcher").start()
+
+
+def _exit_when_readable(fd: int) -> None:
+    """Block until `fd` (a pidfd) is readable, i.e. its process has exited; then leave at once."""
+    select.select([fd], [], [])
+    os._exit(1)

@@ -7,6 +7,10 @@
                           over hsdp-adamw (median, min, max over seeds)
     steps.parquet         every unit's per-step rows with their keys and time axes
 
+Every unit is replayed at its own recorded cluster shape (only the network point changes), so
+its time to target uses its own loss curve and no loss rule (`experiments.replay.loss_curve`)
+applies; a sweep cannot replay a unit at another node count.
+
 A diverged run (run.json status "diverged") and a failed unit count as never reaching the target.
 Each unit is scored against the baseline of its own cluster when hsdp-adamw runs on several
 (`targets`); `baseline_cluster` names the one it was scored against.

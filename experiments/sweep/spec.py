@@ -13,7 +13,9 @@ import hashlib
 import json
 import math
 import re
+import tempfile
 import tomllib
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,10 +121,7 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
     timeout = raw.get("timeout_s")
     if timeout is not None and (not _is_number(timeout) or timeout <= 0):
         raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout!r}.")
-    executor = _table(raw, "executor")
-    if executor.get("kind", "local") not in EXECUTORS:
-        raise ConfigError(f"unknown executor.kind {executor['kind']!r}; choose one of "
-                          f"{', '.join(EXECUTORS)}.")
+    executor = _executor(raw)
     validate = raw.get("validate", [])
     if not isinstance(validate, list) or not all(isinstance(v, dict) for v in validate):
         raise ConfigError("validate must be a list of [[validate]] tables.")
@@ -168,6 +167,30 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
             raise ConfigError(f"--set {key}: {part!r} is not a table.")
         node = child
     node[parts[-1]] = value
+
+def _executor(raw: dict[str, Any]) -> dict[str, Any]:
+    """The [executor] table, every key checked now rather than when the units are submitted.
+
+    Besides `kind` and `folder` it holds submitit parameters (`timeout_min`, `slurm_partition`,
+    ...); submitit itself checks their names and types, so a typo is refused before any work.
+    """
+    executor = _table(raw, "executor")
+    if executor.get("kind", "local") not in EXECUTORS:
+        raise ConfigError(f"unknown executor.kind {executor['kind']!r}; choose one of "
+                          f"{', '.join(EXECUTORS)}.")
+    params = {k: v for k, v in executor.items() if k not in ("kind", "folder")}
+    if params:
+        import submitit
+
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated spellings still work
+            try:
+                submitit.AutoExecutor(folder=tmp, cluster="debug").update_parameters(**params)
+            except (NameError, ValueError, TypeError, AssertionError) as err:
+                first = str(err).strip().splitlines()[0]
+                raise ConfigError(f"[executor]: {first}") from None
+    return executor
+
 
 def _known(where: str, table: dict[str, Any], allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)

@@ -22,7 +22,7 @@ from experiments.sweep.spec import SweepConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["baseline_clusters", "final_val_loss", "targets"]
+__all__ = ["baseline_clusters", "diverged", "final_val_loss", "targets"]
 
 
 def baseline_clusters(train: list[Unit]) -> dict[str, str | None]:
@@ -48,8 +48,25 @@ def targets(cfg: SweepConfig, out: Path, train: list[Unit]) -> dict[str | None, 
             continue
         done = [u for u in train if u.method == metrics.BASELINE and u.cluster == cluster
                 and unit_state(out, u) == "done"]
-        found[cluster] = _derived(cfg, out, done, cluster if several else None)
+        found[cluster] = _derived(cfg, out, _not_diverged(out, done), cluster if several else None)
     return found
+
+
+def _not_diverged(out: Path, done: list[Unit]) -> list[Unit]:
+    """The baseline runs a target may come from: a diverged run's truncated curve never sets it."""
+    kept = [u for u in done if not diverged(unit_dir(out, u))]
+    if len(kept) < len(done):
+        log.warning("%s diverged in %s: the target comes from the other %d run(s).",
+                    metrics.BASELINE, ", ".join(u.id for u in done if u not in kept), len(kept))
+    return kept
+
+
+def diverged(run_dir: Path) -> bool:
+    """Whether run.json says the run diverged (its loss stopped being finite)."""
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("status") == "diverged"
+    except (OSError, ValueError):
+        return False
 
 
 def _derived(cfg: SweepConfig, out: Path, done: list[Unit], cluster: str | None) -> float:
@@ -71,7 +88,9 @@ def _derived(cfg: SweepConfig, out: Path, done: list[Unit], cluster: str | None)
 
 
 def final_val_loss(run_dir: Path) -> float:
-    """run.json's final_val_loss, else the last evaluated val_loss in steps.parquet."""
+    """run.json's final_val_loss, else the last evaluated val_loss; NaN for a diverged run."""
+    if diverged(run_dir):
+        return math.nan
     try:
         value = json.loads((run_dir / "run.json").read_text()).get("final_val_loss")
         if value is not None and math.isfinite(float(value)):

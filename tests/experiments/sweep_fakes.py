@@ -21,6 +21,7 @@ FAKE_BYTES = {"hsdp-adamw": 8e6, "flexdemo": 2e5, "demo": 4e5, "diloco": 8e6 / 5
 COMPUTE_S = 0.1
 STEPS = 20
 EVAL_EVERY = 5
+DIVERGED_AT = 10  # the step FAKE_DIVERGE_UNIT's loss stops being finite
 
 
 class FakeRunFailed(RuntimeError):
@@ -86,12 +87,17 @@ def fake_launch(cfg: RunConfig, out: Path, *, timeout_s: float | None = None, **
         "compute_s": COMPUTE_S,
         "comm_s": comm,
     })
+    meta = {"config": cfg.to_dict(), "final_val_loss": float(frame["val_loss"].dropna().iloc[-1]),
+            "status": "done"}
+    if cfg.extra.get("unit") == os.environ.get("FAKE_DIVERGE_UNIT"):
+        # As a real run that diverges: its curve stops at the evaluation that saw it.
+        frame = frame[frame["step"] <= DIVERGED_AT]
+        meta.update(status="diverged", diverged_step=DIVERGED_AT, final_val_loss=None)
     tmp = out.with_name(out.name + ".tmp")
     tmp.mkdir(parents=True)
     frame.to_parquet(tmp / "steps.parquet", index=False)
     _fake_trace(cfg, per_step).to_parquet(tmp / "trace.parquet")
-    final = float(frame["val_loss"].dropna().iloc[-1])
-    (tmp / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "final_val_loss": final}))
+    (tmp / "run.json").write_text(json.dumps(meta))
     os.replace(tmp, out)
     return out
 

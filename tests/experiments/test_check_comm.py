@@ -37,9 +37,14 @@ def test_growth_beyond_one_percent_fails_and_smaller_does_not() -> None:
 
 
 @pytest.mark.timeout(10)
-def test_less_traffic_and_new_methods_pass_lost_methods_fail() -> None:
+def test_less_traffic_fails_new_methods_pass_lost_methods_fail() -> None:
+    # A method that silently stops communicating must not pass as a win.
     rows, failures = check_comm.compare(BASE, _with("flexdemo", "intra_bytes", 10.0))
-    assert failures == [] and any(r["verdict"] == "lower" for r in rows)
+    assert failures == ["flexdemo: intra_bytes fell from 5,000 to 10 (-99.8%)"]
+    _, failures = check_comm.compare(BASE, _with("flexdemo", "inter_bytes_sent", 990.0))
+    assert failures == []  # exactly -1.0% is allowed
+    _, failures = check_comm.compare(BASE, _with("hsdp-adamw", "inter_calls", 0.0))
+    assert failures and "inter_calls fell" in failures[0]
     more = {**BASE, "demo": dict(BASE["flexdemo"])}
     rows, failures = check_comm.compare(BASE, more)
     assert failures == [] and {r["verdict"] for r in rows if r["method"] == "demo"} == {"new"}
@@ -74,12 +79,13 @@ def test_cli_update_then_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "baselines" / "comm.json"
     monkeypatch.setattr(check_comm, "measure", _fake(BASE))
+    monkeypatch.setattr(check_comm, "METHODS", ("flexdemo", "hsdp-adamw"))
     args = ["check-comm", "--baseline", str(path), "--methods", "flexdemo", "hsdp-adamw"]
-    assert cli.main([*args, "--update"]) == 0
+    assert cli.main(["check-comm", "--baseline", str(path), "--update"]) == 0
     saved = json.loads(path.read_text())
     assert saved["methods"] == BASE and saved["settings"] == check_comm.SETTINGS
     assert cli.main(args) == 0
-    assert "no method sends more" in capsys.readouterr().out
+    assert "every method sends what its baseline does" in capsys.readouterr().out
 
     monkeypatch.setattr(check_comm, "measure", _fake(_with("hsdp-adamw", "intra_bytes", 6000.0)))
     assert cli.main(args) == 1
@@ -129,3 +135,46 @@ def test_committed_baseline_covers_every_method_with_current_settings() -> None:
     # Full sync sends the most across nodes; the FlexDeMo family far less.
     sent = {m: f["inter_bytes_sent"] for m, f in data["methods"].items()}
     assert sent["hsdp-adamw"] > 10 * sent["flexdemo"] and sent["none"] == 0
+
+
+@pytest.mark.timeout(30)
+def test_update_of_some_methods_merges_and_a_failed_method_keeps_its_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "comm.json"
+    monkeypatch.setattr(check_comm, "measure", _fake(BASE))
+    assert cli.main(["check-comm", "--baseline", str(path), "--update",
+                     "--methods", "flexdemo", "hsdp-adamw"]) == 2  # nothing to merge into yet
+    assert "record every method first" in capsys.readouterr().err and not path.exists()
+    monkeypatch.setattr(check_comm, "measure", _fake({**BASE, "demo": BASE["flexdemo"]}))
+    monkeypatch.setattr(check_comm, "METHODS", ("flexdemo", "demo", "hsdp-adamw"))
+    assert cli.main(["check-comm", "--baseline", str(path), "--update"]) == 0
+
+    # Re-recording flexdemo alone changes its row and keeps the others'.
+    monkeypatch.setattr(check_comm, "measure", _fake(_with("flexdemo", "intra_bytes", 7000.0)))
+    assert cli.main(["check-comm", "--baseline", str(path), "--update",
+                     "--methods", "flexdemo"]) == 0
+    saved = json.loads(path.read_text())["methods"]
+    assert set(saved) == {"flexdemo", "demo", "hsdp-adamw"}
+    assert saved["flexdemo"]["intra_bytes"] == 7000.0 and saved["demo"] == BASE["flexdemo"]
+
+    # A method whose run fails keeps its old row, and the update fails.
+    monkeypatch.setattr(check_comm, "measure", _fake({"flexdemo": BASE["flexdemo"]}))
+    assert cli.main(["check-comm", "--baseline", str(path), "--update",
+                     "--methods", "flexdemo", "hsdp-adamw"]) == 1
+    assert "failed to run and were not re-recorded: hsdp-adamw" in capsys.readouterr().err
+    saved = json.loads(path.read_text())["methods"]
+    assert saved["hsdp-adamw"] == BASE["hsdp-adamw"] and saved["flexdemo"] == BASE["flexdemo"]
+
+
+@pytest.mark.timeout(30)
+def test_a_partial_update_over_other_settings_is_refused(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"settings": {"steps": 99}, "methods": BASE}))
+    monkeypatch.setattr(check_comm, "measure", _fake(BASE))
+    assert cli.main(["check-comm", "--baseline", str(other), "--update",
+                     "--methods", "flexdemo"]) == 2
+    assert "without --methods" in capsys.readouterr().err
+    assert json.loads(other.read_text())["settings"] == {"steps": 99}  # untouched

@@ -202,3 +202,12 @@ def test_every_run_setting_is_a_documented_flag():
             assert docs.get(f.name), f"{f.name} has no docstring"
     args = parser.parse_args(["--gpus-per-node", "3", "--no-sign", "--stall-timeout", "5"])
     assert run_arguments(args) == {"gpus_per_node": 3, "sign": False, "stall_timeout": 5.0}
+
+
+def test_results_written_atomically_are_readable_by_others(tmp_path, monkeypatch):
+    from experiments import io
+
+    monkeypatch.setattr(io, "_UMASK", 0o022)
+    io.write_atomic(tmp_path / "summary.md", "x")
+    # As open() makes a file under umask 022 (mkstemp alone makes it 0600).
+    assert (tmp_path / "summary.md").stat().st_mode & 0o777 == 0o644

@@ -31,6 +31,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     run_x.write_text('run = "x"\n')
     listed = tmp / "list.json"
     listed.write_text("[1, 2]\n")
+    beside = tmp / "beside.toml"
+    beside.write_text('steps = 5\n[run]\nnodes = 2\n')
     out = str(tmp / "out")
     sim = ["simulate", str(RECORDED), "--inter-bw", "1Gbit"]
     return [
@@ -42,6 +44,13 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["run", "--out", str(a_file)], "is a file; choose a folder"),
         (["run", "--out", "/proc/flexbench-cannot-write-here"], "cannot be"),
         (["run", "--out", out, "--config", str(run_x)], "'run' must be a table"),
+        (["run", "--out", out, "--config", str(ROOT / "experiments/configs/quick.toml")],
+         "it looks like a sweep file; run it with `flexbench sweep`"),
+        (["run", "--out", out, "--config", str(beside)], "has steps beside its [run] table"),
+        (["run", "--out", out, "--method", "hsdp-adamw", "--topk", "7"],
+         "method 'hsdp-adamw' does not read topk"),
+        (["sweep", str(ROOT / "experiments/configs/quick.toml"), "--out", out, "--set",
+          "executor.timeout_mn=5"], "[executor]: Unknown executor 'timeout'"),
         ([*sim, "--out", str(a_dir)], "is a folder"),
         ([*sim, "--out", str(a_file / "x.csv")], "is a file, not a folder"),
         ([*sim, "--out", str(tmp / "s.csv"), "--target", "-1"], "--target must be a finite"),
@@ -52,10 +61,10 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(14))
+@pytest.mark.parametrize("case", range(18))
 def test_bad_input_is_one_sentence_nothing_written(tmp_path, capsys, case):
     cases = _bad_inputs(tmp_path)
-    assert len(cases) == 14
+    assert len(cases) == 18
     argv, words = cases[case]
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(argv) != 0
@@ -129,6 +138,35 @@ def test_stalled_rank_ends_the_run_with_one_sentence(tmp_path):
     assert len(lines) == 1 and "rank 1 made no progress" in lines[0], err
     assert elapsed < stall_s + 45
     assert list(tmp_path.iterdir()) == []  # nothing at --out, no working folder left
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting to be reaped has stopped running)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.dist
+def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs Linux /proc")
+    out = tmp_path / "run"
+    proc = _start(["run", "--out", str(out), "--method", "flexdemo", "--workload", "vision-tiny",
+                   "--steps", "100000", "--eval-every", "100000"], tmp_path)
+    try:
+        ranks = [pid for pid, _ in _progress(out, 4, deadline_s=120).values()]
+        os.kill(proc.pid, signal.SIGKILL)  # the launcher alone: no cleanup code of ours runs
+        proc.wait(timeout=30)
+        end = time.monotonic() + 30
+        while any(_running(pid) for pid in ranks) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not [pid for pid in ranks if _running(pid)], "ranks outlived their launcher"
+    finally:
+        if proc.poll() is None or any(_running(pid) for pid in ranks):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _listening_sockets(pids: set[int]) -> list[str]:

@@ -367,3 +367,23 @@ def test_baseline_fraction_target_is_the_baselines_loss_at_that_point(
     assert hsdp["reached"].all()
     with pytest.raises(ConfigError, match="not both"):
         sweep.load_config(config_file, ["target.baseline_fraction=0.6", "target.val_loss=2.0"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rule", [[], ["target.baseline_fraction=0.6"]])
+def test_a_diverged_baseline_never_sets_the_target(config_file: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    rule: list[str]) -> None:
+    from tests.experiments.sweep_fakes import EVAL_EVERY
+
+    monkeypatch.setenv("FAKE_DIVERGE_UNIT", "hsdp-adamw-s1")
+    cfg = sweep.load_config(config_file, rule)
+    runs = sweep.run_sweep(cfg, tmp_path / "res", launcher=fake_launch,
+                           simulator=fake_simulate, progress=False)
+    # Seed 0 alone: seed 1's curve, cut at its divergence, would have set a looser target.
+    if rule:
+        step = next(s for s in range(12, 21) if s % EVAL_EVERY == 0)
+        expected = fake_loss("hsdp-adamw", 0, step)
+    else:
+        expected = fake_loss("hsdp-adamw", 0, 20) * 1.02
+    assert runs["target_val_loss"].iloc[0] == pytest.approx(expected)
