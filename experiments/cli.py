@@ -15,6 +15,7 @@ import argparse
 import importlib
 import sys
 
+from experiments.errors import Stopped
 from experiments.logs import configure_logging
 
 # name -> (module, one-line help); a module is imported only when its command runs.
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Stopped as err:  # SIGTERM: what was running stays to be rerun on resume
+        print(f"flexbench {args.command}: {err}", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "RunFailed"]
+__all__ = ["ConfigError", "RunFailed", "Stopped"]
 
 
 class ConfigError(ValueError):
@@ -11,3 +11,7 @@ class ConfigError(ValueError):
 
 class RunFailed(RuntimeError):
     """A run crashed, stalled or timed out; nothing was written to its output folder."""
+
+
+class Stopped(RunFailed):
+    """A run was stopped from outside (SIGTERM): not a result, and not a failure of the run."""

@@ -7,18 +7,23 @@ finished run.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import platform
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from experiments.errors import ConfigError
 
-__all__ = ["check_output_file", "check_output_folder", "provenance", "write_atomic"]
+__all__ = ["check_output_file", "check_output_folder", "exclusive", "pid_alive", "provenance",
+           "run_digest", "write_atomic"]
 
 # The umask can only be read by setting it: once, at import, before any worker thread runs.
 _UMASK = os.umask(0o022)
@@ -42,6 +47,78 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (a live process of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def exclusive(lock: Path, what: str) -> Iterator[None]:
+    """Hold `lock` (a file naming this process) for the block: one `what` per folder at a time.
+
+    A lock whose process is gone (killed) is taken over; a live one is refused in one sentence.
+    """
+    lock = Path(lock)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    mine = f"{os.getpid()}\n"
+    claim = lock.with_name(f"{lock.name}.{os.getpid()}.tmp")
+    claim.write_text(mine)
+    try:
+        while True:
+            try:
+                os.link(claim, lock)  # atomic, and the lock holds our pid from its first moment
+                break
+            except FileExistsError:
+                holder = _read_or_empty(lock)
+                if holder.isdigit() and int(holder) != os.getpid() and pid_alive(int(holder)):
+                    raise ConfigError(f"another {what} (pid {holder}) is running in "
+                                      f"{str(lock.parent)!r}; wait for it or choose another "
+                                      "--out.") from None
+                lock.unlink(missing_ok=True)  # left by a process that is gone
+    finally:
+        claim.unlink(missing_ok=True)
+    try:
+        yield
+    finally:
+        if _read_or_empty(lock) == mine.strip():
+            lock.unlink(missing_ok=True)
+
+
+def _read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def run_digest(run_dir: Path) -> str:
+    """A hash of what a replay reads from a run: its run.json and its trace."""
+    digest = hashlib.sha256()
+    for name in ("run.json", "trace.parquet"):
+        digest.update(_file_digest(run_dir / name).encode())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _file_digest_at(path: Path, size: int, mtime_ns: int) -> str:
+    del size, mtime_ns  # part of the cache key only: a rewritten file is hashed again
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        stat = path.stat()
+    except OSError:
+        return "missing"
+    return _file_digest_at(path, stat.st_size, stat.st_mtime_ns)
 
 
 def _check_creatable(path: Path, what: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.io import write_atomic
+from experiments.io import run_digest, write_atomic
 from experiments.report import graphs, metrics
 
 __all__ = [
@@ -91,7 +91,27 @@ def load_results(path: Path | str) -> Results:
     steps = pd.read_parquet(steps_path) if steps_path.is_file() else pd.DataFrame()
     meta_path = path / "sweep.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    _check_units(path, runs)
     return Results(path, runs, steps, meta)
+
+
+def _check_units(path: Path, runs: pd.DataFrame) -> None:
+    """Refuse results whose runs are gone or changed since the sweep scored them (ValueError).
+
+    Older sweeps have no `run_digest` column: their runs are checked to exist only.
+    """
+    scored = runs[runs["status"] == "done"]
+    digests = scored.get("run_digest", pd.Series(None, index=scored.index))
+    for unit, digest in dict(zip(scored["unit"], digests, strict=True)).items():
+        run_dir = path / "units" / str(unit)
+        if not (run_dir / "run.json").is_file():
+            problem = "is gone from units/"
+        elif isinstance(digest, str) and run_digest(run_dir) != digest:
+            problem = "has changed"
+        else:
+            continue
+        raise ValueError(f"unit {unit!r} of {str(path)!r} {problem} since the sweep scored it; "
+                         "run `flexbench sweep CONFIG --out` on this folder again to re-score.")
 
 
 def _networks(

@@ -13,14 +13,14 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.io import check_output_folder, provenance
-from netsim.shaping.run_dir import pid_alive
+from experiments.io import check_output_folder, pid_alive, provenance
 from netsim.trace import TRAIN, comm_per_step
 
 if TYPE_CHECKING:
@@ -66,18 +66,33 @@ class RunFolder:
         return self.work / f"progress-{rank}"
 
     def create(self) -> RunFolder:
-        """Check OUT, remove stale working folders of dead launchers, make the working folder."""
+        """Check OUT (no other live run writing it), remove dead launchers' working folders,
+        make ours."""
         check_output_folder(self.out)
-        for stale in self.out.parent.glob(f".{self.out.name}.partial-*"):
-            pid = stale.name.rpartition("-")[2]
-            if stale != self.work and pid.isdigit() and not pid_alive(int(pid)):
-                shutil.rmtree(stale, ignore_errors=True)
+        live = [pid for _, pid in self._others() if pid_alive(pid)]
+        if live:
+            raise ConfigError(f"another run (pid {live[0]}) is writing {str(self.out)!r} now; "
+                              "wait for it or choose another --out.")
+        self.remove_dead()
         try:
             self.work.mkdir(parents=True)
         except OSError as err:
             raise ConfigError(f"output folder {str(self.out)!r} cannot be written: "
                               f"{err.strerror}.") from None
         return self
+
+    def remove_dead(self) -> None:
+        """Remove the working folders beside OUT of launchers that are gone (a live one's stays)."""
+        for other, pid in self._others():
+            if not pid_alive(pid):
+                shutil.rmtree(other, ignore_errors=True)
+
+    def _others(self) -> Iterator[tuple[Path, int]]:
+        """Other launchers' working folders for OUT, with their pids."""
+        for other in self.out.parent.glob(f".{self.out.name}.partial-*"):
+            pid = other.name.rpartition("-")[2]
+            if other != self.work and pid.isdigit():
+                yield other, int(pid)
 
     def commit(self) -> Path:
         """Rename the assembled results to OUT and remove the working folder."""

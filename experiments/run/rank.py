@@ -17,11 +17,11 @@ from datetime import timedelta
 from typing import Any
 
 from experiments.config import RunConfig
-from experiments.errors import RunFailed
+from experiments.errors import Stopped
+from experiments.io import pid_alive
 from experiments.logs import configure_logging
 from experiments.run.folder import RunFolder, write_rank_result
 from experiments.run.watchdog import Heartbeat
-from netsim.shaping.run_dir import pid_alive
 
 __all__ = ["die_with_launcher", "pin_to_core", "raise_on_sigterm", "run_one_rank", "teardown"]
 
@@ -34,7 +34,7 @@ def raise_on_sigterm():
         return None
 
     def stop(signum, frame):
-        raise RunFailed("stopped by SIGTERM")
+        raise Stopped("stopped by SIGTERM")
 
     return signal.signal(signal.SIGTERM, stop)
 

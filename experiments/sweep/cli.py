@@ -32,7 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-failed", action="store_true",
                         help="run units that failed before again")
     parser.add_argument("--resimulate", action="store_true",
-                        help="drop the cached simulated time axes (after a cost-model change)")
+                        help="drop every cached simulated time axis and replay again (caches "
+                        "are keyed by the run, the link and the model's code: never needed "
+                        "for correctness)")
     parser.add_argument("--dry-run", action="store_true", help="list the units and stop")
 
 def main(args: argparse.Namespace) -> int:

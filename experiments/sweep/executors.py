@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.errors import Stopped
 from experiments.io import write_atomic
 
 EXECUTORS = ("local", "slurm", "debug")
@@ -73,8 +74,10 @@ def run_unit(job: Job, timeout_s: float | None, launcher: Launcher | None = None
     if out_dir.exists() and not (out_dir / "run.json").exists():
         # Leftover of a killed attempt: without run.json it is not a result, only debris.
         shutil.rmtree(out_dir)
-    for partial in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
-        shutil.rmtree(partial, ignore_errors=True)  # the launcher's build folder of a killed run
+    from experiments.run.folder import RunFolder
+
+    # The build folders of killed launchers go; a live one's (another sweep's) stays.
+    RunFolder(out_dir).remove_dead()
     try:
         kwargs: dict[str, Any] = {"timeout_s": timeout_s}
         if "quiet" in inspect.signature(launch).parameters:
@@ -82,6 +85,8 @@ def run_unit(job: Job, timeout_s: float | None, launcher: Launcher | None = None
         launch(RunConfig.from_dict(job.config), out_dir, **kwargs)
         if not (out_dir / "run.json").exists():
             raise RuntimeError(f"the launcher returned but wrote no {out_dir / 'run.json'}")
+    except Stopped:
+        raise  # stopped from outside: the unit stays pending, to run again on resume
     except Exception as err:  # any crash of one unit must not stop the sweep
         message = f"{type(err).__name__}: {err}".strip()
         record = {

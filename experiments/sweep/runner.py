@@ -19,7 +19,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments.errors import ConfigError
-from experiments.io import provenance, write_atomic
+from experiments.io import exclusive, provenance, write_atomic
 from experiments.sweep.executors import Job, execute
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.score import Simulator, collect
@@ -27,7 +27,9 @@ from experiments.sweep.spec import SweepConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_sweep"]
+__all__ = ["LOCK", "run_sweep"]
+
+LOCK = ".lock"  # in the sweep folder while a sweep runs there: its pid
 
 def run_sweep(
     cfg: SweepConfig,
@@ -44,6 +46,16 @@ def run_sweep(
     out = Path(out)
     units = units_of(cfg)
     _claim(cfg, out)
+    with exclusive(out / LOCK, "sweep"):
+        return _run_units(cfg, out, units, executor=executor, launcher=launcher,
+                          simulator=simulator, retry_failed=retry_failed, resimulate=resimulate,
+                          progress=progress)
+
+
+def _run_units(cfg: SweepConfig, out: Path, units: list[Unit], *, executor: str | None,
+               launcher: Callable[..., Any] | None, simulator: Simulator | None,
+               retry_failed: bool, resimulate: bool, progress: bool) -> pd.DataFrame:
+    """The sweep itself, with its folder held: the pending units, then the scoring."""
     if resimulate and (out / "sim").exists():
         # The cached axes are derived data; a changed cost model must recompute them.
         shutil.rmtree(out / "sim")

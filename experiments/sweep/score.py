@@ -1,6 +1,10 @@
 """Scoring a sweep: every finished unit timed on every network point, then time-to-target.
 
-    sim/<unit>/<net>.parquet  cached simulated time axis of one unit at one network point
+    sim/<unit>/<net>-<key>.parquet  cached simulated time axis of one unit at one network
+                          point; the key is a hash of what the axis depends on (the run's
+                          run.json and trace, the exact link values, the model's source), so a
+                          retrained unit, another point with a like label or a changed model
+                          never reads a stale axis
     runs.parquet          one row per unit x network point x source ("sim" / "measured"), with
                           the unit's cluster, graph, graph degree and replica spread (`describe`)
     speedups.parquet      per variant, network point and source: time-to-target and speed-up
@@ -18,6 +22,8 @@ Each unit is scored against the baseline of its own cluster when hsdp-adamw runs
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import json
 import logging
@@ -29,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.io import write_atomic
+from experiments.io import run_digest, write_atomic
 from experiments.report import metrics
 from experiments.sweep.describe import run_columns, unit_columns
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
@@ -132,13 +138,14 @@ def _time_unit(
         "inter_bytes_received_per_step": math.nan, "inter_calls_per_step": math.nan,
         "diverged": False,
         "intra_bytes_per_step": math.nan, "graph_degree": math.nan,
-        "replica_variance": math.nan, "consensus_distance": math.nan,
+        "replica_variance": math.nan, "consensus_distance": math.nan, "run_digest": None,
     }
     run_dir = unit_dir(out, unit)
     if row["status"] == "failed":
         row["error"] = json.loads(failure_path(out, unit).read_text()).get("error")
     if row["status"] != "done":
         return row, None  # kept as "not reached": a failed run is never dropped
+    row["run_digest"] = run_digest(run_dir)  # `report` checks the run is still the one scored
     steps = pd.read_parquet(run_dir / "steps.parquet").sort_values("step")
     if source == "sim":
         try:
@@ -175,8 +182,11 @@ def _time_unit(
     return row, steps.assign(**keys)
 
 def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulator) -> pd.DataFrame:
-    """The unit's simulated time axis at one network point, cached on disk."""
-    cache = out / "sim" / unit.id / f"{net.slug}.parquet"
+    """The unit's simulated time axis at one network point, cached on disk by content."""
+    key = hashlib.sha256(run_digest(unit_dir(out, unit)).encode())
+    key.update(repr((net.link.bandwidth, net.link.latency)).encode())  # exact, not the label
+    key.update(_model_digest().encode())
+    cache = out / "sim" / unit.id / f"{net.slug}-{key.hexdigest()[:16]}.parquet"
     if cache.exists():
         return pd.read_parquet(cache)
     axis = simulate(unit_dir(out, unit), inter_bw=net.inter_bw, inter_lat=net.inter_lat).frame
@@ -185,6 +195,19 @@ def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulato
         raise ValueError(f"the simulator returned no {sorted(missing)} columns")
     write_atomic(cache, parquet_bytes(axis))
     return axis
+
+@functools.lru_cache(maxsize=1)
+def _model_digest() -> str:
+    """A hash of the replay's own code (netsim and the experiments' replay): its version."""
+    import experiments.replay
+    import netsim
+
+    roots = [Path(netsim.__file__).parent, Path(experiments.replay.__file__).parent]
+    digest = hashlib.sha256()
+    for path in sorted(p for root in roots for p in root.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
 
 def _run_status(run_dir: Path) -> str:
     """run.json's status: done, or diverged (a finished run whose loss stopped being finite)."""

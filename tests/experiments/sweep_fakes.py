@@ -66,7 +66,7 @@ def fake_launch(cfg: RunConfig, out: Path, *, timeout_s: float | None = None, **
         with open(calls_path, "a") as fh:
             fh.write(cfg.extra.get("unit", "?") + "\n")
     steps = np.arange(1, STEPS + 1)
-    per_step = FAKE_BYTES[cfg.method]
+    per_step = FAKE_BYTES[cfg.method] * float(os.environ.get("FAKE_BYTES_SCALE", "1"))
     bw = None if cfg.inter_bw is None else cfg.topology().inter.bandwidth
     comm = 0.0 if bw is None else per_step / bw
     degree = fake_degree(cfg)

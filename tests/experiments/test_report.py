@@ -166,3 +166,22 @@ def test_graph_summary_without_finished_gossip_units_says_so() -> None:
     assert report_graphs.has_graph_units(runs)
     text = report_graphs.graphs_markdown(runs)
     assert "nothing to correlate" in text and "| 4 nodes · ada | 2.50 |" in text
+
+
+@pytest.mark.timeout(90)
+def test_report_refuses_runs_gone_or_changed_since_scoring(results: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    copy = tmp_path / "res"
+    shutil.copytree(results, copy)
+    trace = copy / "units" / "flexdemo-s1" / "trace.parquet"
+    trace.write_bytes(trace.read_bytes() + b"\0")  # retrained, or edited, after the scoring
+    assert cli.main(["report", str(copy)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("again to re-score.") and "'flexdemo-s1'" in err and "has changed" in err
+    shutil.rmtree(copy / "units" / "flexdemo-s1")
+    assert cli.main(["report", str(copy)]) == 2
+    assert "is gone from units/" in capsys.readouterr().err
+    assert not (copy / "summary.md").exists() or (copy / "summary.md").read_text() == (
+        results / "summary.md").read_text()

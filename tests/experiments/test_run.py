@@ -211,3 +211,16 @@ def test_results_written_atomically_are_readable_by_others(tmp_path, monkeypatch
     io.write_atomic(tmp_path / "summary.md", "x")
     # As open() makes a file under umask 022 (mkstemp alone makes it 0600).
     assert (tmp_path / "summary.md").stat().st_mode & 0o777 == 0o644
+
+
+def test_two_runs_into_one_folder_the_second_is_refused(tmp_path):
+    out = tmp_path / "run"
+    other = subprocess.Popen(["sleep", "60"])  # stands for a live launcher building OUT
+    try:
+        (tmp_path / f".run.partial-{other.pid}").mkdir()
+        with pytest.raises(ConfigError, match=f"another run \\(pid {other.pid}\\) is writing"):
+            launch(RunConfig(steps=1), out)
+    finally:
+        other.kill()
+        other.wait()
+    assert not out.exists()

@@ -5,6 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -387,3 +392,80 @@ def test_a_diverged_baseline_never_sets_the_target(config_file: Path, tmp_path: 
     else:
         expected = fake_loss("hsdp-adamw", 0, 20) * 1.02
     assert runs["target_val_loss"].iloc[0] == pytest.approx(expected)
+
+
+@pytest.mark.timeout(60)
+def test_a_unit_stopped_by_sigterm_reruns_on_resume(config_file: Path, tmp_path: Path,
+                                                    calls: Path) -> None:
+    from experiments.errors import Stopped
+    from experiments.run.rank import raise_on_sigterm
+
+    previous = raise_on_sigterm()  # what the real launcher installs around a run
+    try:
+        with pytest.raises(Stopped):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises in this thread at once
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    def stopped_at_diloco(cfg, out, **kw):
+        if cfg.method == "diloco":
+            raise Stopped("stopped by SIGTERM")
+        return fake_launch(cfg, out, **kw)
+
+    out = tmp_path / "res"
+    cfg = sweep.load_config(config_file)
+    with pytest.raises(Stopped):  # the sweep stops too: it does not go on to the next unit
+        sweep.run_sweep(cfg, out, launcher=stopped_at_diloco, simulator=fake_simulate,
+                        progress=False)
+    assert not (out / "failed").exists() or not any((out / "failed").iterdir())
+    stopped = [u for u in _launched(calls) if u.startswith("diloco")]
+    assert len(stopped) == 0 and not (out / sweep.runner.LOCK).exists()
+    calls.unlink()
+    runs = _run(config_file, out)  # a plain resume reruns it
+    assert any(u.startswith("diloco") for u in _launched(calls))
+    assert set(runs["status"]) == {"done"}
+
+
+@pytest.mark.timeout(60)
+def test_one_sweep_per_folder_at_a_time(config_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    _run(config_file, out)
+    other = subprocess.Popen(["sleep", "60"])  # a live process holding the folder
+    try:
+        (out / sweep.runner.LOCK).write_text(f"{other.pid}\n")
+        with pytest.raises(ConfigError, match=f"another sweep \\(pid {other.pid}\\) is running"):
+            _run(config_file, out)
+    finally:
+        other.kill()
+        other.wait()
+    runs = _run(config_file, out)  # its holder is gone: the lock is taken over
+    assert set(runs["status"]) == {"done"} and not (out / sweep.runner.LOCK).exists()
+
+
+def _time_at(runs: pd.DataFrame, unit: str, lat: str) -> float:
+    row = runs[(runs["unit"] == unit) & (runs["inter_lat"] == lat) & (runs["source"] == "sim")]
+    return float(row["time_to_target_s"].iloc[0])
+
+
+@pytest.mark.timeout(60)
+def test_a_retrained_unit_is_replayed_anew_not_read_from_the_old_cache(
+        config_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "res"
+    before = _time_at(_run(config_file, out), "hsdp-adamw-s0", "1ms")
+    shutil.rmtree(out / "units" / "hsdp-adamw-s0")  # the user deletes a unit and resumes
+    monkeypatch.setenv("FAKE_BYTES_SCALE", "3")  # its new run sends three times the bytes
+    after = _time_at(_run(config_file, out), "hsdp-adamw-s0", "1ms")
+    assert after > 2 * before
+
+
+@pytest.mark.timeout(60)
+def test_points_with_like_labels_have_caches_of_their_own(config_file: Path,
+                                                          tmp_path: Path) -> None:
+    cfg = sweep.load_config(config_file, ["grid.inter_bw=['100Mbit']",
+                                          "grid.inter_lat=['5µs', '5 s']"])
+    assert len({net.slug for net in cfg.networks}) == 1  # both labels make one file name
+    runs = sweep.run_sweep(cfg, tmp_path / "res", launcher=fake_launch, simulator=fake_simulate,
+                           progress=False)
+    # 3 calls a step at 5 s each: the slow point is seconds per step slower, not the same.
+    assert _time_at(runs, "hsdp-adamw-s0", "5 s") > _time_at(runs, "hsdp-adamw-s0", "5µs") + 10
