@@ -1,10 +1,12 @@
 """Where DeMo-style all-gathers start to cost more than an all-reduce of the gradients.
 
 Run: python benchmarks/bench_scale_crossover.py [--inter-bw 10Gbit --inter-lat 10us ...]
-Replays the committed quick-sweep runs (flexdemo-s0: one 20,480-byte all-gather per rank and
-step; hsdp-adamw-s0: 1,734,144 bytes of fp32 gradient shards all-reduced per rank and step) at
-growing node counts, with the same model as `flexbench simulate`, and prints the median step time
-of each side by side: hsdp-adamw as recorded (fp32) and with its all-reduce bytes halved (bf16).
+Replays the committed quick-sweep runs (2 x 2 recordings: flexdemo-s0, one 74,516-byte all-gather
+per rank and step; hsdp-adamw-s0, 1,734,144 bytes of fp32 gradient shards all-reduced per rank
+and step) at growing node counts, with the same model as `flexbench simulate`: re-sharded to
+--gpus-per-node (experiments.replay.reshard) and, as the compute is declared, intra-node links
+modeled on the NVLink-class default. It prints the median step time of each side by side:
+hsdp-adamw as recorded (fp32) and with its all-reduce bytes halved (bf16).
 An all-gather's received bytes grow with the node count, an all-reduce's do not, so flexdemo's
 step overtakes both at some node count; the script finds the first such count by bisection.
 """
@@ -17,9 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.replay.reshard import reshard_trace, run_layout
+from experiments.replay.simulate import GPU_INTRA, read_run
 from netsim import Topology, parse_bandwidth, parse_latency, simulate
 from netsim.costs import ALGORITHM_CHOICES
-from netsim.trace import load_trace
 
 NODES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -32,14 +35,24 @@ def bf16_gradients(trace: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def resharded(run_dir: Path, per_node: int) -> pd.DataFrame:
+    """A recorded run's trace re-sharded to `per_node` ranks per node, as `flexbench simulate`
+    replays it."""
+    run = read_run(run_dir)
+    if per_node == run.config.gpus_per_node:
+        return run.trace
+    return reshard_trace(run.trace, run.config, run_layout(run.meta, run.config), per_node).trace
+
+
 def step_time(trace: pd.DataFrame, nodes: int, args: argparse.Namespace) -> float:
     """Median predicted step time (s) of a trace on `nodes` x gpus_per_node."""
     topo = Topology.from_strings(
-        nodes, args.gpus_per_node, parse_bandwidth(args.inter_bw), parse_latency(args.inter_lat)
+        nodes, args.gpus_per_node, parse_bandwidth(args.inter_bw), parse_latency(args.inter_lat),
+        intra_bw=GPU_INTRA[0], intra_lat=GPU_INTRA[1],
     )
-    # intra="recorded" as `flexbench simulate` does by default.
+    # intra="model", as `flexbench simulate` does when the compute is declared (--compute-scale).
     sim = simulate(
-        trace, topo, compute_scale=args.compute_scale, intra="recorded", algorithm=args.algorithm
+        trace, topo, compute_scale=args.compute_scale, intra="model", algorithm=args.algorithm
     )
     return float(sim.frame["step_time_s"].median())
 
@@ -68,8 +81,8 @@ def main() -> None:
     parser.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto")
     args = parser.parse_args()
     units = Path(args.units)
-    flex = load_trace(units / "flexdemo-s0" / "trace.parquet")
-    fp32 = load_trace(units / "hsdp-adamw-s0" / "trace.parquet")
+    flex, fp32 = (resharded(units / name, args.gpus_per_node)
+                  for name in ("flexdemo-s0", "hsdp-adamw-s0"))
     traces = {"flexdemo": flex, "hsdp-adamw fp32": fp32, "hsdp-adamw bf16": bf16_gradients(fp32)}
     print(
         f"median step time (ms), {args.inter_bw}, {args.inter_lat}, x{args.gpus_per_node} per "

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from experiments.errors import ConfigError, users_location
 
 __all__ = ["Workload", "BuiltinWorkload", "make_workload", "check_workload", "WORKLOAD_NAMES",
+           "builtin_model",
            "TinyGPT", "TinyCNN"]
 
 # Bytes of stdlib source used by lm-tiny: enough text for a few hundred steps without repeats.
@@ -159,6 +160,21 @@ def _vision_tiny() -> BuiltinWorkload:
         "vision-tiny", default_steps=200, default_batch_size=32, default_eval_every=20,
         train_data=table[:split], val_data=table[split:], n_classes=10,
     )
+
+
+# The built-ins' models without their data: a replay derives a recorded run's FSDP2 layout from
+# them (on the meta device) without reading a corpus.
+_BUILTIN_MODELS: dict[str, Callable[[], nn.Module]] = {
+    "lm-tiny": lambda: TinyGPT(vocab=256, seq_len=64, **_GPT_SIZES["lm-tiny"]),
+    "lm-small": lambda: TinyGPT(vocab=256, seq_len=256, **_GPT_SIZES["lm-small"]),
+    "vision-tiny": lambda: TinyCNN(n_classes=10),
+}
+
+
+def builtin_model(name: str) -> nn.Module | None:
+    """A built-in workload's model, built without its data (None for other workloads)."""
+    factory = _BUILTIN_MODELS.get(name)
+    return factory() if factory is not None else None
 
 
 _BUILTIN: dict[str, Callable[[], BuiltinWorkload]] = {

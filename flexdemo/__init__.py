@@ -53,7 +53,7 @@ _WHERE = {
     "GRAPHS": "graphs", "check_graph": "graphs", "graph_ladder": "graphs",
     "mixing_matrix": "graphs",
     "build_mesh": "hsdp", "parallelize": "hsdp", "replicate_group": "hsdp",
-    "shard_group": "hsdp",
+    "shard_group": "hsdp", "shard_layout": "hsdp",
     "FlexDeMo": "optimizer", "local_tensor": "optimizer",
     "REPLICATORS": "replicators", "AdaReplicator": "replicators",
     "DeMoReplicator": "replicators", "DiLoCoReplicator": "replicators",

@@ -98,6 +98,22 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, inter_all_reduce: bool = Tru
     return model
 
 
+def shard_layout(model: nn.Module, blocks: BlockSpec = None) -> list[list[list[int]]]:
+    """The parameter shapes of each FSDP2 unit ``parallelize`` makes, blocks inner first, then root.
+
+    They fix every sharded collective's size at any shard count (a replay re-shards with them).
+    """
+    units: list[list[list[int]]] = []
+    taken: set[int] = set()
+    # A parameter belongs to the innermost unit holding it: the blocks come inner first.
+    for module in [block for _, block in find_blocks(model, blocks)] + [model]:
+        shapes = [list(p.shape) for p in module.parameters() if id(p) not in taken]
+        taken.update(id(p) for p in module.parameters())
+        if shapes:
+            units.append(shapes)
+    return units
+
+
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
 

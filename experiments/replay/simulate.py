@@ -19,6 +19,11 @@ and Ada replays at a node count no recording has give no time to target.
     flexbench simulate runs/flex --nodes 64 --loss-scaling linear-to-critical-batch:512 \
         --inter-bw 10Gbit --out f.csv
 
+Another --gpus-per-node re-shards the run's payloads (experiments.replay.reshard); declared
+compute (--compute-scale, --step-compute) prices the intra-node collectives on an NVLink-class
+link unless told otherwise (--intra, --intra-bw, --intra-lat); the output then says per part
+(compute, intra-node, inter-node) what was measured and what modeled.
+
 Gossip runs (method gossip, or ada, whose graph steps.parquet records per step) are replayed on
 their communication graph rebuilt at the target node count: each node exchanges with its
 neighbours there, so a step costs what the graph's degree costs, whatever the node count.
@@ -50,6 +55,7 @@ from experiments.replay.loss_curve import (
     choose_loss_curve,
     parse_loss_scaling,
 )
+from experiments.replay.reshard import reshard_trace, run_layout
 from experiments.report.metrics import time_to_target
 from flexdemo.graphs import degree_of, graph_problem, period
 from flexdemo.methods import RECORDS
@@ -61,6 +67,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["RecordedRun", "simulate_run", "read_run", "gossip_degrees", "loss_on_time_axis",
            "configure", "main"]
+
+# The intra-node link a declared accelerator profile is modeled on when the run set none: the
+# RunConfig default, an NVLink-class link (per-GPU bus bandwidth of ~100 GB/s, a few us a message).
+GPU_INTRA = (RunConfig.intra_bw, RunConfig.intra_lat)
 
 # Methods whose traffic is messages to graph neighbours.
 GOSSIP_METHODS = tuple(m.name for m in RECORDS if m.gossips)
@@ -180,6 +190,8 @@ def simulate_run(
     node_links replay unless given. `step` is 1-based like the run's steps.parquet; `steps`
     (simulated steps) defaults to the run's. Intra-node collectives keep their recorded
     durations (real runs never shape them) unless `intra="model"` prices them on the intra link.
+    Another gpus_per_node re-shards every sharded payload (experiments.replay.reshard;
+    Replay.payload_rules says how), or refuses with a ConfigError where it cannot.
     `algorithm` picks the inter-node collective algorithms (netsim.model.simulate).
     `calibration` (from `flexbench calibrate`) prices every inter-node link at its measured
     goodput and per-message cost, and the note says so. Gossip runs replay their graph rebuilt
@@ -194,15 +206,35 @@ def simulate_run(
     if calibration is not None:
         topology = calibration.topology(topology)
     degrees, graphs = gossip_degrees(run.meta, run.steps, topology.nodes)
+    trace, rules = _resharded(run, target)
     replay = simulate(
-        run.trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
+        trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
         algorithm=algorithm, degrees=degrees,
+        payloads=_payload_clause(run, rules),
     )  # fmt: skip
     note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
     return dataclasses.replace(
         replay, frame=replay.frame.assign(step=range(1, len(replay.frame) + 1)), note=note,
-        graphs=tuple(graphs) if replay.p2p_degrees else (),
+        graphs=tuple(graphs) if replay.p2p_degrees else (), payload_rules=rules,
     )  # fmt: skip
+
+
+def _payload_clause(run: RecordedRun, rules: tuple[str, ...]) -> str | None:
+    """How the replay sized its payloads, for the model's note (None: as recorded, said there)."""
+    if not rules:
+        return None
+    verb = "re-sharded" if run.config.record.shards else "as recorded"
+    return f"{verb} ({'; '.join(rules)})"
+
+
+def _resharded(run: RecordedRun, target: RunConfig) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """The run's trace with its payloads re-sharded for the target's ranks per node, and the
+    rules applied (none, and the trace as recorded, when the ranks per node are the run's)."""
+    if target.gpus_per_node == run.config.gpus_per_node:
+        return run.trace, ()
+    layout = run_layout(run.meta, run.config) if run.config.record.shards else None
+    resized = reshard_trace(run.trace, run.config, layout, target.gpus_per_node)
+    return resized.trace, resized.notes
 
 
 def loss_on_time_axis(steps: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
@@ -225,9 +257,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="multiply recorded compute time (0.05: accelerators 20x faster)")
     speed.add_argument("--step-compute", type=float, default=None, metavar="SECONDS",
                        help="compute time per step on the target accelerators")
-    parser.add_argument("--intra", choices=("recorded", "model"), default="recorded",
+    parser.add_argument("--intra", choices=("recorded", "model"), default=None,
                         help="intra-node collectives: recorded durations, or priced on the "
-                        "intra link (for other accelerators)")
+                        "intra link (default: model when --compute-scale or --step-compute "
+                        "declares other hardware, else recorded)")
+    parser.add_argument("--intra-bw", default=None,
+                        help="modeled intra-node link bandwidth (default: the run's intra_bw, "
+                        f"{GPU_INTRA[0]} unless set: NVLink-class)")
+    parser.add_argument("--intra-lat", default=None,
+                        help=f"modeled intra-node link latency (default: the run's intra_lat, "
+                        f"{GPU_INTRA[1]} unless set)")
     parser.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto",
                         help="inter-node collective algorithms: auto picks ring or tree (Bruck "
                         "for all-gathers) by predicted time as NCCL's tuner does; ring or tree "
@@ -265,14 +304,18 @@ def main(args: argparse.Namespace) -> int:
     sidecar = check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar") \
         if curve.stated else None
     scale = _compute_scale(args, run.steps)
+    intra = _intra_mode(args)
     replay = simulate_run(
         run, inter_bw=args.inter_bw, inter_lat=args.inter_lat, nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, node_links=args.node_link,
         steps=args.steps if args.steps is not None else curve.steps_needed(),
-        compute_scale=scale, intra=args.intra, algorithm=args.algorithm, calibration=calibration,
+        compute_scale=scale, intra=intra, algorithm=args.algorithm, calibration=calibration,
+        intra_bw=args.intra_bw, intra_lat=args.intra_lat,
     )  # fmt: skip
     write_atomic(out, replay.frame.to_csv(index=False))
     _print_replay(args, run, replay, out, calibration)
+    for line in _basis_lines(args, run, replay, intra, scale):
+        print(f"  {line}")
     if scale != 1.0:
         log.info("compute scaled by %.4g relative to the recording machine", scale)
     _print_time_to_target(args.target, curve, replay, sidecar)
@@ -303,6 +346,63 @@ def _check_arguments(args: argparse.Namespace) -> Path:
         if value is not None and not value > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}.")
     return out
+
+
+def _declares_hardware(args: argparse.Namespace) -> bool:
+    """Whether the flags declare compute other than the recorded CPU's."""
+    return args.compute_scale is not None or args.step_compute is not None
+
+
+def _intra_mode(args: argparse.Namespace) -> str:
+    """--intra, or its default: modeled links when the compute is not the recorded CPU's (its
+    intra-node traffic, CPU gloo loopback, would otherwise dominate a GPU-class step)."""
+    link_given = args.intra_bw is not None or args.intra_lat is not None
+    if args.intra == "recorded" and link_given:
+        flag = "--intra-bw" if args.intra_bw is not None else "--intra-lat"
+        raise ConfigError(f"{flag} prices modeled intra-node links; it has no effect with "
+                          "--intra recorded (drop one of them).")
+    if args.intra is not None:
+        return args.intra
+    return "model" if _declares_hardware(args) or link_given else "recorded"
+
+
+def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, intra: str,
+                 scale: float) -> list[str]:
+    """A line per part (compute, intra-node, inter-node): measured or modeled, and on what.
+
+    Empty for a replay that takes compute, intra-node traffic and payloads as recorded."""
+    if not (_declares_hardware(args) or intra == "model" or replay.payload_rules):
+        return []
+    recorded = float(run.steps["compute_s"].median())
+    if args.step_compute is not None:
+        compute = (f"declared: {args.step_compute:.4g} s per step, x{scale:.4g} of the "
+                   f"recording's CPU ({recorded:.4g} s per step outside inter-node calls)")
+    elif args.compute_scale is not None:
+        compute = (f"declared: x{scale:.4g} of the recording's CPU ({recorded:.4g} s per step "
+                   "outside inter-node calls)")
+    else:
+        compute = (f"measured on the recording's CPU ({recorded:.4g} s per step outside "
+                   "inter-node calls)")
+    intra_link = replay.topology.intra
+    if intra == "model":
+        default = (args.intra_bw is None and args.intra_lat is None
+                   and (run.config.intra_bw, run.config.intra_lat) == GPU_INTRA)
+        intra_line = (f"modeled on {intra_link.bandwidth * 8 / 1e9:.4g} Gbit/s "
+                      f"({intra_link.bandwidth / 1e9:.4g} GB/s), {intra_link.latency * 1e6:.3g} us "
+                      f"a message{' (NVLink-class default)' if default else ''}")
+    else:
+        intra_line = "measured: recorded durations (the recording's CPU gloo)"
+        if replay.payload_rules and run.config.record.shards:
+            # Durations, not bytes, are replayed: the resized intra-node payloads need a link.
+            intra_line += (f", as at {run.config.gpus_per_node} ranks per node (--intra model "
+                           "prices the re-sharded ones)")
+    payloads = "payloads as recorded"
+    if replay.payload_rules:
+        verb = "re-sharded to" if run.config.record.shards else "as recorded at"
+        payloads = f"payloads {verb} {replay.topology.accelerators_per_node} ranks per node (below)"
+    lines = [f"compute: {compute}", f"intra-node: {intra_line}",
+             f"inter-node: modeled on the {args.inter_bw}, {args.inter_lat} links; {payloads}"]
+    return lines + [f"  {rule}" for rule in replay.payload_rules]
 
 
 def _compute_scale(args: argparse.Namespace, steps: pd.DataFrame) -> float:

@@ -39,6 +39,7 @@ class RankResult:
     trace: Any = None  # pandas DataFrame from netsim's recorder
     params: int = 0
     diverged_step: int | None = None  # first step whose loss was not finite, on any rank
+    layout: list | None = None  # FSDP2 units' parameter shapes (flexdemo.shard_layout), if sharded
 
 
 class RunFolder:
@@ -115,7 +116,7 @@ def write_rank_result(result: RankResult, folder: Path) -> None:
     if result.trace is not None:
         result.trace.to_parquet(f"{stem}.trace.parquet", index=False)
     meta = {"rank": result.rank, "config": result.config, "params": result.params,
-            "diverged_step": result.diverged_step}
+            "diverged_step": result.diverged_step, "layout": result.layout}
     Path(f"{stem}.json.tmp").write_text(json.dumps(meta))
     os.replace(f"{stem}.json.tmp", f"{stem}.json")  # written last: its presence means complete
 
@@ -129,7 +130,7 @@ def read_rank_result(folder: Path, rank: int) -> RankResult:
     trace_file = Path(f"{stem}.trace.parquet")
     return RankResult(
         rank=rank, config=meta["config"], params=meta["params"],
-        diverged_step=meta["diverged_step"],
+        diverged_step=meta["diverged_step"], layout=meta.get("layout"),
         steps=pd.read_parquet(f"{stem}.steps.parquet").to_dict("records"),
         trace=pd.read_parquet(trace_file) if trace_file.exists() else None,
     )
@@ -193,6 +194,8 @@ def _run_meta(results: list[RankResult], cfg: RunConfig, steps: pd.DataFrame,
         "config": cfg.to_dict(),
         "world_size": cfg.world_size,
         "params": results[0].params,
+        # What re-sharding on replay needs: the sizes FSDP2 shards (None: the method does not).
+        "layout": results[0].layout,
         "status": "diverged" if diverged else "done",
         "diverged_step": min(diverged) if diverged else None,
         # A diverged run has no final loss, even when its last evaluation came before the loss

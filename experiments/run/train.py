@@ -50,11 +50,14 @@ def _device(cfg: RunConfig) -> torch.device:
 
 
 def _build(cfg: RunConfig, workload: Workload, device: torch.device):
-    """Model (sharded or not) and optimizer for the run's method."""
+    """Model (sharded or not), optimizer, mesh and FSDP2 layout (None unsharded) of the run."""
     torch.manual_seed(cfg.seed)  # same init on every rank
     model = workload.model().to(device)
     record = cfg.record
+    layout = None
     if record.shards:
+        # Recorded so that a replay on another shard count can resize every sharded collective.
+        layout = flexdemo.shard_layout(model)
         mesh = flexdemo.build_mesh(
             cfg.nodes, cfg.gpus_per_node, device_type=device.type, backend=shaping.BACKEND
         )
@@ -67,7 +70,7 @@ def _build(cfg: RunConfig, workload: Workload, device: torch.device):
     opt = flexdemo.build_optimizer(cfg.method, model, mesh, lr=cfg.lr,
                                    weight_decay=cfg.weight_decay, seed=cfg.seed,
                                    **cfg.given_knobs())
-    return model, opt, mesh
+    return model, opt, mesh, layout
 
 
 def round_graph(opt: torch.optim.Optimizer) -> str | None:
@@ -140,13 +143,14 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
     # Kernel-shaped links are slow by themselves: netsim only counts (the trace keeps every byte).
     mode = "off" if cfg.shaping == "kernel" else cfg.shaping
     shaping.install(cfg.topology(), mode=mode, recorder=recorder, run_dir=run_dir)
-    model, opt, mesh = _build(cfg, workload, device)
+    model, opt, mesh, layout = _build(cfg, workload, device)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)
     )
     to_dev = lambda batch: tuple(t.to(device) for t in batch)
     val = [to_dev(b) for b in workload.val_batches(_VAL_BATCHES, cfg.batch_size)]
-    result = RankResult(rank, cfg.to_dict(), params=sum(p.numel() for p in model.parameters()))
+    result = RankResult(rank, cfg.to_dict(), params=sum(p.numel() for p in model.parameters()),
+                        layout=layout)
 
     quiet = rank != 0 or bool(os.environ.get("TQDM_DISABLE"))
     bar = tqdm(total=cfg.steps, desc=cfg.method, unit="step", disable=quiet, dynamic_ncols=True)

@@ -105,6 +105,7 @@ class Cluster:
         self.step_numbers = step_numbers or list(range(n_recorded))
         self._degree_cache: dict[tuple[int, int], int] = {}
         self.p2p_degrees: set[int] = set()  # peers per node in the rounds replayed, for reporting
+        self.node_egress_bytes = 0.0  # bytes out of the first class's node, for reporting
         # (op, algorithm run, group size, one rank per node) -> message sizes, for reporting.
         self.choices: dict[tuple[str, str, int, bool], set[int]] = defaultdict(set)
         # Nodes of equal speed and link behave alike: class c runs at speed classes[c] and its
@@ -313,6 +314,8 @@ class Cluster:
         # Each class moves its bytes through its own NICs; the op ends with the slowest, so a
         # slow link paces the whole ring (every class's NIC carries the same flows).
         flows = []
+        share = 1.0 if spec.scope in ("replicate", "world") else spec.nic_share
+        self.node_egress_bytes += nbytes * share
         for c in range(len(self.classes)):
             if spec.scope == "replicate":
                 flows.append(self._nic(c, j).transfer(nbytes))
@@ -364,6 +367,7 @@ class Cluster:
     ) -> Generator:
         """Every class sends `sends` messages and receives `recvs` at once, then one latency."""
         flows = []
+        self.node_egress_bytes += sends * sent
         for c in range(len(self.classes)):
             # One weighted flow per direction: the equal messages share the NIC and end together.
             if sends:

@@ -70,6 +70,10 @@ class Replay:
     """Peers per node of the point-to-point rounds replayed (gossip); empty without messages."""
     graphs: tuple[str, ...] = ()
     """One line per communication graph the caller's `degrees` came from (empty if none)."""
+    payload_rules: tuple[str, ...] = ()
+    """One line per rule by which the caller resized the trace's payloads (empty: as recorded)."""
+    node_egress_bytes: float = 0.0
+    """Bytes that left one node (its NICs, inter-node) over all simulated steps."""
 
 
 @contextmanager
@@ -134,6 +138,7 @@ def simulate(
     intra: str = "model",
     algorithm: str = "auto",
     degrees: Degrees | None = None,
+    payloads: str | None = None,
 ) -> Replay:
     """Predict per-step times of a recorded run on `topology`, with the assumptions made (Replay).
 
@@ -154,6 +159,8 @@ def simulate(
             the target, given (recorded step number, gossip round); None keeps the recorded
             messages, which only fits the recorded node count. Replay.p2p_degrees lists
             those replayed.
+        payloads: how the caller sized the trace's payloads for the target (a resized trace,
+            such as re-sharded); None: as recorded. It replaces that clause of the note.
     """
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
@@ -190,13 +197,22 @@ def simulate(
     )
     return Replay(
         frame=frame, topology=topology, recorded_topology=(nodes, per_node),
-        note=MODEL_NOTE + (" " + P2P_NOTE if p2p else ""),
+        note=_model_note(payloads) + (" " + P2P_NOTE if p2p else ""),
         algorithms=tuple(
             AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
             for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
         ),
         p2p_degrees=tuple(sorted(cluster.p2p_degrees)),
+        node_egress_bytes=cluster.node_egress_bytes,
     )  # fmt: skip
+
+
+def _model_note(payloads: str | None) -> str:
+    """MODEL_NOTE, its payload clause replaced where the caller resized the payloads."""
+    if payloads is None:
+        return MODEL_NOTE
+    return MODEL_NOTE.replace("weak scaling: per-step compute and payload sizes as recorded",
+                              f"per-step compute as recorded; payloads {payloads}")
 
 
 def algorithm_summary(algorithms: Iterable[AlgorithmChoice]) -> list[str]:
