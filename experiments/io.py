@@ -15,7 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -150,9 +150,24 @@ def check_output_folder(out: Path | str, *, what: str = "output folder",
     return out
 
 
-def check_output_file(path: Path | str, *, what: str = "output file") -> Path:
-    """Refuse an output file that is a folder or whose folder cannot be created; return it."""
+RUN_FILES = ("run.json", "steps.parquet", "trace.parquet")
+
+
+def check_output_file(path: Path | str, *, what: str = "output file",
+                      reads: Iterable[Path | str] = ()) -> Path:
+    """Refuse an output file that is a folder or whose folder cannot be created; return it.
+
+    Outputs never clobber inputs: a path inside a folder the command `reads`, or a run's own
+    file (run.json, steps.parquet, trace.parquet beside a run.json), is refused too.
+    """
     path = Path(path)
+    for folder in map(Path, reads):
+        if path.resolve().is_relative_to(folder.resolve()):
+            raise ConfigError(f"{what} {str(path)!r} is inside {str(folder)!r}, which this "
+                              "command reads; write it elsewhere.")
+    if path.name in RUN_FILES and (path.parent / "run.json").exists():
+        raise ConfigError(f"{what} {str(path)!r} is a file of the run in {str(path.parent)!r}; "
+                          "write it elsewhere.")
     if path.is_dir():
         raise ConfigError(f"{what} {str(path)!r} is a folder; give a file name.")
     if path.exists() and not os.access(path, os.W_OK):

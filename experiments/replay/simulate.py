@@ -202,6 +202,10 @@ def simulate_run(
     if target.inter_bw is None:
         raise ConfigError("a replay needs the target's inter-node bandwidth; give inter_bw "
                           "(--inter-bw), such as 1Gbit.")
+    if run.config.nodes == 1 and target.nodes > 1:
+        raise ConfigError(f"{str(run.path)!r} was recorded on 1 node: it has no inter-node "
+                          f"traffic to replay on {target.nodes} nodes; replay a recording of 2 "
+                          "or more nodes.")
     topology = target.topology()
     if calibration is not None:
         topology = calibration.topology(topology)
@@ -301,7 +305,8 @@ def main(args: argparse.Namespace) -> int:
     calibration = load_calibration(args.calibration) if args.calibration else None
     run = read_run(args.run_dir)
     curve = _loss_curve(args, run, rule)
-    sidecar = check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar") \
+    sidecar = check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar",
+                                reads=[args.run_dir, *(args.loss_from or ())]) \
         if curve.stated else None
     scale = _compute_scale(args, run.steps)
     intra = _intra_mode(args)
@@ -334,7 +339,7 @@ def _loss_curve(args: argparse.Namespace, run: RecordedRun, rule: LossScaling) -
 
 def _check_arguments(args: argparse.Namespace) -> Path:
     """The --out file, after checking the numeric flags (ConfigError, one sentence)."""
-    out = check_output_file(args.out, what="--out")
+    out = check_output_file(args.out, what="--out", reads=[args.run_dir, *(args.loss_from or ())])
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
         raise ConfigError(f"--target must be a finite loss > 0, got {args.target}.")
     for name in ("nodes", "gpus_per_node", "steps"):

@@ -127,8 +127,8 @@ def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: boo
     folder = RunFolder(work, work)
     # Every rank is on this machine: gloo's and nccl's sockets listen on loopback only.
     loopback = _loopback_interface()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback  # forced: an inherited interface could be public
+    os.environ["NCCL_SOCKET_IFNAME"] = loopback
     run_one_rank(rank, cfg, backend, folder, quiet,
                  dist.FileStore(str(folder.store), cfg.world_size))
 

@@ -62,13 +62,17 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["sweep", str(ROOT / "experiments/configs/quick.toml"), "--out", str(a_file)],
          "is a file; choose a folder"),
         (["check-comm", "--baseline", str(listed)], "no 'methods' table"),
+        (["simulate", str(RECORDED), "--inter-bw", "1Gbit", "--out",
+          str(RECORDED / "trace.parquet")], "which this command reads; write it elsewhere"),
+        (["simulate", str(RECORDED), "--inter-bw", "1Gbit", "--out",
+          str(RECORDED / "sub" / "x.csv")], "which this command reads"),
     ]
 
 
-@pytest.mark.parametrize("case", range(21))
+@pytest.mark.parametrize("case", range(23))
 def test_bad_input_is_one_sentence_nothing_written(tmp_path, capsys, case):
     cases = _bad_inputs(tmp_path)
-    assert len(cases) == 21
+    assert len(cases) == 23
     argv, words = cases[case]
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(argv) != 0
@@ -78,6 +82,24 @@ def test_bad_input_is_one_sentence_nothing_written(tmp_path, capsys, case):
     assert "Traceback" not in captured.err + captured.out
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
     assert list((tmp_path / "a_dir").iterdir()) == []
+    assert sorted(p.name for p in RECORDED.iterdir()) == ["run.json", "steps.parquet",
+                                                          "trace.parquet"]
+
+
+def test_a_one_node_recording_is_not_replayed_on_more_nodes(tmp_path, capsys):
+    import json
+    import shutil
+
+    one = tmp_path / "one-node"
+    shutil.copytree(RECORDED, one)
+    meta = json.loads((one / "run.json").read_text())
+    meta["config"].update(nodes=1)
+    (one / "run.json").write_text(json.dumps(meta))
+    assert main(["simulate", str(one), "--inter-bw", "1Kbit", "--nodes", "64",
+                 "--out", str(tmp_path / "s.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "was recorded on 1 node: it has no inter-node traffic to replay on 64 nodes" in err
+    assert not (tmp_path / "s.csv").exists()
 
 
 @pytest.mark.dist
