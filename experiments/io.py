@@ -186,7 +186,9 @@ def provenance() -> dict[str, Any]:
             versions[name] = md.version(name)
         except md.PackageNotFoundError:
             pass
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # results/ is where sweeps write: its own files changing says nothing about the code.
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                  ":(top,exclude)results")
     return {
         "versions": versions,
         "git_commit": _git("rev-parse", "HEAD") or None,

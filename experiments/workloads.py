@@ -203,7 +203,28 @@ def make_workload(name: str) -> Workload:
 def check_workload(name: str) -> None:
     """Raise ConfigError unless `make_workload(name)` works; a process checks each name once."""
     if name not in _BUILTIN:  # built-in ones read local files and are tested
-        make_workload(name)
+        _check_outputs(name, make_workload(name))
+
+
+def _check_outputs(name: str, workload: Workload) -> None:
+    """What the ranks will call returns what they expect: a module, and batches of tensors.
+
+    Calls `model()` and one `batch()` here, once, so a wrong type is one sentence before any
+    rank starts rather than an error inside all of them.
+    """
+    try:
+        model = workload.model()
+        batch = workload.batch(step=0, rank=0, batch_size=2, seed=0)
+    except Exception as err:
+        raise ConfigError(f"workload {name!r}: calling it raised {type(err).__name__}: {err}"
+                          f"{users_location(err)}.") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"workload {name!r}: model() returned a {type(model).__name__}; it must "
+                          "return a torch.nn.Module.")
+    if not (isinstance(batch, tuple | list) and batch
+            and all(isinstance(x, torch.Tensor) for x in batch)):
+        raise ConfigError(f"workload {name!r}: batch() returned a {type(batch).__name__}; it must "
+                          "return a tuple of tensors, such as (inputs, targets).")
 
 
 def _factory(name: str) -> Callable[[], Any]:

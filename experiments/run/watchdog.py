@@ -14,7 +14,10 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["Heartbeat", "RankStalled", "Watchdog"]
+__all__ = ["STARTUP_S", "Heartbeat", "RankStalled", "Watchdog"]
+
+# The least silence allowed before a rank's first step (imports, rendezvous, model building).
+STARTUP_S = 300.0
 
 _WIDTH = 64
 
@@ -64,16 +67,23 @@ class Watchdog:
         # A rank that has not beaten yet is timed from the first beat of any rank.
         first = min(self._changed)
         self._changed = [first if math.isinf(t) else t for t in self._changed]
-        silent = [r for r in range(len(self.paths)) if now - self._changed[r] > self.stall_s]
+        silent = [r for r in range(len(self.paths)) if now - self._changed[r] > self._limit(r)]
         if not silent:
             return
         rank = min(silent, key=self._suspicion)
         seen = self._seen[rank]
         where = "before its first step" if seen is None or seen[1] == 0 else f"after step {seen[1]}"
         raise RankStalled(
-            f"rank {rank} made no progress for {self.stall_s:g} s ({where}); the run was "
+            f"rank {rank} made no progress for {self._limit(rank):g} s ({where}); the run was "
             f"stopped (raise --stall-timeout if its steps are really that slow)."
         )
+
+    def _limit(self, rank: int) -> float:
+        """How long `rank` may be silent: longer before its first step, which has to import,
+        join the group and build the model (seconds more on a loaded machine)."""
+        seen = self._seen[rank]
+        started = seen is not None and seen[1] > 0
+        return self.stall_s if started else max(self.stall_s, STARTUP_S)
 
     def _suspicion(self, rank: int) -> tuple[int, int, float]:
         seen = self._seen[rank]

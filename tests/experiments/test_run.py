@@ -224,3 +224,30 @@ def test_two_runs_into_one_folder_the_second_is_refused(tmp_path):
         other.kill()
         other.wait()
     assert not out.exists()
+
+
+def test_the_watchdog_allows_start_up_longer_than_a_step(tmp_path, monkeypatch):
+    from experiments.run import watchdog
+
+    clock = [1000.0]
+    monkeypatch.setattr(watchdog.time, "monotonic", lambda: clock[0])
+    beats = [watchdog.Heartbeat(tmp_path / f"progress-{r}") for r in range(2)]
+    dog = watchdog.Watchdog([tmp_path / f"progress-{r}" for r in range(2)], stall_s=10.0)
+    dog.check()
+    clock[0] += 60.0  # both still building their model: longer than a step may take
+    dog.check()
+    beats[0].beat(1)
+    beats[1].beat(1)
+    dog.check()
+    clock[0] += 5.0
+    beats[0].beat(2)
+    dog.check()
+    clock[0] += 6.0  # rank 1 silent 11 s after its first step
+    with pytest.raises(watchdog.RankStalled, match="rank 1 made no progress for 10 s"):
+        dog.check()
+    fresh = watchdog.Watchdog([tmp_path / "progress-9"], stall_s=10.0)
+    watchdog.Heartbeat(tmp_path / "progress-9")
+    fresh.check()
+    clock[0] += watchdog.STARTUP_S + 1  # but start-up is bounded too
+    with pytest.raises(watchdog.RankStalled, match="before its first step"):
+        fresh.check()

@@ -184,3 +184,23 @@ def test_a_workload_module_that_fails_shows_its_own_file_and_line(body, words, t
     assert words.format(path=path) in err and len(err.splitlines()) == 1, err
     if "SyntaxError" in words or "ModuleNotFound" in words:
         assert f"at {path}:1" in err
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ("class W(Regression):\n    def model(self):\n        return 'a model'\n",
+     "model() returned a str; it must return a torch.nn.Module."),
+    ("class W(Regression):\n    def batch(self, step, rank, batch_size, seed):\n"
+     "        return super().batch(step, rank, batch_size, seed)[0]\n",
+     "batch() returned a Tensor; it must return a tuple of tensors"),
+])
+@pytest.mark.timeout(60)
+def test_a_workload_returning_the_wrong_types_is_refused_before_any_rank(body, words, tmp_path,
+                                                                         monkeypatch, capsys):
+    module = f"typed_wl_{abs(hash(words)) % 10**8}"  # a module of its own: imports are cached
+    (tmp_path / f"{module}.py").write_text(_readme_example() + "\n\n" + body
+                                           + "\n\ndef make():\n    return W()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["run", "--workload", f"{module}:make", "--steps", "1",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1, err
