@@ -36,7 +36,7 @@ from pathlib import Path
 from experiments.config import RunConfig
 from experiments.errors import RunFailed
 from experiments.run.folder import RunFolder, read_rank_result, write_run
-from experiments.run.rank import die_with_launcher, raise_on_sigterm, run_one_rank
+from experiments.run.rank import die_with_launcher, raise_on_sigterm, rank_error, run_one_rank
 from experiments.run.watchdog import RankStalled, Watchdog
 from netsim.kernel import (
     KernelNetwork,
@@ -153,16 +153,17 @@ def _wait(procs: list[subprocess.Popen], folder: RunFolder, cfg: RunConfig,
 
 
 def _failure(folder: RunFolder, codes: list[int | None]) -> str:
-    """The first failed rank's own last line, or its exit status."""
+    """The first failed rank's error (its user's file and line, its log), or its exit status."""
     errors = sorted(folder.work.glob("error-*"), key=lambda p: p.stat().st_mtime)
-    if errors:
-        return errors[0].read_text().strip()
+    if errors:  # the rank's whole traceback: one line here, all of it in a log beside OUT
+        rank = errors[0].name.rpartition("-")[2]
+        return f"rank {rank}: {rank_error(errors[0].read_text(), folder.out)}"
     rank, code = next((r, c) for r, c in enumerate(codes) if c not in (None, 0))
     return f"a rank died: rank {rank} exited with status {code}"
 
 
 def _rank_main(work: str) -> int:
-    """Inside a namespace: join node 0's TCPStore, run this rank; on failure leave one line."""
+    """Inside a namespace: join node 0's TCPStore, run this rank; on failure leave its traceback."""
     import torch.distributed as dist
 
     die_with_launcher(int(os.environ[_LAUNCHER_PID]))
@@ -174,10 +175,9 @@ def _rank_main(work: str) -> int:
                               cfg.world_size, is_master=rank == 0,
                               timeout=timedelta(seconds=max(60.0, cfg.stall_timeout)))
         run_one_rank(rank, cfg, "gloo", folder, bool(os.environ.get("TQDM_DISABLE")), store)
-    except BaseException as err:
-        last = traceback.format_exception_only(type(err), err)[-1].strip()
+    except BaseException:
         tmp = folder.work / f".error-{rank}.tmp"
-        tmp.write_text(f"rank {rank}: {last}\n")
+        tmp.write_text(traceback.format_exc())
         os.replace(tmp, folder.work / f"error-{rank}")
         raise
     return 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import signal
 import socket
 import time
@@ -26,11 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import RunConfig
-from experiments.errors import ConfigError, RunFailed, is_users_file
+from experiments.errors import ConfigError, RunFailed
 from experiments.io import check_output_folder
 from experiments.logs import configure_logging
 from experiments.run.folder import RunFolder, read_rank_result, write_run
-from experiments.run.rank import die_with_launcher, raise_on_sigterm, run_one_rank, teardown
+from experiments.run.rank import (
+    die_with_launcher,
+    raise_on_sigterm,
+    rank_error,
+    run_one_rank,
+    teardown,
+)
 from experiments.run.watchdog import RankStalled, Watchdog
 
 __all__ = ["launch", "RunFailed"]
@@ -99,7 +104,7 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     except RankStalled as err:
         raise RunFailed(str(err)) from None
     except mp.ProcessRaisedException as err:
-        raise RunFailed(_rank_error(str(err), folder.out)) from None
+        raise RunFailed(rank_error(str(err), folder.out)) from None
     except mp.ProcessExitedException as err:
         raise RunFailed(f"a rank died: {err}") from None
     finally:
@@ -183,22 +188,3 @@ def _check_spawnable(world: int) -> None:
                           f"{memory / 2**30:.0f} GiB): at most {limit}; run across hosts with "
                           "torchrun, or replay a smaller run at this size with `flexbench "
                           "simulate`.")
-
-
-def _rank_error(text: str, out: Path) -> str:
-    """A rank's error in one line, pointing at the user's own code and the whole traceback.
-
-    The traceback goes to a log file beside OUT (OUT itself is never written on failure).
-    """
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    last = lines[-1] if lines else text
-    log = out.parent / f"{out.name}.error.log"
-    try:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(text.strip() + "\n")
-    except OSError:
-        return last
-    frames = re.findall(r'File "([^"]+)", line (\d+)', text)
-    theirs = [(f, n) for f, n in frames if is_users_file(f)]
-    where = f" at {theirs[-1][0]}:{theirs[-1][1]}" if theirs else ""
-    return f"{last}{where} (the whole traceback: {log})"

@@ -9,21 +9,24 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import re
 import select
 import signal
 import sys
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from experiments.config import RunConfig
-from experiments.errors import Stopped
+from experiments.errors import Stopped, is_users_file
 from experiments.io import pid_alive
 from experiments.logs import configure_logging
 from experiments.run.folder import RunFolder, write_rank_result
 from experiments.run.watchdog import Heartbeat
 
-__all__ = ["die_with_launcher", "pin_to_core", "raise_on_sigterm", "run_one_rank", "teardown"]
+__all__ = ["die_with_launcher", "pin_to_core", "raise_on_sigterm", "rank_error", "run_one_rank",
+           "teardown"]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -133,3 +136,22 @@ def _exit_when_readable(fd: int) -> None:
     """Block until `fd` (a pidfd) is readable, i.e. its process has exited; then leave at once."""
     select.select([fd], [], [])
     os._exit(1)
+
+
+def rank_error(text: str, out: Path) -> str:
+    """A rank's error in one line, pointing at the user's own code and the whole traceback.
+
+    The traceback goes to a log file beside OUT (OUT itself is never written on failure).
+    """
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else text
+    log = out.parent / f"{out.name}.error.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(text.strip() + "\n")
+    except OSError:
+        return last
+    frames = re.findall(r'File "([^"]+)", line (\d+)', text)
+    theirs = [(f, n) for f, n in frames if is_users_file(f)]
+    where = f" at {theirs[-1][0]}:{theirs[-1][1]}" if theirs else ""
+    return f"{last}{where} (the whole traceback: {log})"
