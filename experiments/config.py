@@ -169,6 +169,7 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
         """Raise ConfigError on the first bad field; return self so calls chain."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            _check_type(f, value)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{f.name} must be a finite number, got {value}.")
         _choice("method", self.method, METHODS)
@@ -378,6 +379,26 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}.")
+
+
+# A field's declared type -> the Python types its values may have (booleans are not numbers).
+# Lists (node_links) have a check of their own that shows the syntax.
+_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,),
+}
+
+
+def _check_type(f: dataclasses.Field, value: Any) -> None:
+    """ConfigError unless `value` has the field's type (as a TOML file could get it wrong)."""
+    kind = str(f.type)
+    if value is None and "None" in kind:
+        return
+    base = kind.split(" | ")[0].split("[")[0]
+    allowed = _TYPES.get(base)
+    if allowed is None:
+        return
+    if isinstance(value, bool) and base != "bool" or not isinstance(value, allowed):
+        raise ConfigError(f"{f.name} must be of type {kind}, got {value!r}.")
 
 
 def _workload(name: Any) -> None:

@@ -33,6 +33,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     listed.write_text("[1, 2]\n")
     beside = tmp / "beside.toml"
     beside.write_text('steps = 5\n[run]\nnodes = 2\n')
+    a_bool = tmp / "bool.toml"
+    a_bool.write_text('[run]\nlr = true\n')
     out = str(tmp / "out")
     sim = ["simulate", str(RECORDED), "--inter-bw", "1Gbit"]
     return [
@@ -47,6 +49,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["run", "--out", out, "--config", str(ROOT / "experiments/configs/quick.toml")],
          "it looks like a sweep file; run it with `flexbench sweep`"),
         (["run", "--out", out, "--config", str(beside)], "has steps beside its [run] table"),
+        (["run", "--out", out, "--config", str(a_bool)], "lr must be of type float | None, got "
+         "True"),
         (["run", "--out", out, "--method", "hsdp-adamw", "--topk", "7"],
          "method 'hsdp-adamw' does not read topk"),
         (["run", "--out", out, "--nodes", "100000", "--gpus-per-node", "1"],
@@ -69,10 +73,10 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(23))
+@pytest.mark.parametrize("case", range(24))
 def test_bad_input_is_one_sentence_nothing_written(tmp_path, capsys, case):
     cases = _bad_inputs(tmp_path)
-    assert len(cases) == 23
+    assert len(cases) == 24
     argv, words = cases[case]
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(argv) != 0
