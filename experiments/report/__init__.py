@@ -15,6 +15,7 @@ from experiments.report.figures import (
     plot_frontier,
     plot_loss_vs_time,
     plot_time_to_target,
+    results_folder,
     write_report,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "plot_frontier",
     "plot_loss_vs_time",
     "plot_time_to_target",
+    "results_folder",
     "write_report",
 ]

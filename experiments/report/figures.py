@@ -15,6 +15,7 @@ import argparse
 import io
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ __all__ = [
     "Results",
     "configure",
     "load_results",
+    "results_folder",
     "main",
     "frontier_table",
     "plot_bytes_per_step",
@@ -78,6 +80,19 @@ class Results:
         # tab10 repeats itself past ten variants (a graph study has a dozen); tab20 does not.
         scheme = "tab10" if len(names) <= 10 else "tab20" if len(names) <= 20 else "husl"
         return dict(zip(names, sns.color_palette(scheme, max(len(names), 1)), strict=False))
+
+
+def results_folder() -> Path:
+    """The sweep folder the notebooks read: FLEXBENCH_RESULTS, else the committed quick sweep.
+
+    A relative FLEXBENCH_RESULTS is taken from where the user started Jupyter (the shell's PWD),
+    not from notebooks/, where the kernel runs.
+    """
+    given = os.environ.get("FLEXBENCH_RESULTS")
+    if not given:
+        return Path(__file__).resolve().parents[2] / "results" / "quick"
+    path = Path(given).expanduser()
+    return path if path.is_absolute() else Path(os.environ.get("PWD", os.getcwd())) / path
 
 
 def load_results(path: Path | str) -> Results:

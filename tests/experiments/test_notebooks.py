@@ -69,3 +69,14 @@ def test_notebooks_run_on_fake_results(tmp_path: Path, monkeypatch: pytest.Monke
         assert any(o.get("output_type") for c in nb.cells if c.cell_type == "code"
                    for o in c.outputs)
     assert os.environ["FLEXBENCH_RESULTS"] == str(out)
+
+
+def test_a_relative_results_folder_is_taken_from_where_the_user_stands(tmp_path, monkeypatch):
+    from experiments import report
+
+    monkeypatch.delenv("FLEXBENCH_RESULTS", raising=False)
+    assert report.results_folder() == ROOT / "results" / "quick"
+    monkeypatch.setenv("FLEXBENCH_RESULTS", "runs/quick")
+    monkeypatch.setenv("PWD", str(tmp_path))  # the shell Jupyter was started from
+    monkeypatch.chdir(ROOT / "notebooks")  # where the kernel runs
+    assert report.results_folder() == tmp_path / "runs" / "quick"
