@@ -50,6 +50,7 @@ class RunFolder:
         self.out = Path(out)
         default = self.out.parent / f".{self.out.name}.partial-{os.getpid()}"
         self.work = Path(work) if work else default
+        self.keep = False  # set when the results could not be assembled: discard() keeps them
 
     @property
     def build(self) -> Path:
@@ -103,8 +104,9 @@ class RunFolder:
         return self.out
 
     def discard(self) -> None:
-        """Remove the working folder and everything in it."""
-        shutil.rmtree(self.work, ignore_errors=True)
+        """Remove the working folder and everything in it (unless `keep` says it holds results)."""
+        if not self.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 def write_rank_result(result: RankResult, folder: Path) -> None:

@@ -98,9 +98,7 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
             if deadline is not None and time.monotonic() > deadline:
                 raise RunFailed(f"run timed out after {timeout_s:g} s")
             watchdog.check()
-        results = [read_rank_result(folder.work, r) for r in range(cfg.world_size)]
-        write_run(results, folder.build)
-        return folder.commit()
+        return _assemble(folder, [read_rank_result(folder.work, r) for r in range(cfg.world_size)])
     except RankStalled as err:
         raise RunFailed(str(err)) from None
     except mp.ProcessRaisedException as err:
@@ -114,6 +112,18 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
         folder.discard()
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _assemble(folder: RunFolder, results: list) -> Path:
+    """Write OUT from the ranks' results; if that fails (a full disk), keep them and say where."""
+    try:
+        write_run(results, folder.build)
+        return folder.commit()
+    except OSError as err:
+        folder.keep = True  # the training is done: its records must not go with the failure
+        raise RunFailed(f"the run finished but {str(folder.out)!r} could not be written "
+                        f"({err.strerror or err}); every rank's results are kept in "
+                        f"{str(folder.work)!r}.") from None
 
 
 def _loopback_interface() -> str:

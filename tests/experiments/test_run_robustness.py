@@ -329,3 +329,26 @@ def test_socket_check_sees_a_listener_on_all_interfaces():
         local.listen()
         found = _listening_sockets({os.getpid()})
     assert sorted(_is_loopback(a) for a in found) == [False, True]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_a_run_that_cannot_be_written_keeps_its_results_and_says_where(tmp_path, monkeypatch):
+    import errno
+
+    from experiments.config import RunConfig
+    from experiments.errors import RunFailed
+    from experiments.run import launch as launch_module
+
+    def disk_full(results, folder):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(launch_module, "write_run", disk_full)
+    out = tmp_path / "run"
+    cfg = RunConfig(method="hsdp-adamw", workload="vision-tiny", nodes=2, gpus_per_node=1,
+                    steps=2, eval_every=2)
+    with pytest.raises(RunFailed, match="could not be written .No space left on device.; "
+                                        "every rank's results are kept in") as info:
+        launch_module.launch(cfg, out, quiet=True)
+    kept = Path(str(info.value).rpartition(" in ")[2].strip(".'"))
+    assert not out.exists() and (kept / "rank0.json").exists() and (kept / "rank1.json").exists()
