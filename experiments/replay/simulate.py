@@ -65,6 +65,8 @@ from netsim.model import Replay, algorithm_summary, simulate
 
 log = logging.getLogger(__name__)
 
+MAX_STEPS = 1_000_000  # a replayed step costs ~0.1-1 ms of model time: this is minutes already
+
 __all__ = ["RecordedRun", "simulate_run", "read_run", "gossip_degrees", "loss_on_time_axis",
            "configure", "main"]
 
@@ -346,6 +348,10 @@ def _check_arguments(args: argparse.Namespace) -> Path:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+    if args.steps is not None and args.steps > MAX_STEPS:
+        raise ConfigError(f"--steps {args.steps} is more than a replay runs here (at most "
+                          f"{MAX_STEPS:,}: hours of model time); replay fewer steps, the time "
+                          "axis grows linearly beyond the recording.")
     for name in ("compute_scale", "step_compute"):
         value = getattr(args, name)
         if value is not None and not value > 0:

@@ -63,6 +63,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         ([*sim, "--out", str(a_file / "x.csv")], "is a file, not a folder"),
         ([*sim, "--out", str(tmp / "s.csv"), "--target", "-1"], "--target must be a finite"),
         ([*sim, "--out", str(tmp / "s.csv"), "--target", "nan"], "--target must be a finite"),
+        ([*sim, "--out", str(tmp / "s.csv"), "--steps", "1000000000"],
+         "--steps 1000000000 is more than a replay runs here"),
         (["sweep", str(ROOT / "experiments/configs/quick.toml"), "--out", str(a_file)],
          "is a file; choose a folder"),
         (["check-comm", "--baseline", str(listed)], "no 'methods' table"),
@@ -73,10 +75,10 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(24))
+@pytest.mark.parametrize("case", range(25))
 def test_bad_input_is_one_sentence_nothing_written(tmp_path, capsys, case):
     cases = _bad_inputs(tmp_path)
-    assert len(cases) == 24
+    assert len(cases) == 25
     argv, words = cases[case]
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(argv) != 0
