@@ -8,6 +8,7 @@ FSDP2 cannot shard.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 
 import torch
@@ -138,6 +139,11 @@ def watch_unit_backward(model: nn.Module, callback: Callable[[int], None]) -> li
     FSDP2 reduces such a unit in a callback at the end of the whole backward, so the mark is
     deferred to a callback queued ahead of FSDP2's (callbacks run in the order queued).
     """
+
+    # torch warns that such a hook fires at the start of the module's backward; deferring it to
+    # the end of the whole backward is what we want, so the warning says nothing new.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are "
+                            "computed with respect to module outputs", category=UserWarning)
 
     def hook_for(index: int) -> Callable:
         def hook(_module: nn.Module, grad_input: tuple, _grad_output: tuple) -> None:
