@@ -8,6 +8,7 @@ FSDP2 cannot shard.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 
 import torch
@@ -112,6 +113,49 @@ def shard_layout(model: nn.Module, blocks: BlockSpec = None) -> list[list[list[i
         if shapes:
             units.append(shapes)
     return units
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The FSDP2 units of a parallelized model, inner first, the root last (as ``shard_layout``)."""
+    units: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            visit(child)
+        if isinstance(module, FSDPModule):
+            units.append(module)
+
+    visit(model)
+    return units
+
+
+def watch_unit_backward(model: nn.Module, callback: Callable[[int], None]) -> list:
+    """Call ``callback(unit)`` when each FSDP2 unit finishes its backward; returns the hook handles.
+
+    ``unit`` indexes ``fsdp_units(model)``. The hook runs just before FSDP2 reduces that unit's
+    gradients: a full backward hook fires once the gradients of the module's inputs exist, and
+    FSDP2's post-backward sits on the same inputs one autograd node further. A unit whose inputs
+    need no gradient (the root, fed token ids) has its hook fire when its backward *begins*;
+    FSDP2 reduces such a unit in a callback at the end of the whole backward, so the mark is
+    deferred to a callback queued ahead of FSDP2's (callbacks run in the order queued).
+    """
+
+    # torch warns that such a hook fires at the start of the module's backward; deferring it to
+    # the end of the whole backward is what we want, so the warning says nothing new.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are "
+                            "computed with respect to module outputs", category=UserWarning)
+
+    def hook_for(index: int) -> Callable:
+        def hook(_module: nn.Module, grad_input: tuple, _grad_output: tuple) -> None:
+            if any(g is not None for g in grad_input):
+                callback(index)
+            else:
+                torch.autograd.Variable._execution_engine.queue_callback(lambda: callback(index))
+
+        return hook
+
+    return [unit.register_full_backward_hook(hook_for(i))
+            for i, unit in enumerate(fsdp_units(model))]
 
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)

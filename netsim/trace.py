@@ -2,7 +2,11 @@
 
 One row per event of one rank. kind "collective": an op on a group (issued at start_s, waited on
 from wait_s, returned at end_s); kind "step": the span between begin_step and end_step; kind
-"compute": an explicit compute interval (the recorder writes none; hand-made traces may). Times
+"compute": an explicit compute interval (the recorder writes none; hand-made traces may); kind
+"mark": a moment (start_s = end_s) in the step, op "unit_backward" when FSDP2 unit `unit`
+finished its backward, op "backward" when the whole backward returned (what the optimizer step
+waits for). A collective's `unit` names the unit whose backward mark it followed within that
+backward (-1 outside one, and in traces written before the column: they have no marks). Times
 are seconds on the recorder's clock (the shaping clock when shaping is installed, so wall or
 virtual time). A combined trace is the concatenation of all ranks' frames; `comm_per_step` sums
 either into the per-step communication figures the runs report.
@@ -33,6 +37,8 @@ __all__ = [
     "KINDS",
     "TRAIN",
     "EVAL",
+    "UNIT_BACKWARD",
+    "BACKWARD",
     "TraceRecorder",
     "empty_trace",
     "validate_trace",
@@ -62,8 +68,11 @@ TRACE_COLUMNS: dict[str, str] = {
     "end_s": "float64",
     "modeled_s": "float64",
     "phase": "object",
+    "unit": "int64",
 }
-KINDS = ("compute", "collective", "step")
+KINDS = ("compute", "collective", "step", "mark")
+UNIT_BACKWARD = "unit_backward"  # mark op: one FSDP2 unit's backward ended
+BACKWARD = "backward"  # mark op: the whole backward returned
 TRAIN = "train"  # the training loop: the only phase the model replays and the runs count
 EVAL = "eval"  # evaluation: recorded, but kept out of training figures
 _REQUIRED = (
@@ -113,6 +122,7 @@ class TraceRecorder:
         self._rows: list[dict] = []
         self._lock = threading.Lock()
         self._seq = 0
+        self._unit = -1  # the FSDP2 unit whose backward ended last, within this backward
 
     # Layout of this rank; without a topology every rank counts as its own node.
     def _where(self) -> tuple[int, int]:
@@ -144,6 +154,7 @@ class TraceRecorder:
                 "end_s": math.nan,
                 "modeled_s": math.nan,
                 "phase": self.phase,
+                "unit": self._unit,
             }
             full.update(row)
             self._seq += 1
@@ -154,6 +165,7 @@ class TraceRecorder:
         """Start step `step` of `phase`: later records carry this step number and phase."""
         self.set_phase(phase)
         self.step = int(step)
+        self._unit = -1
         self._step_start = self.clock()
 
     def set_phase(self, phase: str) -> None:
@@ -168,6 +180,22 @@ class TraceRecorder:
             raise ValueError(f"end_step({step!r}) does not match the open step {self.step!r}.")
         self._append({"kind": "step", "start_s": self._step_start, "end_s": self.clock()})
         self._step_start = None
+
+    def mark_unit_backward(self, unit: int) -> None:
+        """Record that FSDP2 unit `unit` finished its backward: later collectives belong to it."""
+        if isinstance(unit, bool) or not isinstance(unit, int) or unit < 0:
+            raise ValueError(f"FSDP2 unit {unit!r} must be a non-negative integer.")
+        now = self.clock()
+        with self._lock:
+            self._unit = unit
+        self._append({"kind": "mark", "op": UNIT_BACKWARD, "start_s": now, "end_s": now})
+
+    def mark_backward(self) -> None:
+        """Record that the whole backward returned: later collectives belong to no unit."""
+        now = self.clock()
+        with self._lock:
+            self._unit = -1
+        self._append({"kind": "mark", "op": BACKWARD, "start_s": now, "end_s": now})
 
     def record_collective(
         self,
@@ -262,6 +290,8 @@ def _fill_derived(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("wait_s", "modeled_s"):
         if col not in df.columns:
             df[col] = math.nan
+    if "unit" not in df.columns:
+        df["unit"] = -1  # older traces recorded no FSDP2 units (and no marks)
     if "phase" not in df.columns:
         # Before the phase column, evaluation traffic was recorded as step 0.
         df["phase"] = [EVAL if s == 0 else TRAIN for s in df["step"]]

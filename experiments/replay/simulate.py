@@ -22,7 +22,10 @@ and Ada replays at a node count no recording has give no time to target.
 Another --gpus-per-node re-shards the run's payloads (experiments.replay.reshard); declared
 compute (--compute-scale, --step-compute) prices the intra-node collectives on an NVLink-class
 link unless told otherwise (--intra, --intra-bw, --intra-lat); the output then says per part
-(compute, intra-node, inter-node) what was measured and what modeled.
+(compute, intra-node, inter-node) what was measured and what modeled. `--overlap fsdp2`
+(the default with declared compute, when the recording marks FSDP2's units) replays each unit's
+gradient reduce alongside the next unit's backward, as a GPU's communication streams run it;
+`--overlap recorded` keeps the trace's order (serial on CPU gloo).
 
 Gossip runs (method gossip, or ada, whose graph steps.parquet records per step) are replayed on
 their communication graph rebuilt at the target node count: each node exchanges with its
@@ -61,7 +64,8 @@ from flexdemo.graphs import degree_of, graph_problem, period
 from flexdemo.methods import RECORDS
 from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
-from netsim.model import Replay, algorithm_summary, simulate
+from netsim.model import Replay, algorithm_summary, has_unit_marks, simulate
+from netsim.model.programs import OVERLAPS
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +186,7 @@ def simulate_run(
     intra: str = "recorded",
     algorithm: str = "auto",
     calibration: Calibration | None = None,
+    overlap: str = "recorded",
     **network: Any,
 ) -> Replay:
     """A recorded run replayed on another network: its Replay, frame [step, step_time_s, time_s].
@@ -197,7 +202,9 @@ def simulate_run(
     `algorithm` picks the inter-node collective algorithms (netsim.model.simulate).
     `calibration` (from `flexbench calibrate`) prices every inter-node link at its measured
     goodput and per-message cost, and the note says so. Gossip runs replay their graph rebuilt
-    on the target nodes (`gossip_degrees`; Replay.graphs describes it).
+    on the target nodes (`gossip_degrees`; Replay.graphs describes it). `overlap` "fsdp2"
+    replays FSDP2's per-unit reduce alongside the next unit's backward (netsim.model.simulate);
+    a recording without FSDP2 backward marks refuses it with a ConfigError.
     """
     run = run if isinstance(run, RecordedRun) else read_run(run)
     target = run.config.replace(**{k: v for k, v in network.items() if v is not None})
@@ -208,6 +215,9 @@ def simulate_run(
         raise ConfigError(f"{str(run.path)!r} was recorded on 1 node: it has no inter-node "
                           f"traffic to replay on {target.nodes} nodes; replay a recording of 2 "
                           "or more nodes.")
+    if overlap == "fsdp2" and not has_unit_marks(run.trace):
+        raise ConfigError(f"--overlap fsdp2 needs FSDP2 backward marks, and {str(run.path)!r} "
+                          f"has none ({_no_marks_reason(run)}); use --overlap recorded.")
     topology = target.topology()
     if calibration is not None:
         topology = calibration.topology(topology)
@@ -216,13 +226,20 @@ def simulate_run(
     replay = simulate(
         trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
         algorithm=algorithm, degrees=degrees,
-        payloads=_payload_clause(run, rules),
+        payloads=_payload_clause(run, rules), overlap=overlap,
     )  # fmt: skip
     note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
     return dataclasses.replace(
         replay, frame=replay.frame.assign(step=range(1, len(replay.frame) + 1)), note=note,
         graphs=tuple(graphs) if replay.p2p_degrees else (), payload_rules=rules,
     )  # fmt: skip
+
+
+def _no_marks_reason(run: RecordedRun) -> str:
+    """Why a recording has no FSDP2 backward marks, in a few words."""
+    if not run.config.record.shards:
+        return f"{run.config.method} does not shard with FSDP2"
+    return "recorded before runs marked them; record it again"
 
 
 def _payload_clause(run: RecordedRun, rules: tuple[str, ...]) -> str | None:
@@ -273,6 +290,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intra-lat", default=None,
                         help=f"modeled intra-node link latency (default: the run's intra_lat, "
                         f"{GPU_INTRA[1]} unless set)")
+    parser.add_argument("--overlap", choices=OVERLAPS, default=None,
+                        help="FSDP2's per-unit gradient reduce: recorded (the trace's order, "
+                        "serial on CPU gloo) or fsdp2 (alongside the next unit's backward, as "
+                        "on a GPU's communication streams; needs a recording with FSDP2 "
+                        "backward marks); default: fsdp2 when --compute-scale or --step-compute "
+                        "declares GPU-class compute and the recording has marks, else recorded")
     parser.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto",
                         help="inter-node collective algorithms: auto picks ring or tree (Bruck "
                         "for all-gathers) by predicted time as NCCL's tuner does; ring or tree "
@@ -312,12 +335,13 @@ def main(args: argparse.Namespace) -> int:
         if curve.stated else None
     scale = _compute_scale(args, run.steps)
     intra = _intra_mode(args)
+    overlap = _overlap_mode(args, run)
     replay = simulate_run(
         run, inter_bw=args.inter_bw, inter_lat=args.inter_lat, nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, node_links=args.node_link,
         steps=args.steps if args.steps is not None else curve.steps_needed(),
         compute_scale=scale, intra=intra, algorithm=args.algorithm, calibration=calibration,
-        intra_bw=args.intra_bw, intra_lat=args.intra_lat,
+        intra_bw=args.intra_bw, intra_lat=args.intra_lat, overlap=overlap,
     )  # fmt: skip
     write_atomic(out, replay.frame.to_csv(index=False))
     _print_replay(args, run, replay, out, calibration)
@@ -377,12 +401,40 @@ def _intra_mode(args: argparse.Namespace) -> str:
     return "model" if _declares_hardware(args) or link_given else "recorded"
 
 
+def _overlap_mode(args: argparse.Namespace, run: RecordedRun) -> str:
+    """--overlap, or its default: fsdp2 when GPU-class compute is declared and the recording
+    marks where FSDP2 units' backward ends; recorded otherwise (the basis lines say why)."""
+    if args.overlap is not None:
+        return args.overlap
+    return "fsdp2" if _declares_hardware(args) and has_unit_marks(run.trace) else "recorded"
+
+
+def _overlap_line(args: argparse.Namespace, run: RecordedRun, overlap: str) -> str:
+    """The basis line naming the overlap mode replayed, and why where it is the default."""
+    if overlap == "fsdp2":
+        return ("overlap: fsdp2 (modeled): each FSDP2 unit's gradient reduce starts when its "
+                "backward ends and runs alongside the next unit's backward, as on a GPU's "
+                "communication streams; the optimizer step waits for it; the method's own "
+                "exchanges as recorded")
+    if args.overlap is None and _declares_hardware(args):
+        return ("overlap: recorded (serial, as on the recording's CPU gloo), not the GPU-class "
+                f"default fsdp2: {str(run.path)!r} has no FSDP2 backward marks "
+                f"({_no_marks_reason(run)})")
+    return "overlap: recorded (the trace's order: FSDP2's reduce serial, as on CPU gloo)"
+
+
+def _shows_basis(args: argparse.Namespace, replay: Replay, intra: str) -> bool:
+    """Whether any part of the replay is other than as recorded (then each part is named)."""
+    return (_declares_hardware(args) or intra == "model" or bool(replay.payload_rules)
+            or replay.overlap == "fsdp2")
+
+
 def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, intra: str,
                  scale: float) -> list[str]:
-    """A line per part (compute, intra-node, inter-node): measured or modeled, and on what.
+    """A line per part (compute, intra-node, inter-node, overlap): measured or modeled, on what.
 
-    Empty for a replay that takes compute, intra-node traffic and payloads as recorded."""
-    if not (_declares_hardware(args) or intra == "model" or replay.payload_rules):
+    Empty for a replay that takes compute, intra-node traffic, payloads and order as recorded."""
+    if not _shows_basis(args, replay, intra):
         return []
     recorded = float(run.steps["compute_s"].median())
     if args.step_compute is not None:
@@ -413,7 +465,8 @@ def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, int
         payloads = f"payloads {verb} {replay.topology.accelerators_per_node} ranks per node (below)"
     lines = [f"compute: {compute}", f"intra-node: {intra_line}",
              f"inter-node: modeled on the {args.inter_bw}, {args.inter_lat} links; {payloads}"]
-    return lines + [f"  {rule}" for rule in replay.payload_rules]
+    lines += [f"  {rule}" for rule in replay.payload_rules]
+    return lines + [_overlap_line(args, run, replay.overlap)]
 
 
 def _compute_scale(args: argparse.Namespace, steps: pd.DataFrame) -> float:

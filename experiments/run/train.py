@@ -144,6 +144,10 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
     mode = "off" if cfg.shaping == "kernel" else cfg.shaping
     shaping.install(cfg.topology(), mode=mode, recorder=recorder, run_dir=run_dir)
     model, opt, mesh, layout = _build(cfg, workload, device)
+    if cfg.record.shards:
+        # Where each FSDP2 unit's backward ends, so a replay can overlap its reduce with the
+        # next unit's backward as a GPU's communication stream does (--overlap fsdp2).
+        flexdemo.watch_unit_backward(model, recorder.mark_unit_backward)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)
     )
@@ -163,6 +167,7 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
         t0 = shaping.clock()
         loss = workload.loss(model, to_dev(workload.batch(step, rank, cfg.batch_size, cfg.seed)))
         loss.backward()
+        recorder.mark_backward()  # FSDP2 has reduced every unit: the optimizer step starts here
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()

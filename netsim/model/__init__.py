@@ -30,19 +30,26 @@ Assumptions (also returned in the result's `Replay.note`):
   have all arrived and then take their closed-form time (or, with intra="recorded", the time
   their last-arriving member recorded, which holds no wait for peers).
 
+FSDP2 overlap (`simulate(overlap="fsdp2")`, OVERLAP_NOTE): runs mark where each FSDP2 unit's
+backward ends; each unit's gradient reduce-scatter and all-reduce then run on per-rank streams
+alongside the next unit's backward, and the optimizer step waits for them all. "recorded" (the
+default) keeps the trace's order, which on CPU gloo is serial.
+
 Where things live: `programs` turns a trace into typed per-step programs, `cluster` compiles and
 replays them in SimPy over `shared_link.SharedLink` NICs, `replay.simulate` ties them together.
 """
 
 from netsim.model.replay import (
     MODEL_NOTE,
+    OVERLAP_NOTE,
     P2P_NOTE,
     AlgorithmChoice,
     Replay,
     algorithm_summary,
+    has_unit_marks,
     simulate,
 )
 from netsim.model.shared_link import SharedLink
 
 __all__ = ["SharedLink", "simulate", "Replay", "AlgorithmChoice", "algorithm_summary",
-           "MODEL_NOTE", "P2P_NOTE"]
+           "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "has_unit_marks"]

@@ -30,7 +30,7 @@ from netsim.model.programs import Compute, Issue, Item, OpSpec, Wait
 from netsim.model.shared_link import SharedLink
 from netsim.topology import Topology
 
-__all__ = ["Cluster", "Delay", "Exchange", "InterOp", "IntraOp", "Step", "Degrees"]
+__all__ = ["Cluster", "Delay", "Exchange", "InterOp", "IntraOp", "StreamOp", "Step", "Degrees"]
 
 # (recorded step number, gossip round on the target) -> peers per node: the graph rebuilt.
 Degrees = Callable[[int, int], int]
@@ -74,7 +74,20 @@ class Exchange(NamedTuple):
     recvs: int
 
 
-Step = Delay | InterOp | IntraOp | Exchange | Wait
+class StreamOp(NamedTuple):
+    """Issue `inner` (an InterOp or IntraOp named `op`) once the ops `after` are done.
+
+    FSDP2's reduce of a unit on a GPU's communication stream (overlap "fsdp2"): the rank's
+    program goes on computing; its place in the rendezvous order is taken at issue, so the
+    members of a group pair up as in program order whenever each one's stream gets there.
+    """
+
+    op: int
+    after: tuple[int, ...]
+    inner: InterOp | IntraOp
+
+
+Step = Delay | InterOp | IntraOp | Exchange | Wait | StreamOp
 
 
 class Cluster:
@@ -221,8 +234,18 @@ class Cluster:
         out[at] = Exchange(op, step, float(max(sent, default=0)), float(max(received, default=0)),
                            len(sent), len(received))
 
+    def _compile_streamed(self, out: list[Step], item: Issue) -> None:
+        """Append a streamed op: its InterOp or IntraOp, started after the ops it follows."""
+        inner: list[Step] = []
+        # No following Wait: a streamed op is never folded into a plain delay of the program.
+        self._compile_issue(inner, item._replace(after=None), None)
+        out.append(StreamOp(item.op, item.after, inner[0]))
+
     def _compile_issue(self, out: list[Step], item: Issue, following: Item | None) -> bool:
         """Append the steps of one issued op; True if it became a plain delay (drop its wait)."""
+        if item.after is not None:
+            self._compile_streamed(out, item)
+            return False
         spec = self.specs[item.spec]
         p, volume = self._volume(item.spec)
         if spec.inter:
@@ -268,6 +291,10 @@ class Cluster:
         """Count one arrival at the next meeting of `key`: [arrived, done event, longest time]."""
         occurrence = counters[key]
         counters[key] += 1
+        return self._arrive(key, occurrence, n_members)
+
+    def _arrive(self, key: tuple, occurrence: int, n_members: int) -> list:
+        """Count one arrival at meeting `occurrence` of `key`: [arrived, done event, longest]."""
         entry = self.rendezvous.setdefault((key, occurrence), [0, self.env.event(), 0.0])
         entry[0] += 1
         if entry[0] == n_members:
@@ -282,6 +309,39 @@ class Cluster:
         if entry[0] == n_members:
             self.env.process(self._collective(spec, volume, j, entry[1]))
         return entry[1]
+
+    def _launch_streamed(
+        self, item: StreamOp, pending: dict, c: int, j: int, counters: dict
+    ) -> simpy.Event:
+        """Start a streamed op once the ops it follows are done; its meeting is booked now."""
+        inner = item.inner
+        before = [pending[op] for op in item.after if op in pending]
+        if type(inner) is InterOp:
+            spec = self.specs[inner.spec]
+            key, n_members = self._members(spec, j)
+        elif inner.spec is not None:
+            spec = self.specs[inner.spec]
+            key, n_members = self._intra_members(spec, c, j)
+        else:  # a group of one: a plain duration on the stream
+            return self.env.process(self._after(before, lambda: self.env.timeout(inner.seconds)))
+        occurrence = counters[key]
+        counters[key] += 1
+
+        def start() -> simpy.Event:
+            if type(inner) is IntraOp:
+                return self._arrive_intra(key, occurrence, n_members, inner.seconds)
+            entry = self._arrive(key, occurrence, n_members)
+            if entry[0] == n_members:
+                self.env.process(self._collective(spec, inner.volume, j, entry[1]))
+            return entry[1]
+
+        return self.env.process(self._after(before, start))
+
+    def _after(self, before: list, start: Callable[[], simpy.Event]) -> Generator:
+        """Wait for the `before` events, then for the event `start()` returns."""
+        if before:
+            yield self.env.all_of(before)
+        yield start()
 
     def _intra_members(self, spec: OpSpec, c: int, j: int) -> tuple[tuple, int]:
         """Rendezvous key and member count of an intra-node op issued by process (c, j)."""
@@ -298,7 +358,14 @@ class Cluster:
         self, spec: OpSpec, seconds: float, c: int, j: int, counters: dict
     ) -> simpy.Event:
         key, n_members = self._intra_members(spec, c, j)
-        entry = self._meet(key, n_members, counters)
+        occurrence = counters[key]
+        counters[key] += 1
+        return self._arrive_intra(key, occurrence, n_members, seconds)
+
+    def _arrive_intra(self, key: tuple, occurrence: int, n_members: int,
+                      seconds: float) -> simpy.Event:
+        """Arrive at an intra-node meeting; the last member starts its (longest) duration."""
+        entry = self._arrive(key, occurrence, n_members)
         entry[2] = max(entry[2], seconds)
         if entry[0] == n_members:
             done = entry[1]
@@ -397,6 +464,8 @@ class Cluster:
                 elif kind is InterOp:
                     op, spec, volume = item
                     pending[op] = self._launch(self.specs[spec], volume, j, counters)
+                elif kind is StreamOp:
+                    pending[item.op] = self._launch_streamed(item, pending, c, j, counters)
                 elif kind is Exchange:
                     pending[item.op] = self._launch_p2p(item, j, rounds, counters)
                     rounds += 1

@@ -4,6 +4,14 @@ A program is the list of one rank's step as the model replays it: `Compute` gaps
 collective (named by its `OpSpec`) and `Wait` for an issued one. Programs are built per (recorded
 accelerator position, recorded step); at each step every node replays the slowest recorded
 node's programs (the nodes meet at inter-node ops, so the slowest sets a synchronous step's pace).
+
+With overlap "fsdp2" FSDP2's gradient reduction leaves the program's order: a reduce-scatter or
+all-reduce the trace attributes to a unit (issued after that unit's backward mark) is issued
+where it was but not waited on there; it starts once the ops before it on its stream are done
+(`Issue.after`: the previous op of its kind, and its unit's reduce-scatter), as on a GPU's
+reduce-scatter and all-reduce streams, and the "backward" mark waits for all of them (FSDP2's
+final callback makes the compute stream wait for the last reduce). Everything else keeps the
+recorded order: all-gathers the next compute needs, and the methods' own exchanges in opt.step.
 """
 
 from __future__ import annotations
@@ -17,13 +25,19 @@ import pandas as pd
 
 from netsim.costs import P2P_OPS
 from netsim.topology import Topology, ring_nic_share
+from netsim.trace import BACKWARD
 
-__all__ = ["OpSpec", "Compute", "Issue", "Wait", "Item", "Programs", "build_programs"]
+__all__ = ["OpSpec", "Compute", "Issue", "Wait", "Item", "Programs", "build_programs",
+           "OVERLAPS", "STREAMED_OPS"]
+
+OVERLAPS = ("recorded", "fsdp2")
+# FSDP2's gradient reduction of one unit: reduce-scatter inside the node, then (HSDP) all-reduce.
+STREAMED_OPS = ("reduce_scatter", "all_reduce")
 
 # Plain lists of these columns: iterating pandas row by row costs ~10 us per row, far too slow.
 _COLUMNS = (
     "rank", "step", "kind", "op", "group", "inter", "algorithm", "bytes", "start_s", "wait_s",
-    "end_s",
+    "end_s", "unit",
 )  # fmt: skip
 
 
@@ -53,6 +67,7 @@ class Issue(NamedTuple):
     op: int
     spec: int
     recorded_s: float  # the op's own duration, for simulate(intra="recorded")
+    after: tuple[int, ...] | None = None  # streamed (overlap fsdp2): ops it starts after
 
 
 class Wait(NamedTuple):
@@ -176,15 +191,21 @@ def _step_span(cols: dict[str, list], i: int, j: int) -> tuple[float, float] | N
 
 
 def _points(
-    cols: dict[str, list], i: int, j: int, span: tuple[float, float] | None, catalog: _SpecCatalog
+    cols: dict[str, list], i: int, j: int, span: tuple[float, float] | None, catalog: _SpecCatalog,
+    overlap: bool = False,
 ) -> list[_Point]:
-    """Issue and wait moments of the block's collectives inside the step span, in time order."""
+    """Issue and wait moments of the block's collectives inside the step span, in time order.
+
+    With `overlap`, the "backward" marks are points too (is_wait 2: join the streamed ops).
+    """
     kinds, starts, ends, waits, groups = (
         cols["kind"], cols["start_s"], cols["end_s"], cols["wait_s"], cols["group"]
     )  # fmt: skip
     ops, algorithms, sizes, inters = cols["op"], cols["algorithm"], cols["bytes"], cols["inter"]
     points: list[_Point] = []
     for r in range(i, j):
+        if overlap and kinds[r] == "mark" and ops[r] == BACKWARD:
+            points.append((starts[r], 2, r, -1, starts[r]))
         if kinds[r] != "collective":
             continue
         start, end, wait = starts[r], ends[r], waits[r]
@@ -207,19 +228,59 @@ def _fallback_span(cols: dict[str, list], i: int, j: int) -> tuple[float, float]
     return min(times), max(times)
 
 
+class _Streams:
+    """FSDP2's reduce streams of one rank's step: which ops are streamed, what each starts after."""
+
+    def __init__(self, cols: dict[str, list] | None) -> None:
+        self.cols = cols  # None: overlap "recorded", nothing streamed
+        self.last: dict[str, int] = {}  # stream (op kind) -> its last op
+        self.unit_last: dict[int, int] = {}  # unit -> its last streamed op
+        self.open: list[int] = []  # streamed ops not yet joined
+
+    def streamed(self, row: int) -> bool:
+        """Whether the op of `row` is a unit's gradient reduction (on a stream)."""
+        cols = self.cols
+        return cols is not None and cols["unit"][row] >= 0 and cols["op"][row] in STREAMED_OPS
+
+    def issue(self, row: int) -> tuple[int, ...]:
+        """Put the op of `row` on its stream; the ops it must start after."""
+        kind, unit = self.cols["op"][row], self.cols["unit"][row]
+        after = {op for op in (self.last.get(kind), self.unit_last.get(unit)) if op is not None}
+        self.last[kind] = self.unit_last[unit] = row
+        self.open.append(row)
+        return tuple(sorted(after))
+
+    def join(self) -> list[Item]:
+        """Waits for every streamed op still open (the backward mark: the optimizer waits)."""
+        waits: list[Item] = [Wait(op) for op in self.open]
+        self.open = []
+        return waits
+
+
 def _program(
-    points: list[_Point], span: tuple[float, float], own: dict, occurrence: list
+    points: list[_Point], span: tuple[float, float], own: dict, occurrence: list,
+    streams: _Streams | None = None,
 ) -> list[Item]:
-    """A block's points as a program: compute fills the gaps in which the rank was not blocked."""
+    """A block's points as a program: compute fills the gaps in which the rank was not blocked.
+
+    A streamed op's recorded wait adds no Wait (its blocked time is not compute either); the
+    backward mark (is_wait 2) waits for the streamed ops instead.
+    """
+    streams = streams or _Streams(None)
     program: list[Item] = []
     cursor, finish = span
     for time, is_wait, row, spec, end in points:
         if time > cursor:
             program.append(Compute(time - cursor))
             cursor = time
-        if is_wait:
-            program.append(Wait(row))
+        if is_wait == 2:
+            program.extend(streams.join())
+        elif is_wait:
+            if not streams.streamed(row):
+                program.append(Wait(row))
             cursor = max(cursor, end)
+        elif streams.streamed(row):
+            program.append(Issue(row, spec, own[occurrence[row]], streams.issue(row)))
         else:
             program.append(Issue(row, spec, own[occurrence[row]]))
     if finish > cursor:
@@ -257,8 +318,11 @@ def _merge_nodes(per_rank: dict[tuple[int, int, int], list[Item]]) -> dict:
     return merged
 
 
-def build_programs(df: pd.DataFrame, recorded: Topology) -> Programs:
-    """Per (recorded position, recorded step index): the program the model replays."""
+def build_programs(df: pd.DataFrame, recorded: Topology, overlap: str = "recorded") -> Programs:
+    """Per (recorded position, recorded step index): the program the model replays.
+
+    `overlap` "fsdp2" puts FSDP2's per-unit gradient reduction on streams (module docstring).
+    """
     steps = sorted(df["step"].unique())
     step_index = {s: i for i, s in enumerate(steps)}
     df = df.sort_values(["rank", "step", "seq"], kind="stable")
@@ -269,7 +333,9 @@ def build_programs(df: pd.DataFrame, recorded: Topology) -> Programs:
     for i, j in _blocks(cols):
         rank, step = cols["rank"][i], cols["step"][i]
         span = _step_span(cols, i, j)
-        points = _points(cols, i, j, span, catalog)
-        program = _program(points, span or _fallback_span(cols, i, j), own, occurrence)
+        fsdp2 = overlap == "fsdp2"
+        points = _points(cols, i, j, span, catalog, fsdp2)
+        program = _program(points, span or _fallback_span(cols, i, j), own, occurrence,
+                           _Streams(cols if fsdp2 else None))
         per_rank[(recorded.local_of(rank), step_index[step], recorded.node_of(rank))] = program
     return Programs(_merge_nodes(per_rank), catalog.specs, len(steps), [int(s) for s in steps])

@@ -13,11 +13,12 @@ import pandas as pd
 
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model.cluster import Cluster, Degrees
-from netsim.model.programs import build_programs
+from netsim.model.programs import OVERLAPS, build_programs
 from netsim.topology import Topology
-from netsim.trace import TRAIN, load_trace, validate_trace
+from netsim.trace import TRAIN, UNIT_BACKWARD, load_trace, validate_trace
 
-__all__ = ["simulate", "Replay", "AlgorithmChoice", "algorithm_summary", "MODEL_NOTE", "P2P_NOTE"]
+__all__ = ["simulate", "Replay", "AlgorithmChoice", "algorithm_summary", "MODEL_NOTE", "P2P_NOTE",
+           "OVERLAP_NOTE", "has_unit_marks"]
 
 MODEL_NOTE = (
     "weak scaling: per-step compute and payload sizes as recorded; steps beyond the recording "
@@ -34,6 +35,14 @@ P2P_NOTE = (
     "on other graphs it carries the busiest node's degree (an upper bound). With several node "
     "classes (node_links, node_speed) the classes meet at every round, so the slowest paces, as "
     "in the steady state of a connected graph."
+)
+
+OVERLAP_NOTE = (
+    "overlap fsdp2: each FSDP2 unit's gradient reduce-scatter and all-reduce start when its "
+    "backward ends (its trace mark) and run on a reduce-scatter and an all-reduce stream, in "
+    "issue order, alongside the following backward compute (taken not to slow it); the "
+    "optimizer step waits for all of them; all-gathers and the methods' own exchanges keep "
+    "their recorded order."
 )
 
 
@@ -74,6 +83,8 @@ class Replay:
     """One line per rule by which the caller resized the trace's payloads (empty: as recorded)."""
     node_egress_bytes: float = 0.0
     """Bytes that left one node (its NICs, inter-node) over all simulated steps."""
+    overlap: str = "recorded"
+    """How FSDP2's reduce was replayed: "recorded" (the trace's order) or "fsdp2" (streams)."""
 
 
 @contextmanager
@@ -123,6 +134,24 @@ def _check_compute_scale(compute_scale: object) -> None:
         raise ValueError(f"compute_scale {compute_scale!r} must be a positive number.")
 
 
+def has_unit_marks(trace: pd.DataFrame) -> bool:
+    """Whether a trace records where FSDP2 units' backward ended (what overlap "fsdp2" needs)."""
+    return "kind" in trace.columns and bool(
+        ((trace["kind"] == "mark") & (trace["op"] == UNIT_BACKWARD)).any()
+    )
+
+
+def _check_overlap(overlap: object, df: pd.DataFrame) -> None:
+    if overlap not in OVERLAPS:
+        raise ValueError(f"overlap {overlap!r} is not known; use one of {', '.join(OVERLAPS)}.")
+    if overlap == "fsdp2" and not has_unit_marks(df):
+        raise ValueError(
+            'overlap "fsdp2" needs a trace with FSDP2 backward marks, and this one has none '
+            "(recorded before runs marked them, or by a method without FSDP2 sharding); replay "
+            'it with overlap "recorded", or record it again.'
+        )
+
+
 def _check_steps_and_intra(n_steps: object, steps: object, intra: str) -> None:
     if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
         raise ValueError(f"steps {steps!r} must be a positive integer or None.")
@@ -139,6 +168,7 @@ def simulate(
     algorithm: str = "auto",
     degrees: Degrees | None = None,
     payloads: str | None = None,
+    overlap: str = "recorded",
 ) -> Replay:
     """Predict per-step times of a recorded run on `topology`, with the assumptions made (Replay).
 
@@ -161,11 +191,16 @@ def simulate(
             those replayed.
         payloads: how the caller sized the trace's payloads for the target (a resized trace,
             such as re-sharded); None: as recorded. It replaces that clause of the note.
+        overlap: "recorded" replays every op where the trace waited on it (on CPU gloo FSDP2's
+            reduce is serial); "fsdp2" overlaps each unit's gradient reduce with the following
+            backward as a GPU's communication streams do (OVERLAP_NOTE); it needs the trace's
+            FSDP2 marks (ValueError without them).
     """
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
     df = _training_rows(trace)
     _check_compute_scale(compute_scale)
+    _check_overlap(overlap, df)
     if algorithm not in ALGORITHM_CHOICES:
         raise ValueError(
             f"algorithm {algorithm!r} is not known; use one of {', '.join(ALGORITHM_CHOICES)}."
@@ -173,7 +208,7 @@ def simulate(
     nodes, per_node = _layout(df)
     recorded = Topology(nodes, per_node, topology.intra, topology.inter)
     with _gc_paused():
-        programs = build_programs(df, recorded)
+        programs = build_programs(df, recorded, overlap)
         n_steps = programs.n_steps if steps is None else steps
         _check_steps_and_intra(n_steps, steps, intra)
         p2p = any(spec.scope == "p2p" for spec in programs.specs)
@@ -197,13 +232,14 @@ def simulate(
     )
     return Replay(
         frame=frame, topology=topology, recorded_topology=(nodes, per_node),
-        note=_model_note(payloads) + (" " + P2P_NOTE if p2p else ""),
+        note=_model_note(payloads) + (" " + P2P_NOTE if p2p else "")
+        + (" " + OVERLAP_NOTE if overlap == "fsdp2" else ""),
         algorithms=tuple(
             AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
             for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
         ),
         p2p_degrees=tuple(sorted(cluster.p2p_degrees)),
-        node_egress_bytes=cluster.node_egress_bytes,
+        node_egress_bytes=cluster.node_egress_bytes, overlap=overlap,
     )  # fmt: skip
 
 

@@ -1,0 +1,60 @@
+"""A real run marks each FSDP2 unit's backward, and `flexbench simulate --overlap` uses it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.cli import main
+from experiments.config import RunConfig
+from experiments.replay.simulate import read_run, simulate_run
+from experiments.run.launch import launch
+
+ROOT = Path(__file__).resolve().parents[2]
+OLD_RUN = ROOT / "results/quick/units/hsdp-adamw-s0"  # recorded before runs marked FSDP2 units
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("method", ["hsdp-adamw", "flexdemo"])
+def test_a_real_run_marks_every_unit_and_attributes_every_reduce_scatter(tmp_path, method):
+    cfg = RunConfig(method=method, workload="lm-tiny", nodes=2, gpus_per_node=2, steps=3,
+                    eval_every=1000, batch_size=2, seed=0)
+    run = read_run(launch(cfg, tmp_path / method, timeout_s=500, quiet=True))
+    units = len(run.meta["layout"])  # lm-tiny: its blocks and the root, each with parameters
+    trace = run.trace[run.trace["phase"] == "train"]
+    for (_rank, _step), rows in trace.sort_values("seq").groupby(["rank", "step"]):
+        marks = rows[(rows["kind"] == "mark") & (rows["op"] == "unit_backward")]
+        assert sorted(marks["unit"]) == list(range(units))  # one mark per unit per step
+        assert (rows["op"] == "backward").sum() == 1
+        rs = rows[rows["op"] == "reduce_scatter"]
+        assert sorted(rs["unit"]) == list(range(units))  # each reduce-scatter has its unit
+        for _, op in rs.iterrows():  # ... and was issued after that unit's mark
+            assert op["seq"] > marks.loc[marks["unit"] == op["unit"], "seq"].iloc[0]
+        backward = rows.loc[rows["op"] == "backward", "seq"].iloc[0]
+        # The method's own exchange in opt.step belongs to no unit: it stays serial on replay.
+        assert (rows.loc[rows["seq"] > backward, "unit"] == -1).all()
+    args = dict(inter_bw="10Mbit", inter_lat="1ms", compute_scale=0.1, intra="model")
+    serial = simulate_run(run, overlap="recorded", **args).frame["time_s"].iloc[-1]
+    overlapped = simulate_run(run, overlap="fsdp2", **args).frame["time_s"].iloc[-1]
+    assert 0 < overlapped <= serial
+
+
+def test_fsdp2_overlap_on_a_recording_without_marks_is_one_sentence(tmp_path, capsys):
+    run = tmp_path / "old"
+    shutil.copytree(OLD_RUN, run)
+    argv = ["simulate", str(run), "--inter-bw", "10Mbit", "--compute-scale", "0.1",
+            "--overlap", "fsdp2", "--out", str(tmp_path / "s.csv")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--overlap fsdp2 needs FSDP2 backward marks" in err and "record it again" in err
+    assert not (tmp_path / "s.csv").exists()
+    # The GPU-class default falls back to the recorded order and says why.
+    assert main(argv[:-4] + ["--out", str(tmp_path / "s.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "overlap: recorded (serial, as on the recording's CPU gloo), not the GPU-class " \
+        "default fsdp2" in out
+    assert pd.read_csv(tmp_path / "s.csv")["time_s"].iloc[-1] > 0
