@@ -8,7 +8,6 @@ FSDP2 cannot shard.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable
 
 import torch
@@ -132,30 +131,53 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
 def watch_unit_backward(model: nn.Module, callback: Callable[[int], None]) -> list:
     """Call ``callback(unit)`` when each FSDP2 unit finishes its backward; returns the hook handles.
 
-    ``unit`` indexes ``fsdp_units(model)``. The hook runs just before FSDP2 reduces that unit's
-    gradients: a full backward hook fires once the gradients of the module's inputs exist, and
-    FSDP2's post-backward sits on the same inputs one autograd node further. A unit whose inputs
-    need no gradient (the root, fed token ids) has its hook fire when its backward *begins*;
-    FSDP2 reduces such a unit in a callback at the end of the whole backward, so the mark is
-    deferred to a callback queued ahead of FSDP2's (callbacks run in the order queued).
+    ``unit`` indexes ``fsdp_units(model)``. Each forward hangs a gradient hook on the unit's
+    inputs: once every input's gradient exists the unit's backward is done, and FSDP2 reduces
+    its gradients next. Tensor hooks, not module backward hooks, so that a model may still
+    change a block's output in place (torch forbids that around module backward hooks). A unit
+    whose inputs need no gradient (the root, fed token ids) is reduced by FSDP2 in a callback at
+    the end of the whole backward; its mark is a callback queued, from a hook on its output,
+    ahead of FSDP2's (callbacks run in the order queued).
     """
 
-    # torch warns that such a hook fires at the start of the module's backward; deferring it to
-    # the end of the whole backward is what we want, so the warning says nothing new.
-    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are "
-                            "computed with respect to module outputs", category=UserWarning)
-
     def hook_for(index: int) -> Callable:
-        def hook(_module: nn.Module, grad_input: tuple, _grad_output: tuple) -> None:
-            if any(g is not None for g in grad_input):
-                callback(index)
-            else:
-                torch.autograd.Variable._execution_engine.queue_callback(lambda: callback(index))
+        def forward_hook(_module: nn.Module, args: tuple, output: object) -> None:
+            if not torch.is_grad_enabled():
+                return  # evaluation: no backward to mark
+            inputs = [a for a in _tensors(args) if a.requires_grad]
+            if inputs:
+                pending = [len(inputs)]
 
-        return hook
+                def on_input_grad(_grad: torch.Tensor) -> None:
+                    pending[0] -= 1
+                    if pending[0] == 0:
+                        callback(index)
 
-    return [unit.register_full_backward_hook(hook_for(i))
+                for tensor in inputs:
+                    tensor.register_hook(on_input_grad)
+                return
+            outputs = [o for o in _tensors(output) if o.requires_grad]
+            if outputs:
+                engine = torch.autograd.Variable._execution_engine
+                outputs[0].register_hook(lambda _g: engine.queue_callback(lambda: callback(index)))
+
+        return forward_hook
+
+    # Ahead of FSDP2's own post-forward hook, so that the root's output hook (and the mark it
+    # queues) comes before the callback FSDP2 queues from its hook on the same output.
+    return [unit.register_forward_hook(hook_for(i), prepend=True)
             for i, unit in enumerate(fsdp_units(model))]
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    """The tensors in a forward's arguments or result (tuples, lists and dicts looked into)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
 
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)

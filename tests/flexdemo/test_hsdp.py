@@ -165,3 +165,41 @@ def _check_single_node(rank):
 @pytest.mark.timeout(180)
 def test_hsdp_two_nodes_two_ranks():
     run_ranks(_hsdp, NODES * PER_NODE)
+
+
+def test_backward_marks_allow_a_model_that_changes_a_block_output_in_place(tmp_path):
+    from flexdemo import fsdp_units, watch_unit_backward
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block(), Block()])
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                h = block(x)
+                h += x  # in place on a block's output: module backward hooks forbid this
+                x = h
+            return self.head(x)
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        model = parallelize(Net(), build_mesh(1, 1), inter_all_reduce=True)
+        marks: list[int] = []
+        watch_unit_backward(model, marks.append)
+        model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+        with torch.no_grad():
+            model(torch.randn(4, 8))  # evaluation marks nothing
+        assert len(fsdp_units(model)) == 3 and marks == [1, 0, 2]  # inner last-first, root last
+    finally:
+        dist.destroy_process_group()
