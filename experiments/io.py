@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from experiments.errors import ConfigError
+from netsim.processes import pid_alive
 
-__all__ = ["check_output_file", "check_output_folder", "exclusive", "pid_alive", "provenance",
+__all__ = ["check_output_file", "check_output_folder", "exclusive", "provenance",
            "run_digest", "write_atomic"]
 
 # The umask can only be read by setting it: once, at import, before any worker thread runs.
@@ -47,17 +48,6 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists on this host (a live process of another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextmanager

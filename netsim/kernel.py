@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from netsim.shaping.run_dir import pid_alive
+from netsim.processes import pid_alive
 
 __all__ = [
     "PREFIX", "INTERFACE", "MASTER_PORT", "KernelShapingError", "TcSettings", "KernelNetwork",

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.io import check_output_folder, pid_alive, provenance
+from experiments.io import check_output_folder, provenance
+from netsim.processes import pid_alive
 from netsim.trace import TRAIN, comm_per_step
 
 if TYPE_CHECKING:

@@ -20,10 +20,10 @@ from typing import Any
 
 from experiments.config import RunConfig
 from experiments.errors import Stopped, is_users_file
-from experiments.io import pid_alive
 from experiments.logs import configure_logging
 from experiments.run.folder import RunFolder, write_rank_result
 from experiments.run.watchdog import Heartbeat
+from netsim.processes import pid_alive
 
 __all__ = ["die_with_launcher", "pin_to_core", "raise_on_sigterm", "rank_error", "run_one_rank",
            "teardown"]

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from netsim.processes import pid_alive
+
 __all__ = ["ENV_VAR", "PREFIX", "RunDir", "clean_stale_run_dirs", "pid_alive"]
 
 ENV_VAR = "NETSIM_RUN_DIR"
@@ -71,17 +73,6 @@ class RunDir:
         if self._owned and self._path is not None:
             shutil.rmtree(self._path, ignore_errors=True)
         self._owned = False
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists on this host (a live process of another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _owner_alive(folder: Path) -> bool | None:
