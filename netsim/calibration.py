@@ -58,6 +58,7 @@ class Calibration:
     per_message_s: float
     samples: tuple[Sample, ...] = field(default=())
     made: str = ""  # when and where, for the reader of the file
+    machine: str = ""  # the machine it was fitted on (experiments.replay.calibrate.this_machine)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.goodput) and 0 < self.goodput <= 1.5):
@@ -97,12 +98,13 @@ class Calibration:
     def to_json(self) -> str:
         """The file's text."""
         body = {"format": _FORMAT, "shaping": self.shaping, "goodput": self.goodput,
-                "per_message_s": self.per_message_s, "made": self.made,
+                "per_message_s": self.per_message_s, "made": self.made, "machine": self.machine,
                 "max_fit_error": self.max_error(), "samples": [asdict(s) for s in self.samples]}
         return json.dumps(body, indent=1) + "\n"
 
 
-def fit_calibration(samples: list[Sample], shaping: str, made: str = "") -> Calibration:
+def fit_calibration(samples: list[Sample], shaping: str, made: str = "",
+                    machine: str = "") -> Calibration:
     """Least-squares goodput and per-message cost over `samples`, weighting relative errors.
 
     Unknowns a = per_message_s and b = 1 / goodput in
@@ -122,7 +124,7 @@ def fit_calibration(samples: list[Sample], shaping: str, made: str = "") -> Cali
         raise ValueError(f"the calibration samples imply {1.0 / inverse_goodput:.3g} times the "
                          "configured rate; the links were not shaped as configured.")
     return Calibration(shaping, float(1.0 / inverse_goodput), float(per_message),
-                       tuple(samples), made)
+                       tuple(samples), made, machine)
 
 
 def load_calibration(path: str | os.PathLike, shaping: str | None = None) -> Calibration:
@@ -145,7 +147,8 @@ def load_calibration(path: str | os.PathLike, shaping: str | None = None) -> Cal
     try:
         samples = tuple(Sample(**s) for s in body.get("samples", []))
         found = Calibration(str(body["shaping"]), float(body["goodput"]),
-                            float(body["per_message_s"]), samples, str(body.get("made", "")))
+                            float(body["per_message_s"]), samples, str(body.get("made", "")),
+                            str(body.get("machine", "")))
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"calibration file {where!r} is damaged ({err}); write it again with "
                          "`flexbench calibrate --out FILE`.") from None

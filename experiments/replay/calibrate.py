@@ -34,16 +34,18 @@ from tqdm import tqdm
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from netsim import parse_bandwidth
-from netsim.calibration import Calibration, Sample, fit_calibration
+from netsim.calibration import Calibration, Sample, fit_calibration, load_calibration
 from netsim.costs import collective_volume
 from netsim.kernel import KernelNetwork, TcSettings, stop
 
-__all__ = ["calibrate", "configure", "main", "DEFAULT_RATES", "DEFAULT_PAYLOADS", "OPS"]
+__all__ = ["calibrate", "configure", "main", "DEFAULT_RATES", "DEFAULT_PAYLOADS", "OPS",
+           "this_machine", "machine_calibration", "cache_path"]
 
 DEFAULT_RATES = ("20Mbit", "100Mbit")
 DEFAULT_PAYLOADS = (32 << 10, 256 << 10, 2 << 20)
 OPS = ("all_reduce", "all_gather")
 _RANKS = 2
+_REPO_CALIBRATIONS = Path(__file__).resolve().parents[2] / "results" / "calibration"
 _TIMEOUT_S = 300.0
 
 
@@ -159,7 +161,57 @@ def calibrate(shaping: str, rates: list[str], payloads: list[int], repeats: int 
                                   volume.bytes_sent, seconds))
     made = (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()}, "
             f"{os.cpu_count()} cores, {len(samples)} samples")
-    return fit_calibration(samples, shaping, made)
+    return fit_calibration(samples, shaping, made, this_machine())
+
+
+def this_machine() -> str:
+    """This machine as a calibration names it: host, usable cores, CPU model, kernel release.
+
+    A calibration prices links by what this machine's CPUs and kernel make of them, so one made
+    elsewhere (or before a kernel upgrade) is not taken as this machine's.
+    """
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return (f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, {model}, "
+            f"{platform.system()} {platform.release()}")
+
+
+def cache_path(shaping: str) -> Path:
+    """Where `machine_calibration` keeps the calibration it makes ($XDG_CACHE_HOME/flexbench)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "flexbench" / f"calibration-{shaping}.json"
+
+
+def machine_calibration(shaping: str, search: list[Path] | None = None) -> tuple[Calibration, str]:
+    """This machine's calibration for `shaping`, found or made now, and a line saying which.
+
+    Looks in the cache (`cache_path`) and then in `search` (default: the repository's
+    results/calibration/SHAPING.json) for a file fitted on this machine (`this_machine`); else
+    runs `calibrate` with the default rates and payloads and keeps the result in the cache.
+    """
+    search = search if search is not None else [_REPO_CALIBRATIONS / f"{shaping}.json"]
+    here = this_machine()
+    for path in [cache_path(shaping), *search]:
+        if not path.is_file():
+            continue
+        try:
+            found = load_calibration(path, shaping)
+        except ValueError:
+            continue  # a damaged or foreign file is not this machine's: look further
+        if found.machine == here:
+            return found, f"found {path}, fitted on this machine ({found.made})"
+    print(f"no {shaping} calibration of this machine found; measuring one "
+          "(`flexbench calibrate`, about a minute)", file=sys.stderr, flush=True)
+    found = calibrate(shaping, list(DEFAULT_RATES), list(DEFAULT_PAYLOADS))
+    path = cache_path(shaping)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, found.to_json())
+    return found, f"made now on this machine, kept in {path}"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -447,7 +447,9 @@ def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, int
         compute = (f"measured on the recording's CPU ({recorded:.4g} s per step outside "
                    "inter-node calls)")
     intra_link = replay.topology.intra
-    if intra == "model":
+    if replay.topology.accelerators_per_node == 1:
+        intra_line = "none (one rank per node: its intra-node collectives are groups of one)"
+    elif intra == "model":
         default = (args.intra_bw is None and args.intra_lat is None
                    and (run.config.intra_bw, run.config.intra_lat) == GPU_INTRA)
         intra_line = (f"modeled on {intra_link.bandwidth * 8 / 1e9:.4g} Gbit/s "

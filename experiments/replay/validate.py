@@ -5,19 +5,32 @@ same namespaces on a 10 Gbit/s link, so that recording and measured runs start t
 same way); then, at every grid point, a real run with `wall` (netsim's waits) or `kernel` (Linux
 tc) shaping is measured and every recorded trace is replayed through the model on the same
 network. The table compares median step times; the prediction is the median over the
-recordings, with their range beside it, so one unlucky recording cannot swing a point. Every run
-pins its ranks to cores (`pin_cores`), so recordings and shaped runs share the CPUs alike.
-`--calibration FILE` prices the links at the goodput and per-message cost that `flexbench
-calibrate` measured. Exit 1 when a point is outside the bound.
+recordings, with their range beside it, so one unlucky recording cannot swing a point.
+
+Same shape (the default): recordings and measured runs are `--shape` NODESxRANKS, by default
+2 nodes of as many ranks as leave one core per rank (2x1 on 2 cores). Every run pins rank r to
+core r mod cores: with one rank per core a rank's compute does not depend on what the others
+wait for, so the recording measures what the shaped run computes. `--extrapolate FROM:TO ...`
+records on FROM and predicts and measures TO (default 2x2:4x1 2x1:2x2 2x2:3x1), the replay
+re-sharding payloads for TO's ranks per node; where either shape has more ranks than cores,
+compute is scaled by the host-contention rule (`host_contention`), printed with the table.
+
+Links are priced by this machine's calibration for the shaping mode (`--calibration FILE`, or
+found or made by `experiments.replay.calibrate.machine_calibration`; `--calibration none`: the
+configured rates). Exit 1 when a point is outside the bound.
 
     flexbench validate-sim            # flexdemo and hsdp-adamw, 3 bandwidths x 2 latencies
     flexbench validate-sim --methods flexdemo --inter-bw 100Mbit --inter-lat 1ms --steps 6
+    flexbench validate-sim --extrapolate --methods flexdemo hsdp-adamw diloco --inter-lat 1ms
     flexbench validate-sim --shaping kernel --calibration results/calibration/kernel.json
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +47,8 @@ from experiments.report.metrics import markdown_table
 from experiments.run.launch import launch
 from netsim.calibration import Calibration, load_calibration
 
-__all__ = ["validate", "median_step_time", "configure", "main"]
+__all__ = ["validate", "median_step_time", "configure", "main", "Shape", "parse_shape",
+           "default_shape", "host_contention", "DEFAULT_EXTRAPOLATIONS"]
 
 DEFAULT_BANDWIDTHS = ("10Mbit", "100Mbit", "1Gbit")
 KERNEL_BANDWIDTHS = ("10Mbit", "50Mbit", "200Mbit")  # tc on veths: what the CPUs keep up with
@@ -44,6 +58,49 @@ KERNEL_BANDWIDTHS = ("10Mbit", "50Mbit", "200Mbit")  # tc on veths: what the CPU
 # 239 ms of compute per flexdemo step), which no network model should be asked to explain.
 KERNEL_RECORDING_BW = "10Gbit"
 DEFAULT_LATENCIES = ("1ms", "20ms")
+# Another node count, fewer ranks per node, and an uneven node count, each runnable on 2 cores.
+DEFAULT_EXTRAPOLATIONS = ("2x2:4x1", "2x1:2x2", "2x2:3x1")
+
+Shape = tuple[int, int]
+"""(nodes, ranks per node)."""
+
+
+def parse_shape(text: str) -> Shape:
+    """"2x2" -> (2, 2); ConfigError (one sentence) for anything else."""
+    found = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", str(text))
+    if not found or int(found[1]) < 2 or int(found[2]) < 1:
+        raise ConfigError(f"shape {text!r} is not NODESxRANKS with 2 or more nodes of 1 or more "
+                          "ranks, such as 2x2.")
+    return int(found[1]), int(found[2])
+
+
+def shape_name(shape: Shape) -> str:
+    """(2, 2) -> "2x2"."""
+    return f"{shape[0]}x{shape[1]}"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (what pinned ranks are spread over)."""
+    return len(os.sched_getaffinity(0))
+
+
+def default_shape(cores: int) -> Shape:
+    """Two nodes of as many ranks as leave each rank a core of its own (at least one)."""
+    return 2, max(1, cores // 2)
+
+
+def host_contention(recorded: Shape, target: Shape, cores: int) -> float:
+    """Compute factor from `recorded` to `target` when their ranks share `cores` cores.
+
+    Rank r is pinned to core r mod cores, so the busiest core holds ceil(ranks / cores) ranks,
+    and a synchronous step goes at the pace of the ranks that share it: their compute takes
+    that many times a lone rank's. The rule ignores the core a waiting rank hands to the ranks
+    beside it (ranks of a synchronous step compute at the same time).
+    """
+    def busiest(shape: Shape) -> int:
+        return math.ceil(shape[0] * shape[1] / cores)
+
+    return busiest(target) / busiest(recorded)
 
 
 def median_step_time(step_ends: pd.Series, warmup: int) -> float:
@@ -64,52 +121,83 @@ def validate(
     methods: list[str], bandwidths: list[str], latencies: list[str], *, workload: str,
     steps: int, warmup: int, bound: float, work_dir: Path, seed: int = 0,
     settings: dict[str, Any] | None = None, shaping: str = "wall", recordings: int = 3,
-    calibration: Calibration | None = None,
+    calibration: Calibration | None = None, pairs: list[tuple[Shape, Shape]] | None = None,
+    cores: int | None = None,
 ) -> Validation:
-    """Run the grid: one row per (method, bandwidth, latency) with both step times.
+    """Run the grid: one row per (method, shape pair, bandwidth, latency) with both step times.
 
-    `settings` are further run settings (RunConfig names) shared by every run; `shaping` is how
-    the measured runs are slowed down ("wall" or "kernel"); `recordings` runs per method
-    (unshaped, or kernel-shaped at KERNEL_RECORDING_BW) are replayed at every point (prediction:
-    their median; predicted_lo/hi: their range).
+    `pairs` are (recorded shape, measured shape); default: the same-shape check on
+    `default_shape(cores)`. `settings` are further run settings (RunConfig names) shared by
+    every run; `shaping` is how the measured runs are slowed down ("wall" or "kernel");
+    `recordings` runs per method and recorded shape (unshaped, or kernel-shaped at
+    KERNEL_RECORDING_BW) are replayed at every point (prediction: their median;
+    predicted_lo/hi: their range). `cores`: those the ranks are pinned over (default: this
+    process's).
     """
+    cores = cores or usable_cores()
+    pairs = pairs or [(default_shape(cores),) * 2]
     base = RunConfig(workload=workload, steps=steps, seed=seed, eval_every=steps + 1,
                      pin_cores=True)
     base = base.replace(**(settings or {}))
-    units = [(m, None, None, k) for m in methods for k in range(recordings)]
-    units += [(m, bw, lat, 0) for m in methods for bw in bandwidths for lat in latencies]
-    recorded: dict[str, list[RecordedRun]] = {m: [] for m in methods}
+    sources = list(dict.fromkeys(source for source, _ in pairs))
+    units = [(m, source, None, None, None, k) for m in methods for source in sources
+             for k in range(recordings)]
+    units += [(m, source, target, bw, lat, 0) for m in methods for source, target in pairs
+              for bw in bandwidths for lat in latencies]
+    recorded: dict[tuple[str, Shape], list[RecordedRun]] = {}
     rows = []
-    for method, bw, lat, k in tqdm(units, desc="validate-sim", unit="run"):
-        if bw is None:
-            out = launch(_recording_config(base, method, shaping),
-                         work_dir / f"{method}-recording-{k}", quiet=True)
-            recorded[method].append(read_run(out))  # read once, replayed at every point
+    for method, source, target, bw, lat, k in tqdm(units, desc="validate-sim", unit="run"):
+        if target is None:
+            cfg = _recording_config(base, method, shaping, source)
+            out = launch(cfg, work_dir / f"{method}-{shape_name(source)}-recording-{k}",
+                         quiet=True)
+            recorded.setdefault((method, source), []).append(read_run(out))  # replayed at all
             continue
-        cfg = _for_method(base, method, inter_bw=bw, inter_lat=lat, shaping=shaping)
-        out = launch(cfg, work_dir / f"{method}-{bw}-{lat}", quiet=True)
+        cfg = _for_method(base, method, inter_bw=bw, inter_lat=lat, shaping=shaping,
+                          nodes=target[0], gpus_per_node=target[1])
+        out = launch(cfg, work_dir / f"{method}-{shape_name(source)}-{shape_name(target)}-{bw}"
+                     f"-{lat}", quiet=True)
         measured = median_step_time(pd.read_parquet(out / "steps.parquet")["wall_time_s"], warmup)
+        factor = host_contention(source, target, cores)
         predictions = sorted(
-            median_step_time(simulate_run(run, inter_bw=bw, inter_lat=lat,
+            median_step_time(simulate_run(run, inter_bw=bw, inter_lat=lat, nodes=target[0],
+                                          gpus_per_node=target[1], compute_scale=factor,
                                           calibration=calibration).frame["time_s"], warmup)
-            for run in recorded[method]
+            for run in recorded[(method, source)]
         )
-        rows.append(_point_row(cfg, measured, predictions, bound))
-    table = pd.DataFrame(rows)
+        rows.append(_point_row(cfg, source, measured, predictions, bound))
+    return Validation(pd.DataFrame(rows), _assumed(base, shaping, recordings, calibration, pairs,
+                                                   cores))
+
+
+def _assumed(base: RunConfig, shaping: str, recordings: int, calibration: Calibration | None,
+             pairs: list[tuple[Shape, Shape]], cores: int) -> str:
+    """What every prediction of the table assumed, in a few sentences."""
     how = (f"kernel-shaped at {KERNEL_RECORDING_BW}" if shaping == "kernel" else "unshaped")
-    assumed = (
-        f"{recordings} {how} recording(s) per method, ranks pinned to cores: "
-        f"{'yes' if base.pin_cores else 'no'}; links "
-        f"{calibration.describe() if calibration else 'at the configured rate, no extra cost'}")
-    return Validation(table, assumed)
+    text = (f"{recordings} {how} recording(s) per method and shape, ranks pinned to cores: "
+            f"{'yes' if base.pin_cores else 'no'} ({cores} cores); links "
+            f"{calibration.describe() if calibration else 'at the configured rate, no extra cost'}")
+    if any(s[0] * s[1] > cores for pair in pairs for s in pair):
+        factors = ", ".join(f"{shape_name(a)}->{shape_name(b)} x{host_contention(a, b, cores):.3g}"
+                            for a, b in pairs)
+        text += (f". More ranks than cores: compute scaled by the host-contention rule (ranks "
+                 f"on the busiest core of the measured shape over those of the recorded one: "
+                 f"{factors})")
+    if any(a[1] == 1 < b[1] for a, b in pairs):
+        text += (". A recording of one rank per node has no intra-node traffic: the replay of "
+                 "more ranks per node leaves it out")
+    return text + "."
 
 
-def _recording_config(base: RunConfig, method: str, shaping: str) -> RunConfig:
-    """A recording run: unshaped, or for kernel shaping through the namespaces on a fast link."""
+def _recording_config(base: RunConfig, method: str, shaping: str, shape: Shape) -> RunConfig:
+    """A recording run of `shape`: unshaped, or for kernel shaping through the namespaces on a
+    fast link."""
+    nodes, per_node = shape
     if shaping == "kernel":
         return _for_method(base, method, inter_bw=KERNEL_RECORDING_BW, inter_lat="0ms",
-                           shaping="kernel")
-    return _for_method(base, method, inter_lat="0ms", shaping="off")
+                           shaping="kernel", nodes=nodes, gpus_per_node=per_node)
+    return _for_method(base, method, inter_lat="0ms", shaping="off", nodes=nodes,
+                       gpus_per_node=per_node)
 
 
 def _for_method(base: RunConfig, method: str, **changes: Any) -> RunConfig:
@@ -118,13 +206,15 @@ def _for_method(base: RunConfig, method: str, **changes: Any) -> RunConfig:
                                                    **changes}))
 
 
-def _point_row(cfg: RunConfig, measured: float, predictions: list[float],
+def _point_row(cfg: RunConfig, source: Shape, measured: float, predictions: list[float],
                bound: float) -> dict[str, Any]:
     """One table row: a shaped run's median step time against the recordings' predictions."""
     predicted = float(pd.Series(predictions).median())
     error = predicted / measured - 1.0
     return {
-        "method": cfg.method, "inter_bw": cfg.inter_bw, "inter_lat": cfg.inter_lat,
+        "method": cfg.method, "recorded": shape_name(source),
+        "measured_shape": f"{cfg.nodes}x{cfg.gpus_per_node}",
+        "inter_bw": cfg.inter_bw, "inter_lat": cfg.inter_lat,
         "measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3,
         "predicted_lo_ms": predictions[0] * 1e3, "predicted_hi_ms": predictions[-1] * 1e3,
         "error_pct": 100.0 * error, "within_bound": abs(error) <= bound,
@@ -138,9 +228,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"default {' '.join(DEFAULT_BANDWIDTHS)} (wall), "
                         f"{' '.join(KERNEL_BANDWIDTHS)} (kernel)")
     parser.add_argument("--inter-lat", nargs="+", default=None,
-                        help=f"default {' '.join(DEFAULT_LATENCIES)} (wall), 0ms (kernel)")
+                        help=f"default {' '.join(DEFAULT_LATENCIES)} (wall; with --extrapolate "
+                        f"{DEFAULT_LATENCIES[0]}), 0ms (kernel)")
     parser.add_argument("--shaping", choices=("wall", "kernel"), default="wall",
                         help="how the measured runs are shaped: netsim's waits or Linux tc")
+    parser.add_argument("--shape", metavar="NODESxRANKS",
+                        help="the shape recorded and measured (default: 2 nodes, one core per "
+                        "rank: 2x1 on 2 cores)")
+    parser.add_argument("--extrapolate", nargs="*", metavar="FROM:TO",
+                        help="record on FROM, predict and measure TO (alone: "
+                        f"{' '.join(DEFAULT_EXTRAPOLATIONS)})")
     parser.add_argument("--workload", default="lm-tiny")
     parser.add_argument("--steps", type=int, default=8, help="steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of medians")
@@ -149,7 +246,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="recorded runs per method whose predictions are pooled (median)")
     parser.add_argument("--calibration", metavar="FILE",
                         help="price links as `flexbench calibrate` measured them (its shaping "
-                        "must match --shaping)")
+                        "must match --shaping); default: this machine's, found or made now; "
+                        "'none': the configured rates")
     parser.add_argument("--out", help="also write the table to this CSV file")
     parser.add_argument("--keep", help="keep the runs in this folder (default: a temp folder)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -158,18 +256,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench validate-sim`."""
-    settings = _check_arguments(args)
-    calibration = (load_calibration(args.calibration, shaping=args.shaping)
-                   if args.calibration else None)
+    settings, pairs = _check_arguments(args)
     if args.out:
         check_output_file(args.out, what="--out")
+    calibration = _calibration(args.calibration, args.shaping)
     with tempfile.TemporaryDirectory(prefix="validate-sim-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         try:
             result = validate(args.methods, args.inter_bw, args.inter_lat, workload=args.workload,
                               steps=args.steps, warmup=args.warmup, bound=args.bound, work_dir=work,
                               settings=settings, shaping=args.shaping,
-                              recordings=args.recordings, calibration=calibration)
+                              recordings=args.recordings, calibration=calibration, pairs=pairs)
         except RunFailed as err:
             print(f"flexbench validate-sim: a run failed: {err}")
             return 1
@@ -185,36 +282,83 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_arguments(args: argparse.Namespace) -> dict[str, str]:
-    """Fill the grid's defaults and check every run it will start; the --set settings."""
+def _calibration(given: str | None, shaping: str) -> Calibration | None:
+    """--calibration: a file, 'none', or (not given) this machine's, found or made; says which."""
+    if given == "none":
+        print("calibration: none (links at their configured rates)")
+        return None
+    if given:
+        return load_calibration(given, shaping=shaping)
+    from experiments.replay.calibrate import machine_calibration
+
+    found, how = machine_calibration(shaping)
+    print(f"calibration: {how}")
+    return found
+
+
+def _pairs(args: argparse.Namespace) -> list[tuple[Shape, Shape]]:
+    """(recorded, measured) shapes from --shape or --extrapolate."""
+    if args.extrapolate is None:
+        shape = parse_shape(args.shape) if args.shape else default_shape(usable_cores())
+        return [(shape, shape)]
+    if args.shape:
+        raise ConfigError("--shape and --extrapolate cannot be combined; --extrapolate takes "
+                          "FROM:TO pairs such as 2x2:4x1.")
+    pairs = []
+    for pair in args.extrapolate or DEFAULT_EXTRAPOLATIONS:
+        source, sep, target = str(pair).partition(":")
+        if not sep:
+            raise ConfigError(f"--extrapolate {pair!r} is not FROM:TO, such as 2x2:4x1.")
+        pairs.append((parse_shape(source), parse_shape(target)))
+    return pairs
+
+
+def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
+    """Fill the grid's defaults and check every run it will start; the --set settings and the
+    (recorded, measured) shape pairs."""
     if args.steps <= args.warmup:
         raise ConfigError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}).")
     if not 0 < args.bound < 1:
         raise ConfigError(f"--bound must be in (0, 1), got {args.bound}.")
     if args.recordings < 1:
         raise ConfigError(f"--recordings must be >= 1, got {args.recordings}.")
+    pairs = _pairs(args)
     wall = args.shaping == "wall"
     if args.inter_bw is None:
         args.inter_bw = list(DEFAULT_BANDWIDTHS if wall else KERNEL_BANDWIDTHS)
     if args.inter_lat is None:  # without netem the kernel adds no latency
-        args.inter_lat = list(DEFAULT_LATENCIES) if wall else ["0ms"]
+        latencies = DEFAULT_LATENCIES[:1] if args.extrapolate is not None else DEFAULT_LATENCIES
+        args.inter_lat = list(latencies) if wall else ["0ms"]
     settings = parse_overrides(args.set)
+    for key in ("nodes", "gpus_per_node"):
+        if key in settings:
+            raise ConfigError(f"--set {key} is taken from the shapes; give --shape NODESxRANKS "
+                              "or --extrapolate FROM:TO instead.")
     for method in args.methods:
         base = _for_method(RunConfig(workload=args.workload).replace(**settings), method)
-        for bw in args.inter_bw:
-            for lat in args.inter_lat:  # each shaped run's network, as it will be launched
-                shaped = base.replace(inter_bw=bw, inter_lat=lat, shaping=args.shaping)
-                topology = shaped.validate().topology()
-                if not wall:  # privileges and netem, before the first run
-                    from experiments.run.kernel import kernel_settings
+        for shape in dict.fromkeys(s for pair in pairs for s in pair):
+            for bw in args.inter_bw:
+                for lat in args.inter_lat:  # each shaped run's network, as it will be launched
+                    shaped = base.replace(inter_bw=bw, inter_lat=lat, shaping=args.shaping,
+                                          nodes=shape[0], gpus_per_node=shape[1])
+                    _check_launchable(shaped, wall)
+    return settings, pairs
 
-                    kernel_settings(topology)
-    return settings
+
+def _check_launchable(cfg: RunConfig, wall: bool) -> None:
+    """ConfigError (one sentence) if `cfg` cannot run here; kernel: privileges, before any run."""
+    topology = cfg.validate().topology()
+    if not wall:
+        from experiments.run.kernel import kernel_settings
+
+        kernel_settings(topology)
 
 
 def _print_table(result: Validation) -> None:
     """The comparison as a markdown table, the recordings' range beside each prediction."""
-    table = result.table
+    table = result.table.copy()
+    if (table["recorded"] == table["measured_shape"]).all():
+        table = table.drop(columns=["measured_shape"]).rename(columns={"recorded": "shape"})
     spread = [f"{lo:.1f}-{hi:.1f}" for lo, hi in zip(table["predicted_lo_ms"],
                                                      table["predicted_hi_ms"], strict=True)]
     shown = table.assign(

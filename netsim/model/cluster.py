@@ -252,6 +252,10 @@ class Cluster:
             out.append(InterOp(item.op, item.spec, volume))
             return False
         seconds = item.recorded_s if self.intra == "recorded" else volume.time(self.topo.intra)
+        if p == 1 and spec.size > 1:
+            # The recorded node's group is one rank on the target (1 accelerator per node): a
+            # collective of one moves nothing, so FSDP2's intra-node traffic is gone, not kept.
+            seconds = 0.0
         if p > 1 and spec.op not in P2P_OPS:
             # A real collective holds every member until the last one arrives; a plain delay
             # would let a node's positions drift a step apart, and the one ahead would then use

@@ -293,6 +293,35 @@ def test_intra_ops_use_the_intra_link_or_their_recorded_time():
         simulate(trace, topo, intra="fast")
 
 
+@pytest.mark.parametrize("intra", ["recorded", "model"])
+def test_intra_node_ops_vanish_at_one_accelerator_per_node(intra):
+    # 2 nodes x 2: each rank computes 50 ms, runs a 20 ms intra-node all-gather, then the
+    # inter-node all-reduce. As 4 nodes x 1 the node's group is one rank: a collective of one
+    # moves nothing, so the step is the compute and the all-reduce alone (the all-gather's
+    # 20 ms neither kept as a delay nor turned into compute).
+    recorded = Topology.from_strings(2, 2, "80Mbit", "0ms", intra_bw="8Gbit", intra_lat="0")
+    frames = []
+    for rank in range(4):
+        now = [0.0]
+        rec = TraceRecorder(rank, recorded, clock=lambda now=now: now[0])
+        rec.begin_step(0)
+        now[0] = 0.05
+        node = [rank // 2 * 2, rank // 2 * 2 + 1]
+        row = rec.record_collective("all_gather", node, False, "ring", 1_000_000, 0, 0, 0.05)
+        rec.complete(row, 0.05, 0.07)
+        replicas = [rank % 2, rank % 2 + 2]
+        row = rec.record_collective("all_reduce", replicas, True, "ring", 1_000_000, 0, 0, 0.07)
+        now[0] = 0.071
+        rec.complete(row, 0.07, 0.071)
+        rec.end_step(0)
+        frames.append(rec.frame())
+    trace = pd.concat(frames, ignore_index=True)
+    target = Topology.from_strings(4, 1, "80Mbit", "0ms")
+    got = simulate(trace, target, intra=intra, algorithm="ring").frame["step_time_s"].iloc[0]
+    op = collective_time("all_reduce", 4, 1_000_000, target.inter, "ring")
+    assert got == pytest.approx(0.05 + op, rel=1e-6)
+
+
 def hsdp_trace(late=1.5, shards=(262_400, 36_992, 2_580, 640), steps=4):
     """2 nodes x 2 HSDP trace: per layer intra all-gather and reduce-scatter, then an inter
     all-reduce of the shard; local-0 ranks start `late` seconds after their node peers, so the
