@@ -324,11 +324,7 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
         raise ConfigError(f"--recordings must be >= 1, got {args.recordings}.")
     pairs = _pairs(args)
     wall = args.shaping == "wall"
-    if args.inter_bw is None:
-        args.inter_bw = list(DEFAULT_BANDWIDTHS if wall else KERNEL_BANDWIDTHS)
-    if args.inter_lat is None:  # without netem the kernel adds no latency
-        latencies = DEFAULT_LATENCIES[:1] if args.extrapolate is not None else DEFAULT_LATENCIES
-        args.inter_lat = list(latencies) if wall else ["0ms"]
+    _fill_network(args)
     settings = parse_overrides(args.set)
     for key in ("nodes", "gpus_per_node"):
         if key in settings:
@@ -343,6 +339,16 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
                                           nodes=shape[0], gpus_per_node=shape[1])
                     _check_launchable(shaped, wall)
     return settings, pairs
+
+
+def _fill_network(args: argparse.Namespace) -> None:
+    """The grid's bandwidths and latencies where not given, for the shaping mode."""
+    wall = args.shaping == "wall"
+    if args.inter_bw is None:
+        args.inter_bw = list(DEFAULT_BANDWIDTHS if wall else KERNEL_BANDWIDTHS)
+    if args.inter_lat is None:  # without netem the kernel adds no latency
+        latencies = DEFAULT_LATENCIES[:1] if args.extrapolate is not None else DEFAULT_LATENCIES
+        args.inter_lat = list(latencies) if wall else ["0ms"]
 
 
 def _check_launchable(cfg: RunConfig, wall: bool) -> None:
