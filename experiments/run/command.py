@@ -26,6 +26,7 @@ from experiments.config import (
 )
 from experiments.errors import RunFailed
 from experiments.run.launch import launch
+from experiments.sweep.spec import TOP_KEYS
 
 __all__ = ["configure", "load_config", "main"]
 
@@ -50,6 +51,11 @@ def _run_table(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     Nothing is read half: keys beside a [run] table, or a sweep file's tables, are refused.
     """
     if "run" not in raw:
+        sweep_keys = sorted(k for k in raw if k in TOP_KEYS)
+        if sweep_keys:  # RunConfig.from_dict would call them unknown, not say what they are
+            raise ConfigError(f"config {path!r} has {', '.join(sweep_keys)}, which belong to a "
+                              "sweep file (run it with `flexbench sweep`); a run file holds "
+                              "run settings, at its top level or in [run].")
         return raw  # unknown keys are refused by RunConfig.from_dict
     table = raw["run"]
     if not isinstance(table, dict):
