@@ -24,8 +24,9 @@ from experiments.config import (
     parse_overrides,
     run_arguments,
 )
+from experiments.deadline import run_deadline
 from experiments.errors import RunFailed
-from experiments.run.launch import launch
+from experiments.run.launch import check_timeout, launch
 from experiments.sweep.spec import TOP_KEYS
 
 __all__ = ["configure", "load_config", "main"]
@@ -82,8 +83,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench run`."""
-    cfg = load_config(args.config, run_arguments(args), args.set)
+    check_timeout(args.timeout)
     try:
+        # Validating a "module:factory" workload calls the user's code, which may hang.
+        with run_deadline(args.timeout):
+            cfg = load_config(args.config, run_arguments(args), args.set)
         out = launch(cfg, args.out, timeout_s=args.timeout)
     except RunFailed as err:
         print(f"flexbench run: failed: {err}", file=sys.stderr)
