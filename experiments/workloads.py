@@ -9,7 +9,8 @@
 - `my_pkg.my_module:make_workload`: your own. ``make_workload`` is called with no arguments and
   returns an object that follows `Workload` (below); `make_workload(name)` here resolves it and
   says in one sentence what is missing. It is called once where the config is validated and once
-  in every rank, so keep it cheap (read local files, load big data lazily in ``batch``).
+  in every rank, so keep it cheap (read local files, load big data lazily in ``batch``); where
+  the config is validated the run's --timeout bounds it (`experiments.deadline`).
 
 Every rank draws its own micro-batch for step t from a generator seeded by (seed, step, rank), so a
 run is reproducible and the global batch is the concatenation of the ranks' batches.
@@ -32,7 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from experiments.errors import ConfigError, users_location
+from experiments.deadline import bounded
+from experiments.errors import ConfigError, RunFailed, users_location
 
 __all__ = ["Workload", "BuiltinWorkload", "make_workload", "check_workload", "WORKLOAD_NAMES",
            "builtin_model",
@@ -191,7 +193,9 @@ def make_workload(name: str) -> Workload:
     """
     factory = _factory(name)
     try:
-        workload = factory()
+        workload = bounded(f"workload {name!r}: its factory", factory)
+    except RunFailed:
+        raise  # the run's timeout passed inside it: said by bounded, not a config error
     except Exception as err:  # the user's factory: show where in their code it failed
         raise ConfigError(f"workload {name!r}: the factory raised {type(err).__name__}: {err}"
                           f"{users_location(err)}.") from None
@@ -213,8 +217,11 @@ def _check_outputs(name: str, workload: Workload) -> None:
     rank starts rather than an error inside all of them.
     """
     try:
-        model = workload.model()
-        batch = workload.batch(step=0, rank=0, batch_size=2, seed=0)
+        model = bounded(f"workload {name!r}: its model()", workload.model)
+        batch = bounded(f"workload {name!r}: its batch()",
+                        lambda: workload.batch(step=0, rank=0, batch_size=2, seed=0))
+    except RunFailed:
+        raise
     except Exception as err:
         raise ConfigError(f"workload {name!r}: calling it raised {type(err).__name__}: {err}"
                           f"{users_location(err)}.") from None
@@ -236,7 +243,10 @@ def _factory(name: str) -> Callable[[], Any]:
         raise ConfigError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOAD_NAMES)} "
                           "or give your own as module.path:factory.")
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = bounded(f"workload {name!r}: importing {module_name!r}",
+                              lambda: importlib.import_module(module_name))
+    except RunFailed:
+        raise
     except ImportError as err:
         if err.name != module_name.split(".")[0] and users_location(err):  # raised inside it
             raise ConfigError(f"workload {name!r}: importing {module_name!r} raised "

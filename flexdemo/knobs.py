@@ -22,16 +22,24 @@ from ._checks import check, in_unit_interval, int_at_least
 from .chunking import CHUNKINGS
 from .graphs import GRAPHS, graph_ladder, graph_problem
 
-__all__ = ["BASES", "VALUE_DTYPES", "VALUE_FORMATS", "AdaKnobs", "DeMoKnobs", "DiLoCoKnobs",
-           "EveryKnobs", "GossipKnobs", "Knobs", "MomentumKnobs", "PartialKnobs", "RandomKnobs",
-           "ScheduleKnobs", "StepKnobs", "StridingKnobs", "check_ada_thresholds", "check_base",
-           "check_value_format"]
+__all__ = ["BASES", "MAX_DCT_CHUNK", "VALUE_DTYPES", "VALUE_FORMATS", "AdaKnobs", "DeMoKnobs",
+           "DiLoCoKnobs", "EveryKnobs", "GossipKnobs", "Knobs", "MomentumKnobs", "PartialKnobs",
+           "RandomKnobs", "ScheduleKnobs", "StepKnobs", "StridingKnobs", "check_ada_thresholds",
+           "check_base", "check_dct_chunk", "check_value_format"]
 
 # The wire formats of flexdemo.formats (which owns their encodings), listed here so that they
 # are checked without torch.
 VALUE_FORMATS = ("fp32", "bf16", "fp32-packed", "bf16-packed", "int8", "int2", "sign")
 VALUE_DTYPES = ("bf16", "fp32")
 BASES = ("sign", "adamw")
+
+# The largest DCT chunk side. A side-n chunk needs an n x n basis, built in float64 beside a few
+# temporaries of that size and then cached for each dtype and device: at 4096 that is 128 MiB a
+# float64 matrix and 64 MiB kept in float32, and every coefficient costs n multiply-adds per
+# dimension, so a wider side costs more memory and compute than the exchange it compresses saves
+# (DeMo uses 64). A parameter with a longer dimension would otherwise meet the bigger basis only
+# at its first step, as an allocation failure.
+MAX_DCT_CHUNK = 4096
 
 # value_dtype names a float by its short name or as torch prints a dtype, so the torch-free
 # check also takes the reference call's torch.float32 / torch.bfloat16.
@@ -47,6 +55,14 @@ def check_value_format(value_format: object) -> None:
 def check_base(base: object) -> None:
     """Raise ValueError (one sentence) unless ``base`` is one of ``BASES``."""
     check(base in BASES, f"base={base!r} is unknown; use one of {', '.join(BASES)}.")
+
+
+def check_dct_chunk(name: str, chunk: object) -> None:
+    """Raise ValueError (one sentence) unless ``chunk`` is an integer from 1 to MAX_DCT_CHUNK."""
+    ok = isinstance(chunk, int) and not isinstance(chunk, bool) and 1 <= chunk <= MAX_DCT_CHUNK
+    check(ok, f"{name}={chunk!r} must be an integer from 1 to {MAX_DCT_CHUNK}: a DCT chunk of "
+              f"side n builds an n x n basis matrix, {MAX_DCT_CHUNK * MAX_DCT_CHUNK * 4 // 2**20} "
+              f"MiB in float32 at {MAX_DCT_CHUNK}.")
 
 
 def check_ada_thresholds(high: object, low: object) -> None:
@@ -186,10 +202,11 @@ class DeMoKnobs(MomentumKnobs):
     }
 
     def check(self) -> None:
-        """Positive topk and chunk, a known chunking and format, and topk <= chunk when flat."""
+        """Positive topk, a chunk whose basis fits, a known chunking and format, and topk <=
+        chunk when flat."""
         super().check()
         int_at_least("topk", self.topk, 1)
-        int_at_least("chunk", self.chunk, 1)
+        check_dct_chunk("chunk", self.chunk)
         check(self.chunking in CHUNKINGS,
               f"chunking={self.chunking!r} is unknown; use one of {', '.join(CHUNKINGS)}.")
         check_value_format(self.value_format)

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ._checks import check, float_dtype, in_unit_interval, int_at_least
 from .bases import make_base
+from .knobs import DeMoKnobs, check_dct_chunk
 from .replicators import REPLICATORS, Replicator
 from .wire import CommStats
 
@@ -45,7 +46,10 @@ def _from_reference(replicator: Replicator | str, topk: int | None, chunk: int |
           f"replicator={replicator!r} is unknown; use one of {', '.join(REPLICATORS)}.")
     if topk is not None:
         int_at_least("compression_topk", topk, 1)
-    if chunk is not None:
+    if chunk is not None and issubclass(REPLICATORS[replicator].knobs_type, DeMoKnobs):
+        # Said here under the keyword's own name, not as the replicator's "chunk".
+        check_dct_chunk("compression_chunk", chunk)
+    elif chunk is not None:
         int_at_least("compression_chunk", chunk, 1)
     if decay is not None:
         in_unit_interval("compression_decay", decay, closed_low=True, closed_high=False)

@@ -187,6 +187,7 @@ def simulate_run(
     algorithm: str = "auto",
     calibration: Calibration | None = None,
     overlap: str = "recorded",
+    progress: bool = False,
     **network: Any,
 ) -> Replay:
     """A recorded run replayed on another network: its Replay, frame [step, step_time_s, time_s].
@@ -204,7 +205,8 @@ def simulate_run(
     goodput and per-message cost, and the note says so. Gossip runs replay their graph rebuilt
     on the target nodes (`gossip_degrees`; Replay.graphs describes it). `overlap` "fsdp2"
     replays FSDP2's per-unit reduce alongside the next unit's backward (netsim.model.simulate);
-    a recording without FSDP2 backward marks refuses it with a ConfigError.
+    a recording without FSDP2 backward marks refuses it with a ConfigError. `progress` shows
+    netsim's progress bar over the simulated steps (a long replay on a terminal).
     """
     run = run if isinstance(run, RecordedRun) else read_run(run)
     target = run.config.replace(**{k: v for k, v in network.items() if v is not None})
@@ -226,7 +228,7 @@ def simulate_run(
     replay = simulate(
         trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
         algorithm=algorithm, degrees=degrees,
-        payloads=_payload_clause(run, rules), overlap=overlap,
+        payloads=_payload_clause(run, rules), overlap=overlap, progress=progress,
     )  # fmt: skip
     note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
     return dataclasses.replace(
@@ -341,7 +343,7 @@ def main(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node, node_links=args.node_link,
         steps=args.steps if args.steps is not None else curve.steps_needed(),
         compute_scale=scale, intra=intra, algorithm=args.algorithm, calibration=calibration,
-        intra_bw=args.intra_bw, intra_lat=args.intra_lat, overlap=overlap,
+        intra_bw=args.intra_bw, intra_lat=args.intra_lat, overlap=overlap, progress=True,
     )  # fmt: skip
     write_atomic(out, replay.frame.to_csv(index=False))
     _print_replay(args, run, replay, out, calibration)

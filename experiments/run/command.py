@@ -24,8 +24,10 @@ from experiments.config import (
     parse_overrides,
     run_arguments,
 )
+from experiments.deadline import run_deadline
 from experiments.errors import RunFailed
-from experiments.run.launch import launch
+from experiments.run.launch import check_timeout, launch
+from experiments.sweep.spec import TOP_KEYS
 
 __all__ = ["configure", "load_config", "main"]
 
@@ -50,6 +52,11 @@ def _run_table(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     Nothing is read half: keys beside a [run] table, or a sweep file's tables, are refused.
     """
     if "run" not in raw:
+        sweep_keys = sorted(k for k in raw if k in TOP_KEYS)
+        if sweep_keys:  # RunConfig.from_dict would call them unknown, not say what they are
+            raise ConfigError(f"config {path!r} has {', '.join(sweep_keys)}, which belong to a "
+                              "sweep file (run it with `flexbench sweep`); a run file holds "
+                              "run settings, at its top level or in [run].")
         return raw  # unknown keys are refused by RunConfig.from_dict
     table = raw["run"]
     if not isinstance(table, dict):
@@ -76,8 +83,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench run`."""
-    cfg = load_config(args.config, run_arguments(args), args.set)
+    check_timeout(args.timeout)
     try:
+        # Validating a "module:factory" workload calls the user's code, which may hang.
+        with run_deadline(args.timeout):
+            cfg = load_config(args.config, run_arguments(args), args.set)
         out = launch(cfg, args.out, timeout_s=args.timeout)
     except RunFailed as err:
         print(f"flexbench run: failed: {err}", file=sys.stderr)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import RunConfig
+from experiments.deadline import run_deadline
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import check_output_folder
 from experiments.logs import configure_logging
@@ -38,15 +39,15 @@ from experiments.run.rank import (
 )
 from experiments.run.watchdog import RankStalled, Watchdog
 
-__all__ = ["launch", "RunFailed"]
+__all__ = ["check_timeout", "launch", "RunFailed"]
 
 
 def launch(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
            quiet: bool = False) -> Path:
     """Validate, run every rank of `cfg`, write OUT; on failure raise RunFailed, OUT untouched."""
-    cfg.validate()
-    if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout_s}.")
+    check_timeout(timeout_s)
+    with run_deadline(timeout_s):  # a user's workload factory is called here the first time
+        cfg.validate()
     folder = RunFolder(out)
     if cfg.shaping == "kernel":
         if _under_torchrun():
@@ -59,6 +60,12 @@ def launch(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
         return _run_torchrun(cfg, folder)
     _check_spawnable(cfg.world_size)
     return _run_spawned(cfg, folder.create(), timeout_s=timeout_s, quiet=quiet)
+
+
+def check_timeout(timeout_s: float | None) -> None:
+    """ConfigError unless ``timeout_s`` is None or a finite positive number of seconds."""
+    if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout_s}.")
 
 
 def _under_torchrun() -> bool:

@@ -119,7 +119,12 @@ def _validate_unit(
         raise ConfigError(f"{where}: method {method!r} is not in grid.methods "
                           f"({', '.join(cfg.methods)}); validation compares with its trained run.")
     seed = entry.pop("seed", cfg.seeds[0])
-    network = network_point(str(entry.pop("inter_bw")), str(entry.pop("inter_lat")))
+    for key in ("inter_bw", "inter_lat"):
+        if not isinstance(entry[key], str):
+            # str() would make 100 the string "100", a bandwidth in bytes/s nobody meant.
+            raise ConfigError(f"{where}.{key} must be a string with its unit, such as "
+                              f"\"100Mbit\" or \"20ms\", got {entry[key]!r}.")
+    network = network_point(entry.pop("inter_bw"), entry.pop("inter_lat"))
     grid_knobs = cfg.knobs.get(method, {})
     knobs = {name: entry.pop(name, values[0]) for name, values in grid_knobs.items()}
     if entry:

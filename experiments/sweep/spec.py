@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.config import METHODS, RunConfig, parse_overrides
+from experiments.config import KNOBS, METHODS, RunConfig, parse_overrides
 from experiments.errors import ConfigError
 from experiments.sweep.executors import EXECUTORS
-from flexdemo.methods import BASELINE
+from flexdemo.methods import BASELINE, method_record
 
 if TYPE_CHECKING:
     from netsim.topology import Link
@@ -108,7 +108,7 @@ def read_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
 
 def parse_config(raw: dict[str, Any]) -> SweepConfig:
     """Validate a sweep dict (as read from TOML) into a SweepConfig."""
-    _known("sweep config", raw, TOP_KEYS)
+    _top_keys(raw)
     name = raw.get("name", "sweep")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise ConfigError(f"name must be letters, digits, '.', '_' or '-', got {name!r}.")
@@ -119,8 +119,12 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
     methods, networks, seeds, knobs = _grid(_table(raw, "grid"))
     target, fraction = _target(raw.get("target"))
     timeout = raw.get("timeout_s")
-    if timeout is not None and (not _is_number(timeout) or timeout <= 0):
-        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout!r}.")
+    if timeout is not None and not (_is_number(timeout) and math.isfinite(timeout)
+                                    and timeout > 0):
+        # nan compares false with everything, so `timeout <= 0` alone let it through as "no
+        # limit"; leaving timeout_s out is how a sweep says that.
+        raise ConfigError(f"timeout_s must be a finite positive number of seconds, got "
+                          f"{timeout!r}; leave it out for no limit.")
     executor = _executor(raw)
     validate = raw.get("validate", [])
     if not isinstance(validate, list) or not all(isinstance(v, dict) for v in validate):
@@ -131,10 +135,32 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
         target=target, target_fraction=fraction, validate=validate, timeout_s=timeout,
         executor=executor, raw=raw,
     )
+    _unread_run_knobs(run, methods)
     if target is None and BASELINE not in methods:
         raise ConfigError(f"without [target] val_loss the target comes from {BASELINE}; add "
                           f"{BASELINE!r} to grid.methods or set target.val_loss.")
     return cfg
+
+def _top_keys(raw: dict[str, Any]) -> None:
+    """Only a sweep file's own keys at its top; a run setting there belongs in [run]."""
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    for key in raw:
+        if key not in TOP_KEYS and key in fields:
+            raise ConfigError(f"{key!r} is a run setting, which a sweep file takes in its [run] "
+                              f"table; its top level holds {', '.join(TOP_KEYS)}.")
+    _known("sweep config", raw, TOP_KEYS)
+
+def _unread_run_knobs(run: dict[str, Any], methods: list[str]) -> None:
+    """A [run] knob must be read by some method of the grid.
+
+    Each unit keeps only the [run] knobs its method reads (`shared_for`), so a knob no method
+    reads would be dropped from every unit without a word.
+    """
+    readers = {name for m in methods for name in method_record(m).takes}
+    for name in run:
+        if name in KNOBS and name not in readers:
+            raise ConfigError(f"run.{name} is read by none of grid.methods "
+                              f"({', '.join(methods)}); remove it or add a method that reads it.")
 
 def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int],
                                          dict[str, dict[str, list[Any]]]]:
@@ -178,8 +204,12 @@ def _executor(raw: dict[str, Any]) -> dict[str, Any]:
     if executor.get("kind", "local") not in EXECUTORS:
         raise ConfigError(f"unknown executor.kind {executor['kind']!r}; choose one of "
                           f"{', '.join(EXECUTORS)}.")
+    folder = executor.get("folder", "")
+    if not isinstance(folder, str):
+        raise ConfigError(f"executor.folder must be a path as a string, got {folder!r}.")
     params = {k: v for k, v in executor.items() if k not in ("kind", "folder")}
     if params:
+        _executor_numbers(params)
         import submitit
 
         with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -191,6 +221,22 @@ def _executor(raw: dict[str, Any]) -> dict[str, Any]:
                 raise ConfigError(f"[executor]: {first}") from None
     return executor
 
+
+def _executor_numbers(params: dict[str, Any]) -> None:
+    """Numbers of [executor] are finite and not booleans, which submitit lets through.
+
+    submitit checks its shared parameters with isinstance, and True is an int to Python: a
+    `timeout_min = true` would ask Slurm for one minute.
+    """
+    from submitit import AutoExecutor
+
+    typed = AutoExecutor._typed_parameters()  # the shared parameters' types, as submitit checks
+    for key, value in params.items():
+        number = typed.get(key) in (int, float)
+        if isinstance(value, bool) and number:
+            raise ConfigError(f"executor.{key} must be a number, got {value!r}.")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"executor.{key} must be a finite number, got {value!r}.")
 
 def _known(where: str, table: dict[str, Any], allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
@@ -232,15 +278,18 @@ def _knobs(table: Any, methods: list[str]) -> dict[str, dict[str, list[Any]]]:
         if method not in METHODS:
             raise ConfigError(f"grid.knobs.{method}: unknown method {method!r}; choose from "
                               f"{', '.join(METHODS)}.")
-        if method not in methods:
-            continue  # knobs of a method dropped from the grid (e.g. by --set) are moot
         if not isinstance(knobs, dict):
             raise ConfigError(f"grid.knobs.{method} must be a table, got {knobs!r}.")
-        out[method] = {}
-        for name, values in knobs.items():
+        # Names are checked even for a method left out of the grid, so that a typo is found
+        # before the method is put back.
+        for name in knobs:
             if name not in fields:
                 raise ConfigError(f"grid.knobs.{method}.{name} is not a run setting; known: "
                                   f"{', '.join(sorted(fields))}.")
+        if method not in methods:
+            continue  # knobs of a method dropped from the grid (e.g. by --set) are moot
+        out[method] = {}
+        for name, values in knobs.items():
             values = values if isinstance(values, list) else [values]
             if not values:
                 raise ConfigError(f"grid.knobs.{method}.{name} is empty; give at least one value.")

@@ -116,6 +116,7 @@ class Cluster:
         self.algorithm = algorithm
         self.degrees = degrees
         self.step_numbers = step_numbers or list(range(n_recorded))
+        self.on_step: Callable[[], None] | None = None
         self._degree_cache: dict[tuple[int, int], int] = {}
         self.p2p_degrees: set[int] = set()  # peers per node in the rounds replayed, for reporting
         self.node_egress_bytes = 0.0  # bytes out of the first class's node, for reporting
@@ -486,11 +487,17 @@ class Cluster:
             yield env.all_of(list(pending.values()))
             if len(self.step_end) <= s:
                 self.step_end.append(env.now)
+                if self.on_step is not None:  # the first process to end step s counts it
+                    self.on_step()
             else:
                 self.step_end[s] = max(self.step_end[s], env.now)
 
-    def run(self, n_steps: int) -> list[float]:
-        """Replay n_steps on every process; returns when each step ended (the slowest process)."""
+    def run(self, n_steps: int, on_step: Callable[[], None] | None = None) -> list[float]:
+        """Replay n_steps on every process; returns when each step ended (the slowest process).
+
+        ``on_step`` is called once per step, when the first process has ended it (progress).
+        """
+        self.on_step = on_step
         for c in range(len(self.classes)):
             for j in range(self.topo.accelerators_per_node):
                 self.env.process(self._rank(c, j, n_steps))

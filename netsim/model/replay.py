@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model.cluster import Cluster, Degrees
@@ -169,6 +171,7 @@ def simulate(
     degrees: Degrees | None = None,
     payloads: str | None = None,
     overlap: str = "recorded",
+    progress: bool = False,
 ) -> Replay:
     """Predict per-step times of a recorded run on `topology`, with the assumptions made (Replay).
 
@@ -195,6 +198,8 @@ def simulate(
             reduce is serial); "fsdp2" overlaps each unit's gradient reduce with the following
             backward as a GPU's communication streams do (OVERLAP_NOTE); it needs the trace's
             FSDP2 marks (ValueError without them).
+        progress: show a progress bar over the simulated steps on stderr, once the replay has
+            run for 2 s (a short one shows none) and only on a terminal.
     """
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
@@ -222,7 +227,7 @@ def simulate(
             topology, recorded, programs.by_slot, programs.specs, programs.n_steps,
             float(compute_scale), intra, algorithm, degrees, programs.step_numbers,
         )  # fmt: skip
-    times = np.asarray(cluster.run(int(n_steps)), dtype=float)
+    times = np.asarray(_run(cluster, int(n_steps), progress), dtype=float)
     frame = pd.DataFrame(
         {
             "step": np.arange(len(times), dtype=np.int64),
@@ -241,6 +246,17 @@ def simulate(
         p2p_degrees=tuple(sorted(cluster.p2p_degrees)),
         node_egress_bytes=cluster.node_egress_bytes, overlap=overlap,
     )  # fmt: skip
+
+
+def _run(cluster: Cluster, n_steps: int, progress: bool) -> list[float]:
+    """``cluster.run(n_steps)``, with a progress bar when asked (stdout stays the caller's)."""
+    if not progress:
+        return cluster.run(n_steps)
+    # delay: a replay that ends within 2 s prints nothing; disable=None: nothing off a terminal,
+    # so piped and logged output is what it was without the bar.
+    with tqdm(total=n_steps, desc="simulate", unit="step", delay=2, file=sys.stderr,
+              disable=None, leave=False) as bar:
+        return cluster.run(n_steps, on_step=bar.update)
 
 
 def _model_note(payloads: str | None) -> str:

@@ -204,3 +204,61 @@ def test_a_workload_returning_the_wrong_types_is_refused_before_any_rank(body, w
                  "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1, err
+
+
+_HANGING = textwrap.dedent('''
+    import time
+
+
+    class Hangs:
+        default_steps = default_batch_size = default_eval_every = 1
+
+        def model(self):
+            {model}
+
+        def batch(self, step, rank, batch_size, seed):
+            raise AssertionError("not reached")
+
+        val_batches = loss = batch
+
+
+    def make():
+        {factory}
+        return Hangs()
+''')
+
+
+@pytest.mark.parametrize(("hangs", "named"), [("factory", "its factory"),
+                                               ("model", "its model()")])
+@pytest.mark.timeout(60)
+def test_a_hanging_workload_call_is_ended_by_the_deadline(tmp_path, monkeypatch, hangs, named):
+    from experiments.deadline import run_deadline
+    from experiments.errors import RunFailed
+
+    module = f"hangs_in_{hangs}"
+    body = {"factory": "pass", "model": "return None", hangs: "time.sleep(3600)"}
+    (tmp_path / f"{module}.py").write_text(_HANGING.format(**body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with run_deadline(0.5), pytest.raises(RunFailed) as err:
+        workloads.check_workload(f"{module}:make")
+    message = str(err.value)
+    assert message.startswith(f"workload '{module}:make': {named} did not return within the "
+                              "run's timeout of 0.5 s (it was still running at ")
+    assert f"{module}.py:" in message and "\n" not in message
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_run_timeout_ends_a_hanging_factory_before_any_rank(tmp_path: Path) -> None:
+    (tmp_path / "sleepy.py").write_text(_HANGING.format(factory="time.sleep(3600)",
+                                                        model="return None"))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "experiments.cli", "run", "--workload", "sleepy:make",
+           "--timeout", "3", "--steps", "1", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "TQDM_DISABLE": "1"}
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "workload 'sleepy:make': its factory did not return within the run's timeout of 3 s" \
+        in done.stderr
+    assert "sleepy.py:" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()

@@ -418,3 +418,40 @@ def test_eval_phase_is_recorded_apart_and_never_replayed(tmp_path):
     assert simulate(back, topo).frame["time_s"].tolist() == expected["time_s"].tolist()
     with pytest.raises(ValueError, match="phase"):
         TraceRecorder(0).set_phase("")
+
+
+class _Bar:
+    """A stand-in for tqdm that remembers what the replay told it."""
+
+    made: list["_Bar"] = []
+
+    def __init__(self, total, **kwargs):
+        self.total, self.kwargs, self.n = total, kwargs, 0
+        _Bar.made.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        self.n += n
+
+
+def test_a_replay_with_progress_counts_every_simulated_step(monkeypatch):
+    import sys
+
+    import netsim.model.replay as replay
+
+    monkeypatch.setattr(replay, "tqdm", _Bar)
+    _Bar.made.clear()
+    topo = Topology.from_strings(4, 2, "80Mbit", "10ms")
+    trace = make_trace(Topology.from_strings(2, 2, "80Mbit", "10ms"), steps=3)
+    plain = simulate(trace, topo, steps=25)
+    assert not _Bar.made  # no bar unless asked
+    shown = simulate(trace, topo, steps=25, progress=True)
+    (bar,) = _Bar.made
+    assert bar.total == bar.n == 25  # every step once, however many processes replay it
+    assert bar.kwargs["delay"] == 2 and bar.kwargs["file"] is sys.stderr
+    pd.testing.assert_frame_equal(shown.frame, plain.frame)
