@@ -1,9 +1,9 @@
 """Does the model hold within ±5% in every one of several validate-sim reruns in a row?
 
-    python benchmarks/bench_validate_sim.py --shaping wall \\
-        --calibration results/calibration/wall.json
-    python benchmarks/bench_validate_sim.py --shaping kernel \\
-        --calibration results/calibration/kernel.json
+    python benchmarks/bench_validate_sim.py --shaping wall          # same shape, 2x1 on 2 cores
+    python benchmarks/bench_validate_sim.py --shaping kernel
+    python benchmarks/bench_validate_sim.py --shaping wall --extrapolate \\
+        --methods flexdemo hsdp-adamw diloco                        # 2x2:4x1 2x1:2x2 2x2:3x1
     python benchmarks/bench_validate_sim.py --shaping wall --recordings 1 --no-pin   # the old way
 
 Runs `experiments.replay.validate.validate` `--reruns` times (fresh recordings and shaped runs each
@@ -25,8 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.replay.validate import (  # noqa: E402
     DEFAULT_BANDWIDTHS,
+    DEFAULT_EXTRAPOLATIONS,
     DEFAULT_LATENCIES,
     KERNEL_BANDWIDTHS,
+    default_shape,
+    parse_shape,
+    usable_cores,
     validate,
 )
 from netsim.calibration import load_calibration  # noqa: E402
@@ -41,7 +45,11 @@ def main() -> int:
     p.add_argument("--inter-lat", nargs="+", default=None)
     p.add_argument("--reruns", type=int, default=3)
     p.add_argument("--recordings", type=int, default=3)
-    p.add_argument("--calibration", help="a file written by `flexbench calibrate`")
+    p.add_argument("--calibration", help="a file written by `flexbench calibrate` (default: "
+                   "this machine's, found or made, as validate-sim does; 'none': no calibration)")
+    p.add_argument("--shape", help="same-shape check on NODESxRANKS (default: a core per rank)")
+    p.add_argument("--extrapolate", nargs="*", metavar="FROM:TO",
+                   help=f"record on FROM, measure TO (alone: {' '.join(DEFAULT_EXTRAPOLATIONS)})")
     p.add_argument("--no-pin", action="store_true", help="let the scheduler place the ranks")
     p.add_argument("--steps", type=int, default=14)
     p.add_argument("--warmup", type=int, default=3)
@@ -51,8 +59,23 @@ def main() -> int:
     args = p.parse_args()
     kernel = args.shaping == "kernel"
     bandwidths = args.inter_bw or list(KERNEL_BANDWIDTHS if kernel else DEFAULT_BANDWIDTHS)
-    latencies = args.inter_lat or (["0ms"] if kernel else list(DEFAULT_LATENCIES))
-    calibration = load_calibration(args.calibration, args.shaping) if args.calibration else None
+    first = DEFAULT_LATENCIES[:1] if args.extrapolate is not None else DEFAULT_LATENCIES
+    latencies = args.inter_lat or (["0ms"] if kernel else list(first))
+    if args.extrapolate is not None:
+        pairs = [tuple(parse_shape(s) for s in p.split(":"))
+                 for p in (args.extrapolate or DEFAULT_EXTRAPOLATIONS)]
+    else:
+        shape = parse_shape(args.shape) if args.shape else default_shape(usable_cores())
+        pairs = [(shape, shape)]
+    calibration = None
+    if args.calibration != "none":
+        if args.calibration:
+            calibration = load_calibration(args.calibration, args.shaping)
+        else:
+            from experiments.replay.calibrate import machine_calibration
+
+            calibration, how = machine_calibration(args.shaping)
+            print(f"calibration: {how}", flush=True)
     settings = {"pin_cores": not args.no_pin}
     tables = []
     for rerun in range(args.reruns):
@@ -61,13 +84,14 @@ def main() -> int:
             result = validate(args.methods, bandwidths, latencies, workload="lm-tiny",
                               steps=args.steps, warmup=args.warmup, bound=args.bound,
                               work_dir=work, settings=settings, shaping=args.shaping,
-                              recordings=args.recordings, calibration=calibration)
+                              recordings=args.recordings, calibration=calibration,
+                              pairs=pairs)
         print(f"rerun {rerun + 1}: {result.assumed}", flush=True)
         tables.append(result.table.assign(rerun=rerun + 1))
     rows = pd.concat(tables, ignore_index=True)
     if args.out:
         rows.to_csv(args.out, index=False)
-    point = ["method", "inter_bw", "inter_lat"]
+    point = ["method", "recorded", "measured_shape", "inter_bw", "inter_lat"]
     wide = rows.pivot_table(index=point, columns="rerun", values="error_pct", sort=False)
     wide.columns = [f"error_{c}" for c in wide.columns]
     summary = rows.groupby(point, sort=False).agg(

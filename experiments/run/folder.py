@@ -174,7 +174,10 @@ def _steps_and_trace(results: list[RankResult],
         # on it); a string, so taken, not averaged. Missing for methods without a graph.
         graph=("graph", "first"),
     ).reset_index()
-    steps["graph"] = steps["graph"].astype("str")  # pandas' string dtype; NaN where none
+    # Strings, missing where a step has no graph: astype("str") alone turns None into the
+    # string "None" on pandas 2 (pandas 3's str dtype keeps it missing).
+    graph = steps["graph"]
+    steps["graph"] = graph.astype("str").where(graph.notna())
     trace = pd.concat([r.trace for r in results if r.trace is not None], ignore_index=True)
     trace = trace[trace["phase"] == TRAIN]  # evaluation traffic is measured apart
     comm = comm_per_step(trace)
