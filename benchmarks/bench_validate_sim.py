@@ -3,7 +3,7 @@
     python benchmarks/bench_validate_sim.py --shaping wall          # same shape, 2x1 on 2 cores
     python benchmarks/bench_validate_sim.py --shaping kernel
     python benchmarks/bench_validate_sim.py --shaping wall --extrapolate \\
-        --methods flexdemo hsdp-adamw diloco                        # 2x2:4x1 2x1:2x2 2x2:3x1
+        --methods flexdemo hsdp-adamw diloco --set diloco_h=1       # 2x2:4x1 2x1:2x2 2x2:3x1
     python benchmarks/bench_validate_sim.py --shaping wall --recordings 1 --no-pin   # the old way
 
 Runs `experiments.replay.validate.validate` `--reruns` times (fresh recordings and shaped runs each
@@ -23,6 +23,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments.config import parse_overrides  # noqa: E402
 from experiments.replay.validate import (  # noqa: E402
     DEFAULT_BANDWIDTHS,
     DEFAULT_EXTRAPOLATIONS,
@@ -51,6 +52,8 @@ def main() -> int:
     p.add_argument("--extrapolate", nargs="*", metavar="FROM:TO",
                    help=f"record on FROM, measure TO (alone: {' '.join(DEFAULT_EXTRAPOLATIONS)})")
     p.add_argument("--no-pin", action="store_true", help="let the scheduler place the ranks")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other run setting, as for `flexbench run` (e.g. diloco_h=1)")
     p.add_argument("--steps", type=int, default=14)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bound", type=float, default=0.05)
@@ -76,7 +79,7 @@ def main() -> int:
 
             calibration, how = machine_calibration(args.shaping)
             print(f"calibration: {how}", flush=True)
-    settings = {"pin_cores": not args.no_pin}
+    settings = {**parse_overrides(args.set), "pin_cores": not args.no_pin}
     tables = []
     for rerun in range(args.reruns):
         with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:
