@@ -37,8 +37,8 @@ def replica_spread(params: Iterable[torch.Tensor], replica_group: dist.ProcessGr
     # Two passes (mean, then deviations) keep identical replicas at exactly ~0, where
     # E[x^2] - E[x]^2 would leave cancellation noise of the size of x^2. The totals stay
     # tensors (no host round trip per number) until they have crossed the world group.
-    entries = torch.tensor(float(flat.numel()), dtype=torch.float64, device=mean.device)
-    totals = torch.stack([(flat - mean).square().sum(), mean.square().sum(), entries])
+    count = torch.tensor(float(flat.numel()), dtype=torch.float64, device=mean.device)
+    totals = torch.stack([(flat - mean).square().sum(), mean.square().sum(), count])
     totals = totals.to(side_channel_device(world_group, totals.device))
     dist.all_reduce(totals, group=world_group)
     spread, norm2, entries = totals.tolist()
