@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from experiments.errors import ConfigError
+from flexdemo.devices import BACKENDS
 from flexdemo.knobs import StepKnobs
 
 # The one list of methods and their knobs: the optimizer package owns them.
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
 SCHEDULES = ("constant", "warmup", "cosine")
-BACKENDS = ("auto", "gloo", "nccl")
 MAX_SEED = 2**32 - 1
 
 
@@ -150,7 +150,8 @@ class RunSettings:
     """off: count only; wall: wait on the modeled link; virtual: add modeled time to a clock;
     kernel: Linux tc on veth links between one network namespace per node (root only)."""
     backend: str = "auto"
-    """Process-group backend: auto (nccl with CUDA, else gloo), gloo or nccl."""
+    """Process-group backend: auto (nccl when every local rank has a GPU, else gloo), gloo or
+    nccl; nccl runs as "cpu:gloo,cuda:nccl" (flexdemo.devices.backend_for)."""
     threads_per_rank: int = 1
     """torch threads per rank when the launcher spawns ranks on this machine."""
     pin_cores: bool = False

@@ -22,9 +22,10 @@ module per family), ``dct.py`` and ``chunking.py`` (the transform), ``codec.py``
 index wire format), ``formats.py`` and ``bitpack.py`` (the value formats, quantizers and
 bit-packed indices), ``wire.py`` (the bucket and byte counts), ``graphs.py`` (gossip graphs,
 mixing matrices and Ada's ladder), ``consensus.py`` (replica variance), ``hsdp.py`` (mesh and
-FSDP2). Only torch is imported here, and only when a name that needs it is first used:
-``methods``, ``knobs``, ``graphs`` and ``chunking`` are torch-free, so run settings are
-checked without torch.
+FSDP2), ``devices.py`` (the default group's backend, the side-channel tensors' device). Only
+torch is imported here, and only when a name that needs it is first used:
+``methods``, ``knobs``, ``graphs``, ``chunking`` and ``devices`` are torch-free at import, so
+run settings are checked without torch.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ _WHERE = {
     "FullReplicator": "replicators", "GossipReplicator": "replicators",
     "NoReplicator": "replicators", "RandomReplicator": "replicators",
     "Replicator": "replicators", "StridingReplicator": "replicators",
+    "backend_for": "devices", "side_channel_device": "devices",
     "CommStats": "wire", "all_gather_bytes": "wire", "all_reduce_bytes": "wire", "pack": "wire",
     "plan_bucket": "wire", "unpack": "wire",
 }

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from .devices import side_channel_device
 from .optimizer import local_tensor
 
 
@@ -25,6 +26,8 @@ def replica_spread(params: Iterable[torch.Tensor], replica_group: dist.ProcessGr
     """
     shards = [local_tensor(p.detach()).reshape(-1).double() for p in params]
     flat = torch.cat(shards) if shards else torch.zeros(0, dtype=torch.float64)
+    # The shards stay where they are when the group has a backend there (a GPU's on NCCL).
+    flat = flat.to(side_channel_device(replica_group, flat.device))
     mean = flat.clone()
     replicas = dist.get_world_size(replica_group)
     # Ranks of one replica group hold the same shard index, so they skip together.
@@ -32,9 +35,11 @@ def replica_spread(params: Iterable[torch.Tensor], replica_group: dist.ProcessGr
         dist.all_reduce(mean, group=replica_group)
         mean.div_(replicas)
     # Two passes (mean, then deviations) keep identical replicas at exactly ~0, where
-    # E[x^2] - E[x]^2 would leave cancellation noise of the size of x^2.
-    totals = torch.tensor([(flat - mean).square().sum().item(), mean.square().sum().item(),
-                           float(flat.numel())], dtype=torch.float64)
+    # E[x^2] - E[x]^2 would leave cancellation noise of the size of x^2. The totals stay
+    # tensors (no host round trip per number) until they have crossed the world group.
+    count = torch.tensor(float(flat.numel()), dtype=torch.float64, device=mean.device)
+    totals = torch.stack([(flat - mean).square().sum(), mean.square().sum(), count])
+    totals = totals.to(side_channel_device(world_group, totals.device))
     dist.all_reduce(totals, group=world_group)
     spread, norm2, entries = totals.tolist()
     # Over the world: spread = sum_i ||x_i - m||^2, norm2 = n ||m||^2, entries = n N.

@@ -1,7 +1,8 @@
 """Launching one run's ranks: spawned on this machine or under torchrun, watched, torn down.
 
 On one machine the launcher spawns nodes x gpus-per-node ranks itself (gloo on CPU, one torch
-thread each; nccl when there are enough GPUs). They rendezvous through a file and bind their
+thread each; with enough GPUs "cpu:gloo,cuda:nccl", a backend per device, so the ranks' small
+CPU tensors cross the default group too). They rendezvous through a file and bind their
 sockets to loopback, report progress to a stall watchdog and hand their records back as files in
 the run's working folder (`experiments.run.folder`). Under torchrun each process runs the rank it is
 given, and rank 0 gathers the records:
@@ -38,6 +39,7 @@ from experiments.run.rank import (
     teardown,
 )
 from experiments.run.watchdog import RankStalled, Watchdog
+from flexdemo.devices import backend_for, visible_cuda_devices
 
 __all__ = ["check_timeout", "launch", "RunFailed"]
 
@@ -48,6 +50,8 @@ def launch(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
     check_timeout(timeout_s)
     with run_deadline(timeout_s):  # a user's workload factory is called here the first time
         cfg.validate()
+    if cfg.shaping != "kernel":
+        _backend(cfg, 1)  # refuses nccl without a GPU before anything is written or spawned
     folder = RunFolder(out)
     if cfg.shaping == "kernel":
         if _under_torchrun():
@@ -75,12 +79,11 @@ def _under_torchrun() -> bool:
 
 
 def _backend(cfg: RunConfig, local_ranks: int) -> str:
-    import torch
-
-    if cfg.backend != "auto":
-        return cfg.backend
-    enough_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks
-    return "nccl" if enough_gpus else "gloo"
+    """The default group's backend here: one per device with CUDA (flexdemo.devices decides)."""
+    try:
+        return backend_for(cfg.backend, visible_cuda_devices(), local_ranks)
+    except ValueError as err:  # nccl asked for on a machine without a GPU
+        raise ConfigError(str(err)) from None
 
 
 def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,

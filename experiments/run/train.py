@@ -42,7 +42,8 @@ def resolve(cfg: RunConfig, workload: Workload) -> RunConfig:
 
 
 def _device(cfg: RunConfig) -> torch.device:
-    if dist.get_backend() == "nccl":
+    # "nccl" or flexdemo.devices.MIXED ("cpu:gloo,cuda:nccl"): the model goes to this rank's GPU.
+    if "nccl" in str(dist.get_backend()):
         local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
@@ -102,10 +103,12 @@ def _evaluate(model: torch.nn.Module, workload: Workload, batches: list,
     total = sum(workload.loss(model, b).item() for b in batches) / len(batches)
     model.train()
     # Replicas may differ (DiLoCo, none): report the mean over ranks, on the unshaped world group.
-    # Divergence is agreed on here too, so that every rank stops at the same step.
-    val = torch.tensor([total], dtype=torch.float64)
+    # Divergence is agreed on here too, so that every rank stops at the same step. Both cross
+    # the default group on the device it has a backend for (CPU unless it is CUDA-only).
+    device = flexdemo.side_channel_device()
+    val = torch.tensor([total], dtype=torch.float64, device=device)
     dist.all_reduce(val)
-    bad = torch.tensor([first_bad_step], dtype=torch.float64)
+    bad = torch.tensor([first_bad_step], dtype=torch.float64, device=device)
     dist.all_reduce(bad, op=dist.ReduceOp.MIN)
     return val.item() / dist.get_world_size(), bad.item()
 

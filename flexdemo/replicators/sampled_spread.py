@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from .._checks import int_at_least
+from ..devices import side_channel_device
 from ..wire import CommStats, all_reduce_bytes
 from .base import Group
 
@@ -59,6 +60,8 @@ class SampledSpread:
         """
         x = self.values(params)
         buf = torch.cat([x, x.square().sum().reshape(1)])
+        # k + 1 numbers: moved (only when the group has no backend where they are) is cheap.
+        buf = buf.to(side_channel_device(group, buf.device))
         dist.all_reduce(buf, group=group)
         n = all_reduce_bytes(buf.numel() * buf.element_size(), replicas)
         stats.add(n, n, 1)
@@ -68,6 +71,7 @@ class SampledSpread:
         norm2 = replicas * mean.square().sum()
         pair = torch.stack([(buf[-1] - norm2).clamp(min=0.0), norm2])
         if node_group is not None and dist.get_world_size(node_group) > 1:
+            pair = pair.to(side_channel_device(node_group, pair.device))
             parts = [torch.empty_like(pair) for _ in range(dist.get_world_size(node_group))]
             dist.all_gather(parts, pair, group=node_group)
             # Summed in local-rank order on every rank: each node adds the same numbers in the
