@@ -1,0 +1,105 @@
+"""Run the timing-sensitive tests (`-m timing`) many times under busy-loop load; count failures.
+
+Two pure-Python busy processes (as `stress --cpu 2` would) keep a 2-core machine loaded while
+`python -m pytest -m timing` runs again and again. Each run's pass or fail is printed; a failing
+run's output is printed in full and kept in --keep, so the flake can be hunted. Expected: 0 failed.
+
+    PYTHONPATH=$PWD python benchmarks/stress_tests.py              # 20 runs, 2 busy processes
+    PYTHONPATH=$PWD python benchmarks/stress_tests.py --runs 5 --busy 4 -- -k shaping
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spin() -> None:
+    """A busy process: one core's worth of pure-Python work, until it is terminated."""
+    while True:
+        pass
+
+
+def start_load(count: int) -> list[mp.Process]:
+    """Start `count` busy processes (daemons, so they also end with this one)."""
+    procs = [mp.Process(target=_spin, daemon=True, name=f"busy-{i}") for i in range(count)]
+    for proc in procs:
+        proc.start()
+    return procs
+
+
+def stop_load(procs: list[mp.Process]) -> None:
+    """End the busy processes and reap them."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def one_run(extra: list[str], timeout_s: float) -> tuple[bool, str, float]:
+    """One pytest run of the timing tests: (passed, its output, seconds)."""
+    cmd = [sys.executable, "-m", "pytest", "-m", "timing", "-q", "-p", "no:cacheprovider", *extra]
+    start = time.monotonic()
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as err:
+        out = err.stdout or ""
+        if isinstance(out, bytes):  # TimeoutExpired may hold bytes even with text=True
+            out = out.decode(errors="replace")
+        return False, f"{out}\ntimed out after {timeout_s:g} s", time.monotonic() - start
+    return done.returncode == 0, done.stdout + done.stderr, time.monotonic() - start
+
+
+def _summary(output: str) -> str:
+    """pytest's last line ('3 passed in 12.3s'), or the output's last line."""
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    return lines[-1].strip("= ") if lines else "(no output)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, load the machine, run the tests, print the failure count; 1 if any."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--busy", type=int, default=2, help="busy-loop processes alongside")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per pytest run")
+    parser.add_argument("--keep", type=Path, default=Path(tempfile.gettempdir()) / "stress-tests",
+                        help="folder for the output of failing runs")
+    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    args = parser.parse_args(argv)
+    failed: list[int] = []
+    done = 0
+    load = start_load(args.busy)
+    try:
+        for index in range(1, args.runs + 1):
+            passed, output, seconds = one_run(args.pytest_args, args.timeout)
+            print(f"run {index}/{args.runs}: {'passed' if passed else 'FAILED'} "
+                  f"({_summary(output)}; {seconds:.0f} s)", flush=True)
+            if not passed:
+                failed.append(index)
+                args.keep.mkdir(parents=True, exist_ok=True)
+                log = args.keep / f"run{index}.log"
+                log.write_text(output)
+                print(f"--- output of run {index} (kept in {log}) ---\n{output}", flush=True)
+            done = index
+    except KeyboardInterrupt:
+        print(f"interrupted after {done} complete runs", flush=True)
+        return 130
+    finally:
+        stop_load(load)
+    print(f"timing tests: {done} runs under {args.busy} busy processes: {len(failed)} failed"
+          + (f" (runs {', '.join(map(str, failed))})" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
