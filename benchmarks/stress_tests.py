@@ -92,13 +92,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--- output of run {index} (kept in {log}) ---\n{output}", flush=True)
             done = index
     except KeyboardInterrupt:
-        print(f"interrupted after {done} complete runs", flush=True)
-        return 130
+        print(f"interrupted: counting the {done} complete runs", flush=True)
     finally:
         stop_load(load)
     print(f"timing tests: {done} runs under {args.busy} busy processes: {len(failed)} failed"
           + (f" (runs {', '.join(map(str, failed))})" if failed else ""))
-    return 1 if failed else 0
+    return 1 if failed or done < args.runs else 0
 
 
 if __name__ == "__main__":
