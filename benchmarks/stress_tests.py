@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,10 @@ def _summary(output: str) -> str:
     return lines[-1].strip("= ") if lines else "(no output)"
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, load the machine, run the tests, print the failure count; 1 if any."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -76,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder for the output of failing runs")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
+    # Ctrl-C, and a plain kill, end the busy processes too; a shell that starts this in the
+    # background ignores SIGINT for it, so the handler is put back explicitly.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     failed: list[int] = []
     done = 0
     load = start_load(args.busy)
