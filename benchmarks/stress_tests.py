@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _spin() -> None:
     """A busy process: one core's worth of pure-Python work, until it is terminated."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, inherited by fork
     while True:
         pass
 
@@ -48,17 +51,26 @@ def stop_load(procs: list[mp.Process]) -> None:
 
 
 def one_run(extra: list[str], timeout_s: float) -> tuple[bool, str, float]:
-    """One pytest run of the timing tests: (passed, its output, seconds)."""
+    """One pytest run of the timing tests: (passed, its output, seconds).
+
+    pytest runs in a session of its own, so that a timeout or an interrupt ends the ranks and
+    launchers its tests started as well (one kill of the whole process group).
+    """
     cmd = [sys.executable, "-m", "pytest", "-m", "timing", "-q", "-p", "no:cacheprovider", *extra]
     start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     try:
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as err:
-        out = err.stdout or ""
-        if isinstance(out, bytes):  # TimeoutExpired may hold bytes even with text=True
-            out = out.decode(errors="replace")
-        return False, f"{out}\ntimed out after {timeout_s:g} s", time.monotonic() - start
-    return done.returncode == 0, done.stdout + done.stderr, time.monotonic() - start
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return False, f"{output}\ntimed out after {timeout_s:g} s", time.monotonic() - start
+    except BaseException:  # Ctrl-C or a kill of this script: take the tests' processes along
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc.returncode == 0, output, time.monotonic() - start
 
 
 def _summary(output: str) -> str:
