@@ -39,17 +39,18 @@ NODES = 4
 WINDOWS = ((1, 50), (51, 100), (101, 200), (201, 300))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spread_rank(rank: int, graph: str, steps: int, port: int, out: str) -> None:
-    """One rank of a gossip run on ``graph`` that records Ada's measurement every round."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _join(rank: int, world: int, store: str) -> None:
+    """Join the gloo world through the file `store`: no TCPStore, which would listen on every
+    interface; gloo's sockets on the loopback interface (as runs and tests/dist_utils.py do)."""
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    os.environ["GLOO_SOCKET_IFNAME"] = names[0] if names else "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=NODES)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+
+
+def _spread_rank(rank: int, graph: str, steps: int, store: str, out: str) -> None:
+    """One rank of a gossip run on ``graph`` that records Ada's measurement every round."""
+    _join(rank, NODES, store)
     workload = make_workload("lm-tiny")
     torch.manual_seed(0)
     model = workload.model()
@@ -80,7 +81,8 @@ def spread(steps: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for graph in flexdemo.graph_ladder(NODES):
             out = f"{tmp}/{graph}.json"
-            mp.spawn(_spread_rank, args=(graph, steps, _free_port(), out), nprocs=NODES)
+            store = f"{tmp}/{graph}.store"
+            mp.spawn(_spread_rank, args=(graph, steps, store, out), nprocs=NODES)
             rows[graph] = json.loads(Path(out).read_text())
     print(f"relative consensus distance before mixing, median over steps (lm-tiny, {NODES} nodes)")
     print("graph".ljust(22) + "".join(f"{a}-{b}".rjust(12) for a, b in WINDOWS))

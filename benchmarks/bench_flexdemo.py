@@ -22,6 +22,7 @@ import io
 import os
 import socket
 import statistics
+import tempfile
 import time
 
 import torch
@@ -123,11 +124,18 @@ def _flexdemo(fmt: str):
     return make
 
 
-def _worker(rank: int, world: int, port: int, steps: int, warmup: int,
-            formats: tuple[str, ...]) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+def _join(rank: int, world: int, store: str) -> None:
+    """Join the gloo world through the file `store`: no TCPStore, which would listen on every
+    interface; gloo's sockets on the loopback interface (as runs and tests/dist_utils.py do)."""
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    os.environ["GLOO_SOCKET_IFNAME"] = names[0] if names else "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+
+
+def _worker(rank: int, world: int, store: str, steps: int, warmup: int,
+            formats: tuple[str, ...]) -> None:
+    _join(rank, world, store)
     solos = [dist.new_group([r]) for r in range(world)]  # reference: no sharding
     counter = _CallCounter()
     makers = [(f"flexdemo {fmt}", _flexdemo(fmt)) for fmt in formats]
@@ -221,10 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     bad = [f for f in formats if f not in VALUE_FORMATS]
     if bad:
         parser.error(f"--formats has {', '.join(bad)}; use {', '.join(VALUE_FORMATS)}.")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, args.steps, args.warmup, formats), nprocs=2, join=True)
+    with tempfile.TemporaryDirectory(prefix="bench-flexdemo-") as tmp:
+        mp.spawn(_worker, args=(2, os.path.join(tmp, "store"), args.steps, args.warmup, formats),
+                 nprocs=2, join=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ the modeled window).
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 import sys
@@ -57,9 +58,17 @@ def _time_op(group, nbytes: int, reps: int) -> tuple[float, float]:
     return statistics.median(times), min(times)
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _join(rank: int, world: int, store: str) -> None:
+    """Join the gloo world through the file `store`: no TCPStore, which would listen on every
+    interface; gloo's sockets on the loopback interface (as runs and tests/dist_utils.py do)."""
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    os.environ["GLOO_SOCKET_IFNAME"] = names[0] if names else "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+
+
+def _worker(rank: int, out: str) -> None:
+    _join(rank, 2, os.path.join(out, "store"))
     lines = []
     plain = dist.new_group([0, 1])
     for bandwidth, nbytes, reps in THROUGHPUT:
@@ -107,11 +116,8 @@ def _worker(rank: int, port: int, out: str) -> None:
 
 
 def main() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_worker, args=(port, out), nprocs=2, join=True)
+        mp.spawn(_worker, args=(out,), nprocs=2, join=True)
 
 
 if __name__ == "__main__":

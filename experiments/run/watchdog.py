@@ -70,13 +70,22 @@ class Watchdog:
         silent = [r for r in range(len(self.paths)) if now - self._changed[r] > self._limit(r)]
         if not silent:
             return
-        rank = min(silent, key=self._suspicion)
+        rank = self._culprit(silent)
         seen = self._seen[rank]
         where = "before its first step" if seen is None or seen[1] == 0 else f"after step {seen[1]}"
         raise RankStalled(
             f"rank {rank} made no progress for {self._limit(rank):g} s ({where}); the run was "
             f"stopped (raise --stall-timeout if its steps are really that slow)."
         )
+
+    def _culprit(self, silent: list[int]) -> int:
+        """The rank to name, given the ranks silent past their limit.
+
+        A peer that waits on a stopped rank can fall silent first (its last beat came a moment
+        before the stopped rank's), so a rank the OS reports stopped is a suspect either way.
+        """
+        stopped = [r for r, seen in enumerate(self._seen) if seen is not None and _stopped(seen[0])]
+        return min({*silent, *stopped}, key=self._suspicion)
 
     def _limit(self, rank: int) -> float:
         """How long `rank` may be silent: longer before its first step, which has to import,

@@ -226,6 +226,30 @@ def test_two_runs_into_one_folder_the_second_is_refused(tmp_path):
     assert not out.exists()
 
 
+def test_the_watchdog_names_a_stopped_rank_though_a_waiting_peer_fell_silent_first(
+        tmp_path, monkeypatch):
+    from experiments.run import watchdog
+
+    clock = [1000.0]
+    monkeypatch.setattr(watchdog.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(watchdog, "_stopped", lambda pid: pid == 222)  # rank 1 got SIGSTOP
+    paths = [tmp_path / f"progress-{r}" for r in range(2)]
+
+    def beat(rank: int, pid: int, step: int) -> None:
+        paths[rank].write_text(f"{pid} {step} {step + 1}\n")
+
+    dog = watchdog.Watchdog(paths, stall_s=10.0)
+    beat(0, 111, 2)
+    beat(1, 222, 2)
+    dog.check()
+    clock[0] += 0.5
+    beat(1, 222, 3)  # rank 1 finishes step 3, then stops; rank 0 waits on it in step 4
+    dog.check()
+    clock[0] = 1010.3  # rank 0 silent 10.3 s, rank 1 9.8 s: only the waiting peer is past 10 s
+    with pytest.raises(watchdog.RankStalled, match="rank 1 made no progress for 10 s"):
+        dog.check()
+
+
 def test_the_watchdog_allows_start_up_longer_than_a_step(tmp_path, monkeypatch):
     from experiments.run import watchdog
 

@@ -150,6 +150,7 @@ def _progress(out: Path, world: int, deadline_s: float) -> dict[int, tuple[int, 
 
 
 @pytest.mark.dist
+@pytest.mark.timing
 def test_stalled_rank_ends_the_run_with_one_sentence(tmp_path):
     out = tmp_path / "run"
     stall_s = 15.0  # well above any step or start-up on a loaded 2-core machine
@@ -159,16 +160,17 @@ def test_stalled_rank_ends_the_run_with_one_sentence(tmp_path):
     try:
         ranks = _progress(out, 4, deadline_s=120)
         os.kill(ranks[1][0], signal.SIGSTOP)
-        stopped = time.monotonic()
-        _, err = proc.communicate(timeout=stall_s + 60)
-        elapsed = time.monotonic() - stopped
+        # Only a guard against a watchdog that never fires: how soon it fires after the limit
+        # is up to the machine's load, so the test reads the limit the watchdog applied instead.
+        _, err = proc.communicate(timeout=stall_s + 120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "rank 1 made no progress" in lines[0], err
-    assert elapsed < stall_s + 45
+    # The stall timeout, not the start-up allowance (300 s), was applied: rank 1 had made steps.
+    assert f"for {stall_s:g} s (after step " in lines[0], err
     assert list(tmp_path.iterdir()) == []  # nothing at --out, no working folder left
 
 

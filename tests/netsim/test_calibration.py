@@ -143,6 +143,7 @@ def _calibrate(tmp_path: Path, shaping: str) -> Calibration:
 
 
 @pytest.mark.dist
+@pytest.mark.timing
 def test_calibrate_wall(tmp_path):
     cal = _calibrate(tmp_path, "wall")
     # netsim's shaper holds each op to at least its modeled time: never faster than the rate.
@@ -152,6 +153,7 @@ def test_calibrate_wall(tmp_path):
 @pytest.mark.skipif(kernel.unavailable_reason() is not None,
                     reason=f"kernel shaping unavailable: {kernel.unavailable_reason()}")
 @pytest.mark.dist
+@pytest.mark.timing
 def test_calibrate_kernel(tmp_path):
     _calibrate(tmp_path, "kernel")
     assert not [n for n in kernel.our_namespaces() if int(n.split("-")[1]) == os.getpid()]

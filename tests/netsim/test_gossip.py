@@ -263,6 +263,7 @@ def _late_sender_and_shared_nic(rank: int, world: int, out: str) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.timing
 @pytest.mark.timeout(120)
 def test_shaped_messages_share_the_nic_and_wait_for_a_late_sender(tmp_path):
     run_ranks(_late_sender_and_shared_nic, 3, str(tmp_path))
@@ -312,6 +313,7 @@ def _wall_gossip(rank: int, world: int, out: str) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.timing
 @pytest.mark.timeout(180)
 def test_wall_shaped_gossip_on_4_nodes_matches_the_model(tmp_path):
     run_ranks(_wall_gossip, 4, str(tmp_path))

@@ -20,6 +20,7 @@ import pytest
 from netsim import kernel
 from netsim.kernel_probe import measure_goodput
 from netsim.units import parse_bandwidth
+from tests.timing import assert_link_goodput
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
@@ -51,13 +52,14 @@ def _nothing_written(out: Path) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.timing
 @needs_kernel
 @pytest.mark.timeout(180)
 def test_two_namespaces_at_20mbit_move_a_known_payload_at_20mbit():
     rate = parse_bandwidth("20Mbit")
     result = measure_goodput(rate, payload=4 << 20, repeats=5, nodes=2, timeout_s=150)
     # What TCP/IP framing, ACKs and gloo leave of the link (95-100% at MTU 9000 here).
-    assert 0.85 <= result["goodput_ratio"] <= 1.15, result
+    assert_link_goodput(result)
     # Both directions of both links carried the payload: the shaping sits on both veth ends.
     for name, sent in result["qdisc_sent_bytes"].items():
         assert sent >= 5 * result["wire_bytes_each_way"], (name, result)
