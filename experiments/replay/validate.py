@@ -15,6 +15,12 @@ records on FROM and predicts and measures TO (default 2x2:4x1 2x1:2x2 2x2:3x1), 
 re-sharding payloads for TO's ranks per node; where either shape has more ranks than cores,
 compute is scaled by the host-contention rule (`host_contention`), printed with the table.
 
+Every point is also replayed from the shaped run's own trace on its own network: its compute as
+measured, the links as modeled (`network_error_pct`, the network model alone). On this VM the
+compute of the same run drifted by up to 25% within minutes, more than any network effect at
+fast links, so the same-shape check is judged on that by default (`--compute-from run`) and
+`--extrapolate` on the recordings' prediction (`--compute-from recordings`); both are shown.
+
 Links are priced by this machine's calibration for the shaping mode (`--calibration FILE`, or
 found or made by `experiments.replay.calibrate.machine_calibration`; `--calibration none`: the
 configured rates). Exit 1 when a point is outside the bound.
