@@ -239,7 +239,7 @@ def _point_row(cfg: RunConfig, source: Shape, measured: float, predictions: list
         "measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3,
         "predicted_lo_ms": predictions[0] * 1e3, "predicted_hi_ms": predictions[-1] * 1e3,
         "error_pct": 100.0 * (predicted / measured - 1.0),
-        "own_compute_ms": own * 1e3, "network_error_pct": 100.0 * (own / measured - 1.0),
+        "with_own_compute_ms": own * 1e3, "network_error_pct": 100.0 * (own / measured - 1.0),
     }
 
 
@@ -401,7 +401,7 @@ def _print_table(result: Validation) -> None:
         predicted_ms=table["predicted_ms"].map("{:.1f}".format),
         predicted_lo_ms=spread,
         error_pct=table["error_pct"].map("{:+.1f}%".format),
-        own_compute_ms=table["own_compute_ms"].map("{:.1f}".format),
+        with_own_compute_ms=table["with_own_compute_ms"].map("{:.1f}".format),
         network_error_pct=table["network_error_pct"].map("{:+.1f}%".format),
     ).drop(columns=["predicted_hi_ms"]).rename(columns={"predicted_lo_ms": "recordings_ms"})
     shown = shown.set_index("method")
