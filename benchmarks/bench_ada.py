@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -28,6 +26,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _gloo import join_gloo
 
 import flexdemo
 from experiments.config import RunConfig, shared_for
@@ -39,18 +38,9 @@ NODES = 4
 WINDOWS = ((1, 50), (51, 100), (101, 200), (201, 300))
 
 
-def _join(rank: int, world: int, store: str) -> None:
-    """Join the gloo world through the file `store`: no TCPStore, which would listen on every
-    interface; gloo's sockets on the loopback interface (as runs and tests/dist_utils.py do)."""
-    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
-    os.environ["GLOO_SOCKET_IFNAME"] = names[0] if names else "lo"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-
-
 def _spread_rank(rank: int, graph: str, steps: int, store: str, out: str) -> None:
     """One rank of a gossip run on ``graph`` that records Ada's measurement every round."""
-    _join(rank, NODES, store)
+    join_gloo(rank, NODES, store)
     workload = make_workload("lm-tiny")
     torch.manual_seed(0)
     model = workload.model()

@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import io
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -28,6 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _gloo import join_gloo
 from torch import nn
 
 from flexdemo import VALUE_FORMATS, BlockLayout, DeMoReplicator, FlexDeMo, all_reduce_bytes
@@ -124,18 +124,9 @@ def _flexdemo(fmt: str):
     return make
 
 
-def _join(rank: int, world: int, store: str) -> None:
-    """Join the gloo world through the file `store`: no TCPStore, which would listen on every
-    interface; gloo's sockets on the loopback interface (as runs and tests/dist_utils.py do)."""
-    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
-    os.environ["GLOO_SOCKET_IFNAME"] = names[0] if names else "lo"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-
-
 def _worker(rank: int, world: int, store: str, steps: int, warmup: int,
             formats: tuple[str, ...]) -> None:
-    _join(rank, world, store)
+    join_gloo(rank, world, store)
     solos = [dist.new_group([r]) for r in range(world)]  # reference: no sharding
     counter = _CallCounter()
     makers = [(f"flexdemo {fmt}", _flexdemo(fmt)) for fmt in formats]

@@ -12,7 +12,6 @@ the modeled window).
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _gloo import join_gloo
 
 from netsim import (
     Topology,
@@ -58,17 +58,8 @@ def _time_op(group, nbytes: int, reps: int) -> tuple[float, float]:
     return statistics.median(times), min(times)
 
 
-def _join(rank: int, world: int, store: str) -> None:
-    """Join the gloo world through the file `store`: no TCPStore, which would listen on every
-    interface; gloo's sockets on the loopback interface (as runs and tests/dist_utils.py do)."""
-    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
-    os.environ["GLOO_SOCKET_IFNAME"] = names[0] if names else "lo"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-
-
 def _worker(rank: int, out: str) -> None:
-    _join(rank, 2, os.path.join(out, "store"))
+    join_gloo(rank, 2, os.path.join(out, "store"))
     lines = []
     plain = dist.new_group([0, 1])
     for bandwidth, nbytes, reps in THROUGHPUT:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 
-__all__ = ["pid_alive"]
+__all__ = ["pid_alive", "loopback_interface"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -16,3 +17,9 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def loopback_interface() -> str:
+    """The loopback interface name (lo on Linux, lo0 on macOS), for GLOO_SOCKET_IFNAME."""
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    return names[0] if names else "lo"

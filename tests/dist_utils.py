@@ -7,7 +7,6 @@ listen on every interface; gloo's own sockets stay on the loopback interface.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,11 +15,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from netsim.processes import loopback_interface
+
 
 def init_loopback(rank: int, world: int, store: str) -> None:
     """Join a gloo world of `world` ranks through the file `store`, sockets on loopback only."""
-    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
-    os.environ["GLOO_SOCKET_IFNAME"] = names[0] if names else "lo"
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
     # Each rank gets one thread so a 4-rank world does not oversubscribe a 2-core machine.
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)

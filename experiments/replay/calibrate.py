@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from netsim import parse_bandwidth
 from netsim.calibration import Calibration, Sample, fit_calibration, load_calibration
 from netsim.costs import collective_volume
 from netsim.kernel import KernelNetwork, TcSettings, stop
+from netsim.processes import loopback_interface
 
 __all__ = ["calibrate", "configure", "main", "DEFAULT_RATES", "DEFAULT_PAYLOADS", "OPS",
            "this_machine", "machine_calibration", "cache_path"]
@@ -135,16 +135,10 @@ def _measure(shaping: str, rate_bps: float, plan: list[tuple[str, int]], repeats
             spec["init_method"] = f"file://{Path(work) / 'store'}"
             argv = command + [json.dumps(spec)]
             out = _run_ranks(lambda k: subprocess.Popen(
-                argv, env={**base_env, "RANK": str(k), "GLOO_SOCKET_IFNAME": _loopback()},
+                argv, env={**base_env, "RANK": str(k), "GLOO_SOCKET_IFNAME": loopback_interface()},
                 start_new_session=True, **pipes))
     timings = json.loads(out.strip().splitlines()[-1])["times_s"]
     return [statistics.median(times) for times in timings]
-
-
-def _loopback() -> str:
-    """The loopback interface's name (gloo binds there, so nothing listens beyond it)."""
-    names = [name for _, name in socket.if_nameindex()]
-    return "lo" if "lo" in names else names[0]
 
 
 def calibrate(shaping: str, rates: list[str], payloads: list[int], repeats: int = 5,

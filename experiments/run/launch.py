@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -40,6 +39,7 @@ from experiments.run.rank import (
 )
 from experiments.run.watchdog import RankStalled, Watchdog
 from flexdemo.devices import backend_for, visible_cuda_devices
+from netsim.processes import loopback_interface
 
 __all__ = ["check_timeout", "launch", "RunFailed"]
 
@@ -136,12 +136,6 @@ def _assemble(folder: RunFolder, results: list) -> Path:
                         f"{str(folder.work)!r}.") from None
 
 
-def _loopback_interface() -> str:
-    """This machine's loopback interface name (lo on Linux, lo0 on macOS)."""
-    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
-    return names[0] if names else "lo"
-
-
 def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: bool,
                   launcher_pid: int) -> None:
     import torch.distributed as dist
@@ -151,7 +145,7 @@ def _spawned_rank(rank: int, cfg_dict: dict, backend: str, work: str, quiet: boo
     cfg = RunConfig.from_dict(cfg_dict)
     folder = RunFolder(work, work)
     # Every rank is on this machine: gloo's and nccl's sockets listen on loopback only.
-    loopback = _loopback_interface()
+    loopback = loopback_interface()
     os.environ["GLOO_SOCKET_IFNAME"] = loopback  # forced: an inherited interface could be public
     os.environ["NCCL_SOCKET_IFNAME"] = loopback
     run_one_rank(rank, cfg, backend, folder, quiet,
