@@ -4,6 +4,7 @@
     flexbench simulate runs/x --inter-bw 1Gbit --inter-lat 20ms --out sim.csv
     flexbench calibrate --shaping wall --out calibration.json
     flexbench validate-sim --calibration calibration.json
+    flexbench profile-compute --workload lm-small --method flexdemo --out profile.json
     flexbench sweep experiments/configs/quick.toml
     flexbench report results/quick
     flexbench check-comm
@@ -25,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "replay a run's communication trace on another network"),
     "validate-sim": ("experiments.replay.validate", "compare the cost model with shaped real runs"),
     "calibrate": ("experiments.replay.calibrate", "fit the model's goodput and per-message cost"),
+    "profile-compute": ("experiments.replay.compute_profile",
+                        "time a step's compute phases on this machine's device, for simulate"),
     "sweep": ("experiments.sweep", "methods x networks x seeds: time-to-target-loss"),
     "report": ("experiments.report", "figures and tables from a sweep's results"),
     "check-comm": ("experiments.check_comm", "fail when a method sends more bytes"),

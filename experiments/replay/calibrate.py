@@ -39,7 +39,7 @@ from netsim.kernel import KernelNetwork, TcSettings, stop
 from netsim.processes import loopback_interface
 
 __all__ = ["calibrate", "configure", "main", "DEFAULT_RATES", "DEFAULT_PAYLOADS", "OPS",
-           "this_machine", "machine_calibration", "cache_path"]
+           "this_machine", "cpu_model", "machine_calibration", "cache_path"]
 
 DEFAULT_RATES = ("20Mbit", "100Mbit")
 DEFAULT_PAYLOADS = (32 << 10, 256 << 10, 2 << 20)
@@ -164,6 +164,12 @@ def this_machine() -> str:
     A calibration prices links by what this machine's CPUs and kernel make of them, so one made
     elsewhere (or before a kernel upgrade) is not taken as this machine's.
     """
+    return (f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, {cpu_model()}, "
+            f"{platform.system()} {platform.release()}")
+
+
+def cpu_model() -> str:
+    """This machine's CPU model, as /proc/cpuinfo names it."""
     model = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as info:
@@ -171,8 +177,7 @@ def this_machine() -> str:
                           if line.startswith("model name")), model)
     except OSError:
         pass
-    return (f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, {model}, "
-            f"{platform.system()} {platform.release()}")
+    return model
 
 
 def cache_path(shaping: str) -> Path:

@@ -20,12 +20,14 @@ and Ada replays at a node count no recording has give no time to target.
         --inter-bw 10Gbit --out f.csv
 
 Another --gpus-per-node re-shards the run's payloads (experiments.replay.reshard); declared
-compute (--compute-scale, --step-compute) prices the intra-node collectives on an NVLink-class
-link unless told otherwise (--intra, --intra-bw, --intra-lat); the output then says per part
-(compute, intra-node, inter-node) what was measured and what modeled. `--overlap fsdp2`
-(the default with declared compute, when the recording marks FSDP2's units) replays each unit's
-gradient reduce alongside the next unit's backward, as a GPU's communication streams run it;
-`--overlap recorded` keeps the trace's order (serial on CPU gloo).
+compute (--compute-scale, --step-compute, or a GPU's --compute-profile from `flexbench
+profile-compute`, which sets each step phase's compute to its measured seconds) prices the
+intra-node collectives on an NVLink-class link unless told otherwise (--intra, --intra-bw,
+--intra-lat); the output then says per part (compute, intra-node, inter-node) what was measured
+and what modeled. `--overlap fsdp2` (the default with declared compute, when the recording marks
+FSDP2's units) replays each unit's gradient reduce alongside the next unit's backward, as a
+GPU's communication streams run it; `--overlap recorded` keeps the trace's order (serial on CPU
+gloo).
 
 Gossip runs (method gossip, or ada, whose graph steps.parquet records per step) are replayed on
 their communication graph rebuilt at the target node count: each node exchanges with its
@@ -50,6 +52,7 @@ import pandas as pd
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
+from experiments.replay.compute_profile import ComputeProfile, load_profile
 from experiments.replay.loss_curve import (
     LOSS_SCALING_CHOICES,
     LossCurve,
@@ -64,7 +67,7 @@ from flexdemo.graphs import degree_of, graph_problem, period
 from flexdemo.methods import RECORDS
 from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
-from netsim.model import Replay, algorithm_summary, has_unit_marks, simulate
+from netsim.model import Replay, algorithm_summary, has_backward_marks, has_unit_marks, simulate
 from netsim.model.programs import OVERLAPS
 
 log = logging.getLogger(__name__)
@@ -188,6 +191,7 @@ def simulate_run(
     calibration: Calibration | None = None,
     overlap: str = "recorded",
     progress: bool = False,
+    phase_seconds: tuple[float, float] | None = None,
     **network: Any,
 ) -> Replay:
     """A recorded run replayed on another network: its Replay, frame [step, step_time_s, time_s].
@@ -207,6 +211,8 @@ def simulate_run(
     replays FSDP2's per-unit reduce alongside the next unit's backward (netsim.model.simulate);
     a recording without FSDP2 backward marks refuses it with a ConfigError. `progress` shows
     netsim's progress bar over the simulated steps (a long replay on a terminal).
+    `phase_seconds` (a ComputeProfile's) sets each step phase's compute (netsim.model.simulate);
+    a recording without "backward" marks refuses it with a ConfigError.
     """
     run = run if isinstance(run, RecordedRun) else read_run(run)
     target = run.config.replace(**{k: v for k, v in network.items() if v is not None})
@@ -220,6 +226,10 @@ def simulate_run(
     if overlap == "fsdp2" and not has_unit_marks(run.trace):
         raise ConfigError(f"--overlap fsdp2 needs FSDP2 backward marks, and {str(run.path)!r} "
                           f"has none ({_no_marks_reason(run)}); use --overlap recorded.")
+    if phase_seconds is not None and not has_backward_marks(run.trace):
+        raise ConfigError(f"a compute profile replaces each step phase's compute, and "
+                          f"{str(run.path)!r} has no backward marks to split its steps at "
+                          "(recorded before runs marked them); record it again.")
     topology = target.topology()
     if calibration is not None:
         topology = calibration.topology(topology)
@@ -229,6 +239,7 @@ def simulate_run(
         trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
         algorithm=algorithm, degrees=degrees,
         payloads=_payload_clause(run, rules), overlap=overlap, progress=progress,
+        phase_seconds=phase_seconds,
     )  # fmt: skip
     note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
     return dataclasses.replace(
@@ -282,6 +293,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="multiply recorded compute time (0.05: accelerators 20x faster)")
     speed.add_argument("--step-compute", type=float, default=None, metavar="SECONDS",
                        help="compute time per step on the target accelerators")
+    speed.add_argument("--compute-profile", default=None, metavar="FILE",
+                       help="per-phase compute measured by `flexbench profile-compute` on the "
+                       "target's device (same workload, method and batch): forward+backward and "
+                       "optimizer each scaled to it; a GPU profile declares GPU-class hardware "
+                       "(intra-node links modeled, overlap fsdp2 by default)")
     parser.add_argument("--intra", choices=("recorded", "model"), default=None,
                         help="intra-node collectives: recorded durations, or priced on the "
                         "intra link (default: model when --compute-scale or --step-compute "
@@ -330,24 +346,28 @@ def main(args: argparse.Namespace) -> int:
     out = _check_arguments(args)
     rule = parse_loss_scaling(args.loss_scaling)
     calibration = load_calibration(args.calibration) if args.calibration else None
+    profile = load_profile(args.compute_profile) if args.compute_profile else None
     run = read_run(args.run_dir)
+    if profile is not None:
+        profile.check_fits(run.config, args.compute_profile)
     curve = _loss_curve(args, run, rule)
     sidecar = check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar",
                                 reads=[args.run_dir, *(args.loss_from or ())]) \
         if curve.stated else None
     scale = _compute_scale(args, run.steps)
-    intra = _intra_mode(args)
-    overlap = _overlap_mode(args, run)
+    intra = _intra_mode(args, profile)
+    overlap = _overlap_mode(args, run, profile)
     replay = simulate_run(
         run, inter_bw=args.inter_bw, inter_lat=args.inter_lat, nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, node_links=args.node_link,
         steps=args.steps if args.steps is not None else curve.steps_needed(),
         compute_scale=scale, intra=intra, algorithm=args.algorithm, calibration=calibration,
         intra_bw=args.intra_bw, intra_lat=args.intra_lat, overlap=overlap, progress=True,
+        phase_seconds=profile.phase_seconds if profile else None,
     )  # fmt: skip
     write_atomic(out, replay.frame.to_csv(index=False))
     _print_replay(args, run, replay, out, calibration)
-    for line in _basis_lines(args, run, replay, intra, scale):
+    for line in _basis_lines(args, run, replay, intra, scale, profile):
         print(f"  {line}")
     if scale != 1.0:
         log.info("compute scaled by %.4g relative to the recording machine", scale)
@@ -385,12 +405,13 @@ def _check_arguments(args: argparse.Namespace) -> Path:
     return out
 
 
-def _declares_hardware(args: argparse.Namespace) -> bool:
-    """Whether the flags declare compute other than the recorded CPU's."""
-    return args.compute_scale is not None or args.step_compute is not None
+def _declares_hardware(args: argparse.Namespace, profile: ComputeProfile | None = None) -> bool:
+    """Whether the flags declare compute other than the recorded CPU's (a GPU's profile does)."""
+    return (args.compute_scale is not None or args.step_compute is not None
+            or (profile is not None and profile.gpu_class))
 
 
-def _intra_mode(args: argparse.Namespace) -> str:
+def _intra_mode(args: argparse.Namespace, profile: ComputeProfile | None = None) -> str:
     """--intra, or its default: modeled links when the compute is not the recorded CPU's (its
     intra-node traffic, CPU gloo loopback, would otherwise dominate a GPU-class step)."""
     link_given = args.intra_bw is not None or args.intra_lat is not None
@@ -400,25 +421,28 @@ def _intra_mode(args: argparse.Namespace) -> str:
                           "--intra recorded (drop one of them).")
     if args.intra is not None:
         return args.intra
-    return "model" if _declares_hardware(args) or link_given else "recorded"
+    return "model" if _declares_hardware(args, profile) or link_given else "recorded"
 
 
-def _overlap_mode(args: argparse.Namespace, run: RecordedRun) -> str:
+def _overlap_mode(args: argparse.Namespace, run: RecordedRun,
+                  profile: ComputeProfile | None = None) -> str:
     """--overlap, or its default: fsdp2 when GPU-class compute is declared and the recording
     marks where FSDP2 units' backward ends; recorded otherwise (the basis lines say why)."""
     if args.overlap is not None:
         return args.overlap
-    return "fsdp2" if _declares_hardware(args) and has_unit_marks(run.trace) else "recorded"
+    gpu = _declares_hardware(args, profile)
+    return "fsdp2" if gpu and has_unit_marks(run.trace) else "recorded"
 
 
-def _overlap_line(args: argparse.Namespace, run: RecordedRun, overlap: str) -> str:
+def _overlap_line(args: argparse.Namespace, run: RecordedRun, overlap: str,
+                  declared: bool) -> str:
     """The basis line naming the overlap mode replayed, and why where it is the default."""
     if overlap == "fsdp2":
         return ("overlap: fsdp2 (modeled): each FSDP2 unit's gradient reduce starts when its "
                 "backward ends and runs alongside the next unit's backward, as on a GPU's "
                 "communication streams; the optimizer step waits for it; the method's own "
                 "exchanges as recorded")
-    if args.overlap is None and _declares_hardware(args):
+    if args.overlap is None and declared:
         return ("overlap: recorded (serial, as on the recording's CPU gloo), not the GPU-class "
                 f"default fsdp2: {str(run.path)!r} has no FSDP2 backward marks "
                 f"({_no_marks_reason(run)})")
@@ -428,26 +452,40 @@ def _overlap_line(args: argparse.Namespace, run: RecordedRun, overlap: str) -> s
 def _shows_basis(args: argparse.Namespace, replay: Replay, intra: str) -> bool:
     """Whether any part of the replay is other than as recorded (then each part is named)."""
     return (_declares_hardware(args) or intra == "model" or bool(replay.payload_rules)
-            or replay.overlap == "fsdp2")
+            or replay.overlap == "fsdp2" or replay.phases is not None)
+
+
+def _profile_lines(profile: ComputeProfile, replay: Replay) -> list[str]:
+    """The compute line of a profiled replay: each phase recorded, profiled, and the caveats."""
+    recorded, scales = replay.phases.recorded_s, replay.phases.scales()
+    line = (f"compute: {profile.describe()}; the recording's {recorded[0] * 1e3:.4g} ms + "
+            f"{recorded[1] * 1e3:.4g} ms per step outside its collectives scaled x{scales[0]:.4g} "
+            f"and x{scales[1]:.4g}")
+    topology = replay.topology
+    caveats = profile.caveats(topology.nodes, topology.accelerators_per_node)
+    return [line, *(f"  {caveat}" for caveat in caveats)]
+
+
+def _compute_line(args: argparse.Namespace, run: RecordedRun, scale: float) -> str:
+    """The basis line of declared or recorded compute (a profile's is `_profile_lines`)."""
+    recorded = float(run.steps["compute_s"].median())
+    if args.step_compute is not None:
+        return (f"compute: declared: {args.step_compute:.4g} s per step, x{scale:.4g} of the "
+                f"recording's CPU ({recorded:.4g} s per step outside inter-node calls)")
+    if args.compute_scale is not None:
+        return (f"compute: declared: x{scale:.4g} of the recording's CPU ({recorded:.4g} s per "
+                "step outside inter-node calls)")
+    return (f"compute: measured on the recording's CPU ({recorded:.4g} s per step outside "
+            "inter-node calls)")
 
 
 def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, intra: str,
-                 scale: float) -> list[str]:
+                 scale: float, profile: ComputeProfile | None = None) -> list[str]:
     """A line per part (compute, intra-node, inter-node, overlap): measured or modeled, on what.
 
     Empty for a replay that takes compute, intra-node traffic, payloads and order as recorded."""
     if not _shows_basis(args, replay, intra):
         return []
-    recorded = float(run.steps["compute_s"].median())
-    if args.step_compute is not None:
-        compute = (f"declared: {args.step_compute:.4g} s per step, x{scale:.4g} of the "
-                   f"recording's CPU ({recorded:.4g} s per step outside inter-node calls)")
-    elif args.compute_scale is not None:
-        compute = (f"declared: x{scale:.4g} of the recording's CPU ({recorded:.4g} s per step "
-                   "outside inter-node calls)")
-    else:
-        compute = (f"measured on the recording's CPU ({recorded:.4g} s per step outside "
-                   "inter-node calls)")
     intra_link = replay.topology.intra
     if replay.topology.accelerators_per_node == 1:
         intra_line = "none (one rank per node: its intra-node collectives are groups of one)"
@@ -467,10 +505,11 @@ def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, int
     if replay.payload_rules:
         verb = "re-sharded to" if run.config.record.shards else "as recorded at"
         payloads = f"payloads {verb} {replay.topology.accelerators_per_node} ranks per node (below)"
-    lines = [f"compute: {compute}", f"intra-node: {intra_line}",
-             f"inter-node: modeled on the {args.inter_bw}, {args.inter_lat} links; {payloads}"]
+    lines = _profile_lines(profile, replay) if profile else [_compute_line(args, run, scale)]
+    lines += [f"intra-node: {intra_line}",
+              f"inter-node: modeled on the {args.inter_bw}, {args.inter_lat} links; {payloads}"]
     lines += [f"  {rule}" for rule in replay.payload_rules]
-    return lines + [_overlap_line(args, run, replay.overlap)]
+    return lines + [_overlap_line(args, run, replay.overlap, _declares_hardware(args, profile))]
 
 
 def _compute_scale(args: argparse.Namespace, steps: pd.DataFrame) -> float:

@@ -30,6 +30,10 @@ Assumptions (also returned in the result's `Replay.note`):
   have all arrived and then take their closed-form time (or, with intra="recorded", the time
   their last-arriving member recorded, which holds no wait for peers).
 
+Per-phase compute (`simulate(phase_seconds=...)`): the "backward" mark splits each step's
+compute into forward+backward and optimizer; given seconds per step for each (a compute profile
+measured on the target's accelerator), each phase is scaled to them (`Replay.phases`).
+
 FSDP2 overlap (`simulate(overlap="fsdp2")`, OVERLAP_NOTE): runs mark where each FSDP2 unit's
 backward ends; each unit's gradient reduce-scatter and all-reduce then run on per-rank streams
 alongside the next unit's backward, and the optimizer step waits for them all. "recorded" (the
@@ -44,12 +48,16 @@ from netsim.model.replay import (
     OVERLAP_NOTE,
     P2P_NOTE,
     AlgorithmChoice,
+    PhaseCompute,
     Replay,
     algorithm_summary,
+    compute_phases,
+    has_backward_marks,
     has_unit_marks,
     simulate,
 )
 from netsim.model.shared_link import SharedLink
 
 __all__ = ["SharedLink", "simulate", "Replay", "AlgorithmChoice", "algorithm_summary",
-           "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "has_unit_marks"]
+           "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "has_unit_marks", "has_backward_marks",
+           "PhaseCompute", "compute_phases"]

@@ -28,9 +28,12 @@ from netsim.topology import Topology, ring_nic_share
 from netsim.trace import BACKWARD
 
 __all__ = ["OpSpec", "Compute", "Issue", "Wait", "Item", "Programs", "build_programs",
-           "OVERLAPS", "STREAMED_OPS"]
+           "OVERLAPS", "STREAMED_OPS", "PHASES", "FORWARD_BACKWARD", "OPTIMIZER", "phase_compute"]
 
 OVERLAPS = ("recorded", "fsdp2")
+# A step's compute phases, split at the "backward" mark: Compute.phase indexes this tuple.
+PHASES = ("forward_backward", "optimizer")
+FORWARD_BACKWARD, OPTIMIZER = 0, 1
 # FSDP2's gradient reduction of one unit: reduce-scatter inside the node, then (HSDP) all-reduce.
 STREAMED_OPS = ("reduce_scatter", "all_reduce")
 
@@ -56,9 +59,10 @@ class OpSpec:
 
 
 class Compute(NamedTuple):
-    """Compute between collectives, in recorded seconds."""
+    """Compute between collectives, in recorded seconds, in phase FORWARD_BACKWARD or OPTIMIZER."""
 
     seconds: float
+    phase: int = 0
 
 
 class Issue(NamedTuple):
@@ -192,11 +196,11 @@ def _step_span(cols: dict[str, list], i: int, j: int) -> tuple[float, float] | N
 
 def _points(
     cols: dict[str, list], i: int, j: int, span: tuple[float, float] | None, catalog: _SpecCatalog,
-    overlap: bool = False,
 ) -> list[_Point]:
     """Issue and wait moments of the block's collectives inside the step span, in time order.
 
-    With `overlap`, the "backward" marks are points too (is_wait 2: join the streamed ops).
+    The "backward" marks are points too (is_wait 2): the optimizer phase starts there, and with
+    overlap "fsdp2" the streamed ops are joined there.
     """
     kinds, starts, ends, waits, groups = (
         cols["kind"], cols["start_s"], cols["end_s"], cols["wait_s"], cols["group"]
@@ -204,7 +208,7 @@ def _points(
     ops, algorithms, sizes, inters = cols["op"], cols["algorithm"], cols["bytes"], cols["inter"]
     points: list[_Point] = []
     for r in range(i, j):
-        if overlap and kinds[r] == "mark" and ops[r] == BACKWARD:
+        if kinds[r] == "mark" and ops[r] == BACKWARD:
             points.append((starts[r], 2, r, -1, starts[r]))
         if kinds[r] != "collective":
             continue
@@ -264,17 +268,19 @@ def _program(
     """A block's points as a program: compute fills the gaps in which the rank was not blocked.
 
     A streamed op's recorded wait adds no Wait (its blocked time is not compute either); the
-    backward mark (is_wait 2) waits for the streamed ops instead.
+    backward mark (is_wait 2) waits for the streamed ops instead, and starts the optimizer phase.
     """
     streams = streams or _Streams(None)
     program: list[Item] = []
     cursor, finish = span
+    phase = FORWARD_BACKWARD
     for time, is_wait, row, spec, end in points:
         if time > cursor:
-            program.append(Compute(time - cursor))
+            program.append(Compute(time - cursor, phase))
             cursor = time
         if is_wait == 2:
             program.extend(streams.join())
+            phase = OPTIMIZER
         elif is_wait:
             if not streams.streamed(row):
                 program.append(Wait(row))
@@ -284,7 +290,7 @@ def _program(
         else:
             program.append(Issue(row, spec, own[occurrence[row]]))
     if finish > cursor:
-        program.append(Compute(finish - cursor))
+        program.append(Compute(finish - cursor, phase))
     return program
 
 
@@ -334,8 +340,27 @@ def build_programs(df: pd.DataFrame, recorded: Topology, overlap: str = "recorde
         rank, step = cols["rank"][i], cols["step"][i]
         span = _step_span(cols, i, j)
         fsdp2 = overlap == "fsdp2"
-        points = _points(cols, i, j, span, catalog, fsdp2)
+        points = _points(cols, i, j, span, catalog)
         program = _program(points, span or _fallback_span(cols, i, j), own, occurrence,
                            _Streams(cols if fsdp2 else None))
         per_rank[(recorded.local_of(rank), step_index[step], recorded.node_of(rank))] = program
     return Programs(_merge_nodes(per_rank), catalog.specs, len(steps), [int(s) for s in steps])
+
+
+def phase_compute(programs: Programs) -> tuple[float, float]:
+    """Median seconds per step of compute in each phase (PHASES order), of the busiest position.
+
+    The compute a replay scales: the gaps in which a rank was not blocked on a collective.
+    """
+    per_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for (_, s), program in programs.by_slot.items():
+        split = [0.0, 0.0]
+        for item in program:
+            if type(item) is Compute:
+                split[item.phase] += item.seconds
+        per_step[s].append((split[0], split[1]))
+    if not per_step:
+        return 0.0, 0.0
+    busiest = [max(rows, key=sum) for rows in per_step.values()]
+    return (float(pd.Series([b[0] for b in busiest]).median()),
+            float(pd.Series([b[1] for b in busiest]).median()))

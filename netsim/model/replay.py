@@ -15,12 +15,12 @@ from tqdm import tqdm
 
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model.cluster import Cluster, Degrees
-from netsim.model.programs import OVERLAPS, build_programs
+from netsim.model.programs import OVERLAPS, PHASES, Compute, Programs, build_programs, phase_compute
 from netsim.topology import Topology
-from netsim.trace import TRAIN, UNIT_BACKWARD, load_trace, validate_trace
+from netsim.trace import BACKWARD, TRAIN, UNIT_BACKWARD, load_trace, validate_trace
 
 __all__ = ["simulate", "Replay", "AlgorithmChoice", "algorithm_summary", "MODEL_NOTE", "P2P_NOTE",
-           "OVERLAP_NOTE", "has_unit_marks"]
+           "OVERLAP_NOTE", "has_unit_marks", "has_backward_marks", "PhaseCompute", "compute_phases"]
 
 MODEL_NOTE = (
     "weak scaling: per-step compute and payload sizes as recorded; steps beyond the recording "
@@ -64,6 +64,20 @@ class AlgorithmChoice:
 
 
 @dataclass(frozen=True)
+class PhaseCompute:
+    """Compute per step in each phase (PHASES), as recorded and as replayed (phase_seconds)."""
+
+    recorded_s: tuple[float, float]
+    """Median seconds per step of the trace's busiest position, forward+backward and optimizer."""
+    replayed_s: tuple[float, float]
+    """The seconds replayed instead (before node speed); each phase scaled to them."""
+
+    def scales(self) -> tuple[float, float]:
+        """The factor each phase's compute was multiplied by."""
+        return tuple(new / old for new, old in zip(self.replayed_s, self.recorded_s, strict=True))
+
+
+@dataclass(frozen=True)
 class Replay:
     """What a replay predicts (per-step times) and what it assumed to get there."""
 
@@ -87,6 +101,8 @@ class Replay:
     """Bytes that left one node (its NICs, inter-node) over all simulated steps."""
     overlap: str = "recorded"
     """How FSDP2's reduce was replayed: "recorded" (the trace's order) or "fsdp2" (streams)."""
+    phases: PhaseCompute | None = None
+    """Per-phase compute, recorded and replayed, when simulate(phase_seconds=...) set it."""
 
 
 @contextmanager
@@ -154,6 +170,68 @@ def _check_overlap(overlap: object, df: pd.DataFrame) -> None:
         )
 
 
+def compute_phases(trace: pd.DataFrame | str | os.PathLike) -> tuple[float, float]:
+    """Median compute seconds per step of each phase (PHASES) of a trace's busiest position.
+
+    What simulate(phase_seconds=...) scales: the gaps in which a rank was not blocked on a
+    collective, split at the "backward" mark (ValueError without marks).
+    """
+    df = _training_rows(trace)
+    if not has_backward_marks(df):
+        raise ValueError('the trace has no "backward" marks to split its steps into phases '
+                         "(recorded before runs marked them); record it again.")
+    nodes, per_node = _layout(df)
+    placeholder = Topology.from_strings(nodes, per_node, "1Gbit")  # links do not matter here
+    with _gc_paused():
+        return phase_compute(build_programs(df, placeholder))
+
+
+def _phase_note(phases: PhaseCompute) -> str:
+    """The note's clause for a replay whose compute per phase was set (phase_seconds)."""
+    fb, opt = phases.scales()
+    return (f"compute per phase set by phase_seconds: forward+backward x{fb:.4g}, optimizer "
+            f"x{opt:.4g} of the recording's (its busiest position's median per step), every "
+            "gap of a phase alike.")
+
+
+def has_backward_marks(trace: pd.DataFrame) -> bool:
+    """Whether a trace marks where each step's backward returned (runs since marks were added)."""
+    return bool(((trace["kind"] == "mark") & (trace["op"] == BACKWARD)).any())
+
+
+def _check_phase_seconds(phase_seconds: object, compute_scale: float, df: pd.DataFrame) -> None:
+    if phase_seconds is None:
+        return
+    if (not isinstance(phase_seconds, (tuple, list)) or len(phase_seconds) != len(PHASES)
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and np.isfinite(v) and v >= 0 for v in phase_seconds)):
+        raise ValueError(f"phase_seconds {phase_seconds!r} must be {len(PHASES)} finite seconds "
+                         f">= 0, one per phase ({', '.join(PHASES)}).")
+    if compute_scale != 1.0:
+        raise ValueError(f"phase_seconds sets the compute itself; compute_scale must be 1, got "
+                         f"{compute_scale!r} (give one or the other).")
+    if not has_backward_marks(df):
+        raise ValueError('phase_seconds needs the trace\'s "backward" marks, which split a step '
+                         "into its phases, and this trace has none (recorded before runs marked "
+                         "them); record it again.")
+
+
+def _scaled_phases(programs: Programs, phases: PhaseCompute) -> Programs:
+    """The programs with each phase's compute multiplied by its PhaseCompute scale."""
+    old = phases.recorded_s
+    if any(o == 0 and n > 0 for o, n in zip(old, phases.replayed_s, strict=True)):
+        name = PHASES[next(i for i, o in enumerate(old) if o == 0)]
+        raise ValueError(f"the trace has no {name} compute to scale to the seconds given; "
+                         "replay it with compute_scale instead.")
+    scales = [n / o if o > 0 else 0.0 for n, o in zip(phases.replayed_s, old, strict=True)]
+    by_slot = {
+        slot: [Compute(item.seconds * scales[item.phase], item.phase)
+               if type(item) is Compute else item for item in program]
+        for slot, program in programs.by_slot.items()
+    }  # fmt: skip
+    return programs._replace(by_slot=by_slot)
+
+
 def _check_steps_and_intra(n_steps: object, steps: object, intra: str) -> None:
     if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
         raise ValueError(f"steps {steps!r} must be a positive integer or None.")
@@ -172,6 +250,7 @@ def simulate(
     payloads: str | None = None,
     overlap: str = "recorded",
     progress: bool = False,
+    phase_seconds: tuple[float, float] | None = None,
 ) -> Replay:
     """Predict per-step times of a recorded run on `topology`, with the assumptions made (Replay).
 
@@ -200,6 +279,11 @@ def simulate(
             FSDP2 marks (ValueError without them).
         progress: show a progress bar over the simulated steps on stderr, once the replay has
             run for 2 s (a short one shows none) and only on a terminal.
+        phase_seconds: compute per step of each phase (PHASES: forward+backward up to the
+            trace's "backward" mark, then the optimizer step), such as a profile measured on
+            the target's accelerator: each phase's gaps are scaled so that the busiest
+            position's median per step is these seconds (compute_scale must then be 1; node
+            speed still divides). Replay.phases holds both; needs the trace's "backward" marks.
     """
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
@@ -212,8 +296,13 @@ def simulate(
         )
     nodes, per_node = _layout(df)
     recorded = Topology(nodes, per_node, topology.intra, topology.inter)
+    _check_phase_seconds(phase_seconds, compute_scale, df)
+    phases = None
     with _gc_paused():
         programs = build_programs(df, recorded, overlap)
+        if phase_seconds is not None:
+            phases = PhaseCompute(phase_compute(programs), tuple(map(float, phase_seconds)))
+            programs = _scaled_phases(programs, phases)
         n_steps = programs.n_steps if steps is None else steps
         _check_steps_and_intra(n_steps, steps, intra)
         p2p = any(spec.scope == "p2p" for spec in programs.specs)
@@ -238,13 +327,14 @@ def simulate(
     return Replay(
         frame=frame, topology=topology, recorded_topology=(nodes, per_node),
         note=_model_note(payloads) + (" " + P2P_NOTE if p2p else "")
-        + (" " + OVERLAP_NOTE if overlap == "fsdp2" else ""),
+        + (" " + OVERLAP_NOTE if overlap == "fsdp2" else "")
+        + (" " + _phase_note(phases) if phases is not None else ""),
         algorithms=tuple(
             AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
             for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
         ),
         p2p_degrees=tuple(sorted(cluster.p2p_degrees)),
-        node_egress_bytes=cluster.node_egress_bytes, overlap=overlap,
+        node_egress_bytes=cluster.node_egress_bytes, overlap=overlap, phases=phases,
     )  # fmt: skip
 
 

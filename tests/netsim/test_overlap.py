@@ -113,3 +113,23 @@ def test_fsdp2_overlap_without_marks_or_unknown_mode_is_refused():
 def test_old_traces_without_the_unit_column_still_load():
     trace = scripted_trace(marks=False).drop(columns=["unit"])
     assert simulate(trace, _topology()).frame["step_time_s"].iloc[0] > 0
+
+
+def test_phase_seconds_scale_each_phase_to_the_given_seconds():
+    r, t, g = _times()
+    fb, opt = 0.003, 0.0005  # forward+backward and optimizer compute per step, as if profiled
+    replay = simulate(scripted_trace(), _topology(), algorithm="ring", phase_seconds=(fb, opt))
+    # Recorded: F + B1 + B0 + E before the backward mark, OPT after it; each scaled on its own.
+    assert replay.phases.recorded_s == pytest.approx((F + B1 + B0 + E, OPT))
+    assert replay.phases.scales() == pytest.approx((fb / (F + B1 + B0 + E), opt / OPT))
+    expected = fb + r[1] + t[1] + r[0] + t[0] + opt + g
+    assert replay.frame["step_time_s"].tolist() == pytest.approx([expected] * 2, rel=1e-9)
+
+
+def test_phase_seconds_refused_without_backward_marks_or_beside_a_compute_scale():
+    with pytest.raises(ValueError, match='"backward" marks'):
+        simulate(scripted_trace(marks=False), _topology(), phase_seconds=(0.001, 0.001))
+    with pytest.raises(ValueError, match="compute_scale must be 1"):
+        simulate(scripted_trace(), _topology(), compute_scale=0.5, phase_seconds=(0.001, 0.001))
+    with pytest.raises(ValueError, match="finite seconds"):
+        simulate(scripted_trace(), _topology(), phase_seconds=(0.001, -1.0))
