@@ -15,7 +15,7 @@
 #
 # The lent machine has torch but not simpy (netsim's model needs it) and no registry: carry
 # simpy as a wheel in .whl/ (git-ignored), made on a machine with a registry with
-#   python3 -m pip download --no-deps --only-binary=:all: -d .whl simpy==4.1.1
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl simpy==4.1.2
 # and name `.whl` in the device call's carry; this script installs it to /tmp/site.
 set -u
 out_dir=${1:-results/gpu}
