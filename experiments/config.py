@@ -156,6 +156,9 @@ class RunSettings:
     """torch threads per rank when the launcher spawns ranks on this machine."""
     pin_cores: bool = False
     """Pin rank r to core r mod cores, so runs compared with each other share CPUs alike."""
+    sync_phases: bool = False
+    """Wait for the GPU at the end of each step phase (the backward mark, the step's end), so
+    the trace's times are the device's: `flexbench profile-compute` sets it. CPU runs ignore it."""
     stall_timeout: float = 90.0
     """Seconds without progress on any rank before the run is stopped as stalled."""
     extra: dict[str, Any] = field(default_factory=dict)

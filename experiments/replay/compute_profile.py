@@ -9,8 +9,10 @@ profile is the compute of each step phase there, outside every collective, as th
 it (`netsim.model.compute_phases`): forward+backward (to the "backward" mark: the model, its
 loss and FSDP2's hooks) and the optimizer step (the base optimizer, and the method's DCT/top-k
 encode and decode when the run has another node to exchange with), the median over the steps
-after `--warmup`. `flexbench simulate --compute-profile FILE` replays a recording of the same
-workload, method and batch with each phase scaled to those seconds.
+after `--warmup`. On a GPU the run waits for the device at each phase's end (`sync_phases`),
+so the host's timestamps are the device's compute, not the kernel launches. `flexbench
+simulate --compute-profile FILE` replays a recording of the same workload, method and batch
+with each phase scaled to those seconds.
 
 At 1 node a method's replicator exchanges with nobody and skips its encode and decode, so a
 profile measured there leaves them out; the replay says so beside its result. A lent GPU
@@ -142,7 +144,8 @@ def measure_profile(workload: str, method: str, *, nodes: int = 2, gpus_per_node
     from experiments.run.launch import launch
 
     cfg = RunConfig(method=method, workload=workload, nodes=nodes, gpus_per_node=gpus_per_node,
-                    steps=steps, eval_every=steps + 1, backend=backend, batch_size=batch_size)
+                    steps=steps, eval_every=steps + 1, backend=backend, batch_size=batch_size,
+                    sync_phases=True)
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         run_dir = launch(cfg, Path(tmp) / "profile")
         trace = pd.read_parquet(run_dir / "trace.parquet")

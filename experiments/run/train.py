@@ -50,6 +50,13 @@ def _device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def _phase_sync(cfg: RunConfig, device: torch.device) -> Callable[[], None]:
+    """What ends a step phase: a wait for the GPU with cfg.sync_phases (profiles), else nothing."""
+    if cfg.sync_phases and device.type == "cuda":
+        return torch.cuda.synchronize
+    return lambda: None
+
+
 def _build(cfg: RunConfig, workload: Workload, device: torch.device):
     """Model (sharded or not), optimizer, mesh and FSDP2 layout (None unsharded) of the run."""
     torch.manual_seed(cfg.seed)  # same init on every rank
@@ -155,6 +162,7 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
         opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)
     )
     to_dev = lambda batch: tuple(t.to(device) for t in batch)
+    sync = _phase_sync(cfg, device)
     val = [to_dev(b) for b in workload.val_batches(_VAL_BATCHES, cfg.batch_size)]
     result = RankResult(rank, cfg.to_dict(), params=sum(p.numel() for p in model.parameters()),
                         layout=layout)
@@ -170,10 +178,12 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
         t0 = shaping.clock()
         loss = workload.loss(model, to_dev(workload.batch(step, rank, cfg.batch_size, cfg.seed)))
         loss.backward()
+        sync()  # a GPU's kernels run behind the host: the mark must wait for them to be device time
         recorder.mark_backward()  # FSDP2 has reduced every unit: the optimizer step starts here
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()
+        sync()
         loss_value = loss.item()
         step_s = shaping.clock() - t0
         beat(step)
