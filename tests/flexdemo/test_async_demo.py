@@ -151,6 +151,8 @@ def test_run_trace_waits_each_all_gather_in_the_next_step(tmp_path):
             # The last one is drained after the loop (its wait follows the last step's end).
     steps = pd.read_parquet(out / "steps.parquet")
     assert steps["inter_calls"].tolist() == [1, 1, 1]
+    # The overlapped issue-to-wait time is not communication time: compute is left over.
+    assert (steps["compute_s"] > 0).all(), steps[["comm_s", "compute_s"]]
     # The replay reads such a trace without failing (it does not model the overlap).
     assert main(["simulate", str(out), "--inter-bw", "10Mbit", "--out",
                  str(tmp_path / "sim.csv")]) == 0
@@ -176,3 +178,25 @@ def test_run_with_delay_two_exits_2_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "delay=2" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_comm_per_step_counts_an_op_waited_in_the_next_step_there():
+    from netsim import Topology, TraceRecorder
+    from netsim.trace import comm_per_step
+
+    clock = iter([0.0, 1.0, 1.0, 2.0])  # begin/end of step 1, then of step 2
+    rec = TraceRecorder(0, Topology.from_strings(2, 1), clock=lambda: next(clock))
+    rec.begin_step(1)
+    sync = rec.record_collective("all_reduce", [0, 1], True, "ring", 8, 8, 8, 0.1)
+    rec.complete(sync, 0.1, 0.3)  # waited on at once: issue to return counts, as before
+    late = rec.record_collective("all_gather", [0, 1], True, "ring", 10, 10, 10, 0.9)
+    rec.end_step(1)
+    rec.begin_step(2)
+    rec.complete(late, 1.5, 1.7)  # waited on in step 2: only its 0.2 s blocked there
+    drained = rec.record_collective("all_gather", [0, 1], True, "ring", 10, 10, 10, 1.9)
+    rec.end_step(2)
+    rec.complete(drained, 2.5, 2.6)  # drained after the last step: no step's time
+    per_step = comm_per_step(rec.frame())
+    assert per_step["comm_s"].tolist() == pytest.approx([0.2, 0.2])
+    assert per_step["inter_calls"].tolist() == [2, 1]  # calls and bytes stay where issued
+    assert per_step["inter_bytes_sent"].tolist() == [18.0, 10.0]
