@@ -194,6 +194,10 @@ class DeMoKnobs(MomentumKnobs):
     value_format: str = "bf16"
     """Wire format of the coefficients: fp32, bf16 (16-bit indices), fp32-packed, bf16-packed
     (bit-packed indices), int8, int2 or sign (quantized, with a per-chunk scale)."""
+    delay: int = 0
+    """Replicating steps between posting an exchange and applying it: 0 (the same step) or 1
+    (apply the previous one's while this one's all-gather is in flight; the first applies
+    nothing)."""
 
     aliases: ClassVar[dict[str, str]] = {
         "value_dtype": "Alias kept for value_format: bf16 or fp32, the float of the method's "
@@ -202,14 +206,18 @@ class DeMoKnobs(MomentumKnobs):
     }
 
     def check(self) -> None:
-        """Positive topk, a chunk whose basis fits, a known chunking and format, and topk <=
-        chunk when flat."""
+        """Positive topk, a chunk whose basis fits, a known chunking and format, topk <= chunk
+        when flat, and a delay of 0 or 1."""
         super().check()
         int_at_least("topk", self.topk, 1)
         check_dct_chunk("chunk", self.chunk)
         check(self.chunking in CHUNKINGS,
               f"chunking={self.chunking!r} is unknown; use one of {', '.join(CHUNKINGS)}.")
         check_value_format(self.value_format)
+        ok = isinstance(self.delay, int) and not isinstance(self.delay, bool)
+        check(ok and self.delay in (0, 1),
+              f"delay={self.delay!r} must be 0 (apply each exchange in its own step) or 1 "
+              "(apply it one replicating step later).")
         check(self.chunking != "flat" or self.topk <= self.chunk,
               f"topk={self.topk} is larger than a flat chunk of chunk={self.chunk} elements; "
               f"use topk <= {self.chunk} or chunking='block'.")

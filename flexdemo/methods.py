@@ -97,6 +97,10 @@ RECORDS: tuple[Method, ...] = (
     # first at 100 Mbit/s; its indices are bit-packed (6 bits instead of 16: lossless, 31% fewer
     # bytes). demo keeps DeMo's original setting: 64 x 64 blocks, top 32, 16-bit indices.
     Method("flexdemo", "demo", DeMoKnobs(topk=4, chunking="flat", value_format="bf16-packed")),
+    # FlexDeMo with its exchange overlapped with the next step's compute: each step applies the
+    # previous step's all-gather (issue 19; the delay rule lives in replicators/demo.py).
+    Method("flexdemo-async", "demo", DeMoKnobs(topk=4, chunking="flat", value_format="bf16-packed",
+                                               delay=1)),
     Method("demo", "demo", DeMoKnobs(), shards=False),
     Method("hsdp-adamw", None, inter_all_reduce=True),
     Method("diloco", "diloco", DiLoCoKnobs(), takes_sign=False),

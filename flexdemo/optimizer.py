@@ -178,6 +178,15 @@ class FlexDeMo(torch.optim.Optimizer):
         self.comm_totals.add(stats.bytes_sent, stats.bytes_received, stats.calls)
         return loss
 
+    def drain(self) -> None:
+        """Wait for the replicator's exchange still in flight, if any; call after the last step.
+
+        A replicator that overlaps its exchange with the next step (DeMo with delay=1) leaves
+        one posted after the last step; it is waited on (no handle outlives the process group)
+        and dropped, never applied. Stepping again afterwards starts over as a first step.
+        """
+        self.replicator.drain()
+
     def state_dict(self) -> dict:
         """Everything needed to resume: hyper-parameters, replicator and base state, counters."""
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]

@@ -342,6 +342,41 @@ def _covered(coll: pd.DataFrame) -> pd.Series:
     return added.reindex(coll.index, fill_value=0.0)
 
 
+def _as_waited(inter: pd.DataFrame, train: pd.DataFrame) -> pd.DataFrame:
+    """Inter-node ops as their communication time counts: in their own step, or where waited.
+
+    An op waited on after its own step ended (a method that overlaps its exchange with the next
+    step, flexdemo-async) spent the time from its issue to that wait beside compute: only its
+    blocked time, wait to return, counts, in the step of the same rank whose span holds the
+    wait (none after the last step: a drain is off the training clock). Ops waited on within
+    their step, ops not issued inside their step's span and traces without step rows are taken
+    as they are.
+    """
+    spans = train[train["kind"] == "step"]
+    if spans.empty or inter.empty:
+        return inter
+    own = spans.set_index(["rank", "step"])[["start_s", "end_s"]].reindex(
+        pd.MultiIndex.from_arrays([inter["rank"], inter["step"]]))
+    begin, end = own["start_s"].to_numpy(), own["end_s"].to_numpy()
+    issue = inter["start_s"].to_numpy()
+    # Issued inside its own step's span (hand-made traces may time ops on another clock).
+    late = ((issue >= begin - 1e-9) & (issue <= end + 1e-9)
+            & (inter["wait_s"].to_numpy() > end + 1e-9))
+    if not late.any():
+        return inter
+    out = inter.copy()
+    rows = out.index[late]
+    out.loc[rows, "start_s"] = out.loc[rows, "wait_s"]
+    for rank, mine in out.loc[rows].groupby("rank"):
+        ranked = spans[spans["rank"] == rank].sort_values("start_s")
+        at = ranked["start_s"].searchsorted(mine["wait_s"].to_numpy(), side="right") - 1
+        held = [i >= 0 and w <= ranked["end_s"].iloc[i] + 1e-9
+                for i, w in zip(at, mine["wait_s"], strict=True)]
+        out.loc[mine.index, "step"] = [int(ranked["step"].iloc[i]) if ok else -1
+                                       for i, ok in zip(at, held, strict=True)]
+    return out[out["step"] >= 0]
+
+
 def comm_per_step(trace: pd.DataFrame) -> pd.DataFrame:
     """Communication of each training step: the one per-step summary of a trace.
 
@@ -350,7 +385,8 @@ def comm_per_step(trace: pd.DataFrame) -> pd.DataFrame:
     (wire bytes sent, summed over the trace's ranks), and `inter_calls` and `comm_s` (inter-node
     collectives, and the seconds in which at least one of them was between its issue and its
     return) of the busiest rank. Ops in flight together count once: gossip's concurrent
-    messages to its neighbours take the span of the slowest, not the sum of all. Only phase
+    messages to its neighbours take the span of the slowest, not the sum of all. An op waited
+    on in a later step counts there, wait to return only (`_as_waited`). Only phase
     "train" counts (a trace older than the phase column reads as `validate_trace` reads it); a
     step without collectives has zeros.
     """
@@ -364,8 +400,11 @@ def comm_per_step(trace: pd.DataFrame) -> pd.DataFrame:
         inter_bytes_received=coll["bytes_received"].where(inter, 0.0),
         inter_calls=inter.astype("int64"),
         intra_bytes=coll["bytes_sent"].where(~inter, 0.0),
-        comm_s=_covered(coll).where(inter, 0.0),
-    ).groupby(["step", "rank"])[list(_PER_STEP)].sum()
+    ).groupby(["step", "rank"])[list(_PER_STEP[:-1])].sum()
+    # Bytes and calls belong to the step that issued them; time to the step that waited.
+    waited = _as_waited(coll[inter], train)
+    comm = _covered(waited).groupby([waited["step"], waited["rank"]]).sum().rename("comm_s")
+    per_rank = per_rank.join(comm, how="outer").fillna(0.0)
     per_step = per_rank.groupby(level="step").agg(
         inter_bytes_sent=("inter_bytes_sent", "sum"),
         inter_bytes_received=("inter_bytes_received", "sum"),

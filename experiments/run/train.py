@@ -209,5 +209,10 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
         if result.diverged_step is not None:
             break  # all ranks agreed in _evaluate: they stop at this same step
     bar.close()
+    # An overlapping method (flexdemo-async) has its last step's exchange still in flight:
+    # waited on here, so it completes before the trace is read and the group is destroyed.
+    drain = getattr(opt, "drain", None)  # hsdp-adamw's torch AdamW has none
+    if callable(drain):
+        drain()
     result.trace = recorder.frame()
     return result

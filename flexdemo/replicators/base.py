@@ -20,8 +20,9 @@ class Replicator:
 
     The optimizer hands a replicator its local shards once (:meth:`setup`), then on every step
     asks :meth:`replicates_on`; on those steps it calls :meth:`replicate` before the base step
-    and :meth:`after_update` after it, on the others :meth:`accumulate`. Every collective goes
-    over ``group`` (one rank per node) and is recorded in the ``CommStats`` it is handed.
+    and :meth:`after_update` after it, on the others :meth:`accumulate`; after the last step,
+    :meth:`drain`. Every collective goes over ``group`` (one rank per node) and is recorded in
+    the ``CommStats`` it is handed.
     A new scheme is one subclass: set ``name`` and ``knobs_type``, override the hooks it needs.
 
     Its knobs are a ``knobs_type`` (:mod:`flexdemo.knobs`), handed in whole or by name over
@@ -91,6 +92,9 @@ class Replicator:
 
     def after_update(self, params: list[torch.Tensor], stats: CommStats) -> None:
         """Hook run after the base step of a replicating step (DiLoCo's outer step lives here)."""
+
+    def drain(self) -> None:
+        """Wait for any exchange still in flight after the last step (none unless overlapped)."""
 
     def state_dict(self) -> dict:
         """Tensors and counters needed to resume exactly."""

@@ -48,6 +48,17 @@ class DeMoReplicator(Replicator):
         decode_mean       mean over the replicas that sent a coefficient, inverse DCT
     The optimizer's base then takes the sign step.
 
+    Delayed DeMo (``delay=1``): a replicating step runs :meth:`start` (momentum, top-k, error
+    feedback and the posted all-gather exactly as with ``delay=0``) and applies the decoded
+    mean of the exchange the previous replicating step posted, so the network time overlaps
+    the next step's compute; exactly one bucket is in flight between steps. The first step has
+    nothing to apply and applies a zero update: every replica then still applies the same
+    update at every step, so replicas that start equal stay equal (the rank's own decoded top-k
+    would differ per rank, and DeMo never re-synchronizes the parameters themselves). The
+    exchange in flight after the last step is drained and dropped (:meth:`drain`: waited on,
+    never applied), since applying it would be a step after the run's last one. With a single
+    replica nothing crosses a network and the update applies at once, as with ``delay=0``.
+
     Knobs: :class:`flexdemo.knobs.DeMoKnobs` (``topk``, ``chunk``, ``decay``, ``chunking``,
     ``value_format`` or its alias ``value_dtype``, the schedule, ``fold_skipped``). Block
     chunking clamps ``topk`` to a block's elements; flat chunking refuses a ``topk`` above
@@ -66,6 +77,8 @@ class DeMoReplicator(Replicator):
     def __init__(self, knobs: DeMoKnobs | None = None, **given: Any) -> None:
         super().__init__(knobs, **given)
         self.format = make_format(self.value_format)
+        # delay=1: the exchange posted by the last replicating step, applied by the next one.
+        self.in_flight: Pending | None = None
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Group the shards' blocks by shape and plan the bucket every step sends."""
@@ -164,8 +177,20 @@ class DeMoReplicator(Replicator):
 
     def replicate(self, grads: list[torch.Tensor], lrs: list[float],
                   stats: CommStats) -> list[torch.Tensor]:
-        """One replicating step: :meth:`start`, then :meth:`finish`."""
-        return self.finish(self.start(grads, lrs, stats))
+        """One replicating step: :meth:`start`, then :meth:`finish` of this or the last one."""
+        posted = self.start(grads, lrs, stats)
+        if self.delay == 0 or posted is None:
+            return self.finish(posted)
+        previous, self.in_flight = self.in_flight, posted
+        if previous is None:
+            return self._zeros()  # the first step: nothing has arrived yet (see the class doc)
+        return self.finish(previous)
+
+    def drain(self) -> None:
+        """Wait for the exchange still in flight (delay=1) and drop it, never applied."""
+        pending, self.in_flight = self.in_flight, None
+        if pending is not None and pending.work is not None:
+            pending.work.wait()
 
     def accumulate(self, grads: list[torch.Tensor], lrs: list[float]) -> list[torch.Tensor]:
         """A step off the schedule: step on the local gradient (delta kept, as the reference)."""
@@ -174,12 +199,37 @@ class DeMoReplicator(Replicator):
         return grads
 
     def state_dict(self) -> dict:
-        """The momentum of every block group."""
-        return {"delta": [g.delta.clone() for g in self.groups]}
+        """The momentum of every block group and, with delay=1, the gathered bucket in flight."""
+        state: dict = {"delta": [g.delta.clone() for g in self.groups]}
+        if self.in_flight is not None:
+            # Waited on here, so that a resumed run applies exactly what this one would have;
+            # the bytes are the same on every replica, the wait only comes earlier.
+            if self.in_flight.work is not None:
+                self.in_flight.work.wait()
+                self.in_flight = Pending(self.in_flight.gathered, None)
+            state["in_flight"] = self.in_flight.gathered.clone()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore the momentum."""
+        """Restore the momentum and any exchange that was in flight."""
         copy_state([g.delta for g in self.groups], state["delta"])
+        gathered = state.get("in_flight")  # absent: saved with nothing in flight
+        if gathered is None:
+            self.in_flight = None
+            return
+        if self.delay == 0:
+            raise ValueError("state_dict holds an exchange in flight, saved with delay=1, but "
+                             "this replicator has delay=0; load it with delay=1.")
+        size = self.ranks * self.bucket_bytes
+        if gathered.numel() != size:
+            raise ValueError(f"state_dict's exchange in flight holds {gathered.numel()} bytes but "
+                             f"this replicator gathers {size}; load a state_dict saved over the "
+                             "same parameters and replicas.")
+        self.in_flight = Pending(gathered.to(self.groups[0].delta.device, copy=True), None)
+
+    def _zeros(self) -> list[torch.Tensor]:
+        # The update of a step that applies nothing.
+        return [torch.zeros(s, dtype=d, device=dev) for s, d, dev in self.empty_like]
 
     def _whole_momentum(self) -> list[torch.Tensor]:
         # Nobody to exchange with: like the reference, the whole momentum becomes the update.
