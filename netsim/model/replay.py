@@ -194,6 +194,30 @@ def _phase_note(phases: PhaseCompute) -> str:
             "gap of a phase alike.")
 
 
+def _check_waits_in_their_step(df: pd.DataFrame) -> None:
+    """ValueError when an op issued in a step is waited on after that step ended.
+
+    A method that overlaps its exchange with the next step (flexdemo-async) does that; the
+    programs are per step, so replaying it would count the overlapped span as compute and then
+    serialize the transfer: a slower step than the run's, the wrong way round. Refused until
+    the model carries an op into a later step.
+    """
+    spans = df[df["kind"] == "step"].set_index(["rank", "step"])["end_s"]
+    coll = df[df["kind"] == "collective"]
+    if spans.empty or coll.empty:
+        return
+    ends = spans.reindex(pd.MultiIndex.from_arrays([coll["rank"], coll["step"]])).to_numpy()
+    late = (coll["start_s"].to_numpy() <= ends + 1e-9) & (coll["wait_s"].to_numpy() > ends + 1e-9)
+    if late.any():
+        op = coll[late].iloc[0]
+        raise ValueError(
+            f"the trace's {op['op']} of step {int(op['step'])} (rank {int(op['rank'])}) was "
+            "waited on after its step ended, as a method that overlaps its exchange with the "
+            "next step (flexdemo-async) does; the model replays each step's ops within that "
+            "step and would serialize it, so it refuses such a trace."
+        )
+
+
 def has_backward_marks(trace: pd.DataFrame) -> bool:
     """Whether a trace marks where each step's backward returned (runs since marks were added)."""
     return bool(((trace["kind"] == "mark") & (trace["op"] == BACKWARD)).any())
@@ -296,6 +320,7 @@ def simulate(
         )
     nodes, per_node = _layout(df)
     recorded = Topology(nodes, per_node, topology.intra, topology.inter)
+    _check_waits_in_their_step(df)
     _check_phase_seconds(phase_seconds, compute_scale, df)
     phases = None
     with _gc_paused():

@@ -131,7 +131,7 @@ def test_delayed_demo_on_two_ranks():
 
 @pytest.mark.dist
 @pytest.mark.timeout(300)
-def test_run_trace_waits_each_all_gather_in_the_next_step(tmp_path):
+def test_run_trace_waits_each_all_gather_in_the_next_step(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["run", "--method", "flexdemo-async", "--nodes", "2", "--gpus-per-node", "1",
                  "--steps", "3", "--workload", "lm-tiny", "--out", str(out)]) == 0
@@ -153,9 +153,12 @@ def test_run_trace_waits_each_all_gather_in_the_next_step(tmp_path):
     assert steps["inter_calls"].tolist() == [1, 1, 1]
     # The overlapped issue-to-wait time is not communication time: compute is left over.
     assert (steps["compute_s"] > 0).all(), steps[["comm_s", "compute_s"]]
-    # The replay reads such a trace without failing (it does not model the overlap).
+    # The model replays each step's ops within the step: it refuses rather than serialize.
+    capsys.readouterr()
     assert main(["simulate", str(out), "--inter-bw", "10Mbit", "--out",
-                 str(tmp_path / "sim.csv")]) == 0
+                 str(tmp_path / "sim.csv")]) == 2
+    assert "waited on after its step ended" in capsys.readouterr().err
+    assert not (tmp_path / "sim.csv").exists()
 
 
 def test_delay_other_than_zero_or_one_is_one_sentence():
