@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from netsim.topology import Topology
@@ -44,6 +45,7 @@ __all__ = [
     "validate_trace",
     "load_trace",
     "comm_per_step",
+    "waited_after_step",
 ]
 
 # Column -> dtype. `bytes` is the payload the rank handed in; bytes_sent/received are wire bytes.
@@ -342,6 +344,23 @@ def _covered(coll: pd.DataFrame) -> pd.Series:
     return added.reindex(coll.index, fill_value=0.0)
 
 
+def waited_after_step(coll: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
+    """Which of the collectives `coll` were issued inside their step and waited on after it.
+
+    `spans` are the trace's kind "step" rows. A method that overlaps its exchange with the next
+    step (flexdemo-async) does this; ops issued outside their step's span (hand-made traces may
+    time ops on another clock) and traces without step rows have none.
+    """
+    if spans.empty or coll.empty:
+        return np.zeros(len(coll), dtype=bool)
+    own = spans.set_index(["rank", "step"])[["start_s", "end_s"]].reindex(
+        pd.MultiIndex.from_arrays([coll["rank"], coll["step"]]))
+    begin, end = own["start_s"].to_numpy(), own["end_s"].to_numpy()
+    issue = coll["start_s"].to_numpy()
+    return ((issue >= begin - 1e-9) & (issue <= end + 1e-9)
+            & (coll["wait_s"].to_numpy() > end + 1e-9))
+
+
 def _as_waited(inter: pd.DataFrame, train: pd.DataFrame) -> pd.DataFrame:
     """Inter-node ops as their communication time counts: in their own step, or where waited.
 
@@ -353,15 +372,7 @@ def _as_waited(inter: pd.DataFrame, train: pd.DataFrame) -> pd.DataFrame:
     as they are.
     """
     spans = train[train["kind"] == "step"]
-    if spans.empty or inter.empty:
-        return inter
-    own = spans.set_index(["rank", "step"])[["start_s", "end_s"]].reindex(
-        pd.MultiIndex.from_arrays([inter["rank"], inter["step"]]))
-    begin, end = own["start_s"].to_numpy(), own["end_s"].to_numpy()
-    issue = inter["start_s"].to_numpy()
-    # Issued inside its own step's span (hand-made traces may time ops on another clock).
-    late = ((issue >= begin - 1e-9) & (issue <= end + 1e-9)
-            & (inter["wait_s"].to_numpy() > end + 1e-9))
+    late = waited_after_step(inter, spans)
     if not late.any():
         return inter
     out = inter.copy()

@@ -117,7 +117,7 @@ def load_profile(path: Path | str) -> ComputeProfile:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f"{name!r} is not a compute profile (its format is not {FORMAT!r}); "
                           "write one with `flexbench profile-compute`.")
-    wanted = {f.name: f.type for f in fields(ComputeProfile)}
+    wanted = [f.name for f in fields(ComputeProfile)]
     missing = sorted(set(wanted) - set(data))
     if missing:
         raise ConfigError(f"compute profile {name!r} is damaged: it lacks {', '.join(missing)}.")

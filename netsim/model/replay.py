@@ -17,7 +17,14 @@ from netsim.costs import ALGORITHM_CHOICES
 from netsim.model.cluster import Cluster, Degrees
 from netsim.model.programs import OVERLAPS, PHASES, Compute, Programs, build_programs, phase_compute
 from netsim.topology import Topology
-from netsim.trace import BACKWARD, TRAIN, UNIT_BACKWARD, load_trace, validate_trace
+from netsim.trace import (
+    BACKWARD,
+    TRAIN,
+    UNIT_BACKWARD,
+    load_trace,
+    validate_trace,
+    waited_after_step,
+)
 
 __all__ = ["simulate", "Replay", "AlgorithmChoice", "algorithm_summary", "MODEL_NOTE", "P2P_NOTE",
            "OVERLAP_NOTE", "has_unit_marks", "has_backward_marks", "PhaseCompute", "compute_phases"]
@@ -73,8 +80,9 @@ class PhaseCompute:
     """The seconds replayed instead (before node speed); each phase scaled to them."""
 
     def scales(self) -> tuple[float, float]:
-        """The factor each phase's compute was multiplied by."""
-        return tuple(new / old for new, old in zip(self.replayed_s, self.recorded_s, strict=True))
+        """The factor each phase's compute is multiplied by (0 for a phase with no compute)."""
+        return tuple(new / old if old > 0 else 0.0
+                     for new, old in zip(self.replayed_s, self.recorded_s, strict=True))
 
 
 @dataclass(frozen=True)
@@ -154,9 +162,11 @@ def _check_compute_scale(compute_scale: object) -> None:
 
 def has_unit_marks(trace: pd.DataFrame) -> bool:
     """Whether a trace records where FSDP2 units' backward ended (what overlap "fsdp2" needs)."""
-    return "kind" in trace.columns and bool(
-        ((trace["kind"] == "mark") & (trace["op"] == UNIT_BACKWARD)).any()
-    )
+    return _has_mark(trace, UNIT_BACKWARD)
+
+
+def _has_mark(trace: pd.DataFrame, op: str) -> bool:
+    return "kind" in trace.columns and bool(((trace["kind"] == "mark") & (trace["op"] == op)).any())
 
 
 def _check_overlap(overlap: object, df: pd.DataFrame) -> None:
@@ -202,12 +212,8 @@ def _check_waits_in_their_step(df: pd.DataFrame) -> None:
     serialize the transfer: a slower step than the run's, the wrong way round. Refused until
     the model carries an op into a later step.
     """
-    spans = df[df["kind"] == "step"].set_index(["rank", "step"])["end_s"]
     coll = df[df["kind"] == "collective"]
-    if spans.empty or coll.empty:
-        return
-    ends = spans.reindex(pd.MultiIndex.from_arrays([coll["rank"], coll["step"]])).to_numpy()
-    late = (coll["start_s"].to_numpy() <= ends + 1e-9) & (coll["wait_s"].to_numpy() > ends + 1e-9)
+    late = waited_after_step(coll, df[df["kind"] == "step"])
     if late.any():
         op = coll[late].iloc[0]
         raise ValueError(
@@ -220,7 +226,7 @@ def _check_waits_in_their_step(df: pd.DataFrame) -> None:
 
 def has_backward_marks(trace: pd.DataFrame) -> bool:
     """Whether a trace marks where each step's backward returned (runs since marks were added)."""
-    return bool(((trace["kind"] == "mark") & (trace["op"] == BACKWARD)).any())
+    return _has_mark(trace, BACKWARD)
 
 
 def _check_phase_seconds(phase_seconds: object, compute_scale: float, df: pd.DataFrame) -> None:
@@ -247,7 +253,7 @@ def _scaled_phases(programs: Programs, phases: PhaseCompute) -> Programs:
         name = PHASES[next(i for i, o in enumerate(old) if o == 0)]
         raise ValueError(f"the trace has no {name} compute to scale to the seconds given; "
                          "replay it with compute_scale instead.")
-    scales = [n / o if o > 0 else 0.0 for n, o in zip(phases.replayed_s, old, strict=True)]
+    scales = phases.scales()
     by_slot = {
         slot: [Compute(item.seconds * scales[item.phase], item.phase)
                if type(item) is Compute else item for item in program]
