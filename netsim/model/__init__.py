@@ -39,11 +39,17 @@ backward ends; each unit's gradient reduce-scatter and all-reduce then run on pe
 alongside the next unit's backward, and the optimizer step waits for them all. "recorded" (the
 default) keeps the trace's order, which on CPU gloo is serial.
 
+Ops carried into a later step (CARRY_NOTE): an op waited on after its own step ended (an
+exchange a method overlaps with the next step's compute, flexdemo-async) is issued where
+recorded and waited on where the trace waited, in the later step; a communicator's carried ops
+run one after the other.
+
 Where things live: `programs` turns a trace into typed per-step programs, `cluster` compiles and
 replays them in SimPy over `shared_link.SharedLink` NICs, `replay.simulate` ties them together.
 """
 
 from netsim.model.replay import (
+    CARRY_NOTE,
     MODEL_NOTE,
     OVERLAP_NOTE,
     P2P_NOTE,
@@ -59,5 +65,5 @@ from netsim.model.replay import (
 from netsim.model.shared_link import SharedLink
 
 __all__ = ["SharedLink", "simulate", "Replay", "AlgorithmChoice", "algorithm_summary",
-           "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "has_unit_marks", "has_backward_marks",
-           "PhaseCompute", "compute_phases"]
+           "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "CARRY_NOTE", "has_unit_marks",
+           "has_backward_marks", "PhaseCompute", "compute_phases"]

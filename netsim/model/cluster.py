@@ -105,6 +105,7 @@ class Cluster:
         algorithm: str = "auto",
         degrees: Degrees | None = None,
         step_numbers: list[int] | None = None,
+        carried: dict[int, int] | None = None,
     ) -> None:
         self.env = simpy.Environment()
         self.topo = topology
@@ -116,6 +117,8 @@ class Cluster:
         self.algorithm = algorithm
         self.degrees = degrees
         self.step_numbers = step_numbers or list(range(n_recorded))
+        # Carried op id -> steps after its own that a program waits for it (Programs.carried).
+        self.carried = carried or {}
         self.on_step: Callable[[], None] | None = None
         self._degree_cache: dict[tuple[int, int], int] = {}
         self.p2p_degrees: set[int] = set()  # peers per node in the rounds replayed, for reporting
@@ -319,8 +322,13 @@ class Cluster:
         self, item: StreamOp, pending: dict, c: int, j: int, counters: dict
     ) -> simpy.Event:
         """Start a streamed op once the ops it follows are done; its meeting is booked now."""
-        inner = item.inner
         before = [pending[op] for op in item.after if op in pending]
+        return self._launch_after(item.inner, before, c, j, counters)
+
+    def _launch_after(
+        self, inner: InterOp | IntraOp, before: list, c: int, j: int, counters: dict
+    ) -> simpy.Event:
+        """Start op `inner` once the `before` events are done; its meeting is booked now."""
         if type(inner) is InterOp:
             spec = self.specs[inner.spec]
             key, n_members = self._members(spec, j)
@@ -458,6 +466,8 @@ class Cluster:
         counters: dict = defaultdict(int)
         env = self.env
         rounds = 0  # gossip rounds so far: a time-varying graph's peers depend on it
+        # Ops of earlier steps a later one waits for (carried ids < 0): id -> (event, due step).
+        carried: dict[int, tuple[simpy.Event, int]] = {}
         for s in range(n_steps):
             pending: dict[int, simpy.Event] = {}
             # Hot loop: records are unpacked positionally, which is cheaper than by field name.
@@ -468,7 +478,13 @@ class Cluster:
                     yield env.timeout(compute_s * factor + fixed_s)
                 elif kind is InterOp:
                     op, spec, volume = item
-                    pending[op] = self._launch(self.specs[spec], volume, j, counters)
+                    if op < 0 and carried:
+                        # One communicator runs its ops in order: a carried op starts when the
+                        # earlier ones still in flight have ended (rather than share the link).
+                        before = [event for event, _ in carried.values()]
+                        pending[op] = self._launch_after(item, before, c, j, counters)
+                    else:
+                        pending[op] = self._launch(self.specs[spec], volume, j, counters)
                 elif kind is StreamOp:
                     pending[item.op] = self._launch_streamed(item, pending, c, j, counters)
                 elif kind is Exchange:
@@ -481,16 +497,32 @@ class Cluster:
                         if spec is None
                         else self._launch_intra(self.specs[spec], seconds, c, j, counters)
                     )
+                elif item.op < 0:
+                    if item.op in carried:
+                        yield carried.pop(item.op)[0]
                 elif item.op in pending:
                     yield pending.pop(item.op)
-            # Ops never waited on in the trace still finish within their step.
-            yield env.all_of(list(pending.values()))
+            yield env.all_of(self._step_end_waits(pending, carried, s))
             if len(self.step_end) <= s:
                 self.step_end.append(env.now)
                 if self.on_step is not None:  # the first process to end step s counts it
                     self.on_step()
             else:
                 self.step_end[s] = max(self.step_end[s], env.now)
+
+    def _step_end_waits(self, pending: dict, carried: dict, s: int) -> list[simpy.Event]:
+        """What step s ends by: its ops, and carried ops now due that no program waited for.
+
+        Ops never waited on in the trace still finish within their step. This step's carried
+        ops move to `carried`, due Programs.carried steps later; one still there when due (a
+        replay cycling past the recording's last step into its first, which waits for none)
+        ends this step, and after the last step none is waited for (the run's drain).
+        """
+        due = [op for op, (_, when) in carried.items() if when <= s]
+        ends = [carried.pop(op)[0] for op in due]
+        for op in [op for op in pending if op < 0]:
+            carried[op] = (pending.pop(op), s + self.carried.get(op, 1))
+        return ends + list(pending.values())
 
     def run(self, n_steps: int, on_step: Callable[[], None] | None = None) -> list[float]:
         """Replay n_steps on every process; returns when each step ended (the slowest process).

@@ -12,10 +12,18 @@ where it was but not waited on there; it starts once the ops before it on its st
 reduce-scatter and all-reduce streams, and the "backward" mark waits for all of them (FSDP2's
 final callback makes the compute stream wait for the last reduce). Everything else keeps the
 recorded order: all-gathers the next compute needs, and the methods' own exchanges in opt.step.
+
+An op waited on after its own step ended (flexdemo-async posts its exchange in one step and
+waits in the next) is carried: its step's program issues it and does not wait; the program of
+the step in which the trace waited waits for it there (at that step's start if the wait fell
+between steps), so the transfer overlaps that step's compute. Carried ops have ids of their own,
+the same on every rank (`carried_id`), and `Programs.carried` says how many steps after its own
+each is waited on (for one drained after the last step: as many as the others).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +36,8 @@ from netsim.topology import Topology, ring_nic_share
 from netsim.trace import BACKWARD
 
 __all__ = ["OpSpec", "Compute", "Issue", "Wait", "Item", "Programs", "build_programs",
-           "OVERLAPS", "STREAMED_OPS", "PHASES", "FORWARD_BACKWARD", "OPTIMIZER", "phase_compute"]
+           "OVERLAPS", "STREAMED_OPS", "PHASES", "FORWARD_BACKWARD", "OPTIMIZER", "phase_compute",
+           "carried_id"]
 
 OVERLAPS = ("recorded", "fsdp2")
 # A step's compute phases, split at the "backward" mark: Compute.phase indexes this tuple.
@@ -90,11 +99,22 @@ class Programs(NamedTuple):
     specs: list[OpSpec]
     n_steps: int
     step_numbers: list[int]  # the trace's step number of each recorded step index
+    carried: dict[int, int]  # carried op id -> steps after its own step it is waited on
 
 
 # A moment in a rank's step, as a plain tuple (built ~10^5 times per replay, so no NamedTuple):
-# (time, is_wait: 0 issue / 1 wait, row, spec id or -1, end), sorted by time, issues first.
+# (time, what, row, spec id or -1, end), sorted by time. `what`: ISSUE, WAIT, MARK (the
+# "backward" mark) or CARRIED_WAIT (row is then a carried op id, of an op of an earlier step).
 _Point = tuple[float, int, int, int, float]
+ISSUE, WAIT, MARK, CARRIED_WAIT = 0, 1, 2, 3
+# Carried op ids: negative, so they never meet a row number; room for this many per step.
+_PER_STEP = 1 << 16
+_EPS = 1e-9  # seconds: trace times are compared with this slack, as netsim.trace does
+
+
+def carried_id(step_index: int, k: int) -> int:
+    """The id of the k-th op (in issue order) of recorded step `step_index` waited after it."""
+    return -(1 + step_index * _PER_STEP + k)
 
 
 def _classify(group: str, recorded: Topology) -> tuple[str, frozenset, int, float]:
@@ -196,11 +216,13 @@ def _step_span(cols: dict[str, list], i: int, j: int) -> tuple[float, float] | N
 
 def _points(
     cols: dict[str, list], i: int, j: int, span: tuple[float, float] | None, catalog: _SpecCatalog,
+    carried: dict[int, int],
 ) -> list[_Point]:
     """Issue and wait moments of the block's collectives inside the step span, in time order.
 
-    The "backward" marks are points too (is_wait 2): the optimizer phase starts there, and with
-    overlap "fsdp2" the streamed ops are joined there.
+    The "backward" marks are points too (MARK): the optimizer phase starts there, and with
+    overlap "fsdp2" the streamed ops are joined there. Ops in `carried` (row -> carried id) are
+    waited on in a later step: only their issue is a point here.
     """
     kinds, starts, ends, waits, groups = (
         cols["kind"], cols["start_s"], cols["end_s"], cols["wait_s"], cols["group"]
@@ -209,7 +231,7 @@ def _points(
     points: list[_Point] = []
     for r in range(i, j):
         if kinds[r] == "mark" and ops[r] == BACKWARD:
-            points.append((starts[r], 2, r, -1, starts[r]))
+            points.append((starts[r], MARK, r, -1, starts[r]))
         if kinds[r] != "collective":
             continue
         start, end, wait = starts[r], ends[r], waits[r]
@@ -219,8 +241,9 @@ def _points(
         spec = catalog.spec_id(str(groups[r]), ops[r], algorithms[r], sizes[r], inters[r])
         wait = start if wait != wait else wait
         end = wait if end != end else end
-        points.append((start, 0, r, spec, end))
-        points.append((wait, 1, r, -1, end))
+        points.append((start, ISSUE, r, spec, end))
+        if r not in carried:
+            points.append((wait, WAIT, r, -1, end))
     points.sort()
     return points
 
@@ -263,35 +286,99 @@ class _Streams:
 
 def _program(
     points: list[_Point], span: tuple[float, float], own: dict, occurrence: list,
-    streams: _Streams | None = None,
+    streams: _Streams | None = None, carried: dict[int, int] | None = None,
 ) -> list[Item]:
     """A block's points as a program: compute fills the gaps in which the rank was not blocked.
 
     A streamed op's recorded wait adds no Wait (its blocked time is not compute either); the
-    backward mark (is_wait 2) waits for the streamed ops instead, and starts the optimizer phase.
+    backward mark (MARK) waits for the streamed ops instead, and starts the optimizer phase.
+    A carried op (row in `carried`) is issued under its carried id; CARRIED_WAIT waits for one.
     """
     streams = streams or _Streams(None)
+    carried = carried or {}
     program: list[Item] = []
     cursor, finish = span
     phase = FORWARD_BACKWARD
-    for time, is_wait, row, spec, end in points:
+    for time, what, row, spec, end in points:
         if time > cursor:
             program.append(Compute(time - cursor, phase))
             cursor = time
-        if is_wait == 2:
+        if what == MARK:
             program.extend(streams.join())
             phase = OPTIMIZER
-        elif is_wait:
+        elif what == CARRIED_WAIT:
+            program.append(Wait(row))
+            cursor = max(cursor, end)
+        elif what == WAIT:
             if not streams.streamed(row):
                 program.append(Wait(row))
             cursor = max(cursor, end)
         elif streams.streamed(row):
             program.append(Issue(row, spec, own[occurrence[row]], streams.issue(row)))
         else:
-            program.append(Issue(row, spec, own[occurrence[row]]))
+            program.append(Issue(carried.get(row, row), spec, own[occurrence[row]]))
     if finish > cursor:
         program.append(Compute(finish - cursor, phase))
     return program
+
+
+class _Carried(NamedTuple):
+    """The ops of a trace waited on after their own step, and where they are waited."""
+
+    ids: dict[int, int]  # row -> carried id
+    waits: dict[int, list[_Point]]  # block index -> CARRIED_WAIT points of earlier steps' ops
+    delays: dict[int, int]  # carried id -> steps after its own it is waited on
+
+
+def _late_rows(cols: dict[str, list], i: int, j: int, span: tuple[float, float]) -> list[int]:
+    """The block's collectives issued inside its step span and waited on after it, by issue."""
+    late = []
+    for r in range(i, j):
+        wait = cols["wait_s"][r]
+        # The issue bound is _points' own, so that every carried op is issued in its program.
+        if (cols["kind"][r] == "collective" and span[0] <= cols["start_s"][r] <= span[1]
+                and wait == wait and wait > span[1] + _EPS):
+            late.append((cols["start_s"][r], r))
+    return [r for _, r in sorted(late)]
+
+
+def _carried_ops(cols: dict[str, list], blocks: list[tuple[int, int]],
+                 spans: list[tuple[float, float] | None], step_index: dict) -> _Carried:
+    """Find the carried ops (module docstring) of blocks with a step row (`spans` not None).
+
+    A wait between two steps is taken at the next step's start; one after the rank's last step
+    (a drain, off the training clock) is not waited on at all, and is due as many steps later
+    as the trace's other carried ops.
+    """
+    found = _Carried({}, defaultdict(list), {})
+    drained: set[int] = set()
+    by_rank: dict[int, list[int]] = defaultdict(list)  # blocks of one rank, in step order
+    for b, (i, _) in enumerate(blocks):
+        if spans[b] is not None:
+            by_rank[cols["rank"][i]].append(b)
+    for bs in by_rank.values():
+        begins = [spans[b][0] for b in bs]
+        for n, b in enumerate(bs):
+            s = step_index[cols["step"][blocks[b][0]]]
+            for k, r in enumerate(_late_rows(cols, *blocks[b], spans[b])):
+                op = found.ids[r] = carried_id(s, k)
+                wait, end = cols["wait_s"][r], cols["end_s"][r]
+                end = wait if end != end else end
+                m = max(n + 1, bisect.bisect_right(begins, wait) - 1)
+                if m < len(bs) and wait > spans[bs[m]][1] + _EPS:
+                    m += 1  # waited between steps m and m + 1: at the start of m + 1
+                if m >= len(bs):
+                    drained.add(op)
+                    continue
+                at = max(wait, begins[m])
+                found.waits[bs[m]].append((at, CARRIED_WAIT, op, -1, max(end, at)))
+                waited = step_index[cols["step"][blocks[bs[m]][0]]]
+                found.delays[op] = max(found.delays.get(op, 0), waited - s)
+    # A drained op would have been waited on as the others were: the method's delay.
+    delay = max(found.delays.values(), default=1)
+    for op in drained - found.delays.keys():
+        found.delays[op] = delay
+    return found
 
 
 def _compute_s(program: list[Item]) -> float:
@@ -335,16 +422,20 @@ def build_programs(df: pd.DataFrame, recorded: Topology, overlap: str = "recorde
     cols = {c: df[c].tolist() for c in _COLUMNS}
     own, occurrence = _own_durations(cols)
     catalog = _SpecCatalog(recorded)
+    blocks = list(_blocks(cols))
+    spans = [_step_span(cols, i, j) for i, j in blocks]
+    carried = _carried_ops(cols, blocks, spans, step_index)
     per_rank: dict[tuple[int, int, int], list[Item]] = {}
-    for i, j in _blocks(cols):
+    for b, (i, j) in enumerate(blocks):
         rank, step = cols["rank"][i], cols["step"][i]
-        span = _step_span(cols, i, j)
         fsdp2 = overlap == "fsdp2"
-        points = _points(cols, i, j, span, catalog)
-        program = _program(points, span or _fallback_span(cols, i, j), own, occurrence,
-                           _Streams(cols if fsdp2 else None))
+        points = _points(cols, i, j, spans[b], catalog, carried.ids) + carried.waits.get(b, [])
+        points.sort()
+        program = _program(points, spans[b] or _fallback_span(cols, i, j), own, occurrence,
+                           _Streams(cols if fsdp2 else None), carried.ids)
         per_rank[(recorded.local_of(rank), step_index[step], recorded.node_of(rank))] = program
-    return Programs(_merge_nodes(per_rank), catalog.specs, len(steps), [int(s) for s in steps])
+    return Programs(_merge_nodes(per_rank), catalog.specs, len(steps), [int(s) for s in steps],
+                    carried.delays)
 
 
 def phase_compute(programs: Programs) -> tuple[float, float]:
