@@ -477,14 +477,7 @@ class Cluster:
                     compute_s, fixed_s = item
                     yield env.timeout(compute_s * factor + fixed_s)
                 elif kind is InterOp:
-                    op, spec, volume = item
-                    if op < 0 and carried:
-                        # One communicator runs its ops in order: a carried op starts when the
-                        # earlier ones still in flight have ended (rather than share the link).
-                        before = [event for event, _ in carried.values()]
-                        pending[op] = self._launch_after(item, before, c, j, counters)
-                    else:
-                        pending[op] = self._launch(self.specs[spec], volume, j, counters)
+                    pending[item.op] = self._launch_inter(item, carried, c, j, counters)
                 elif kind is StreamOp:
                     pending[item.op] = self._launch_streamed(item, pending, c, j, counters)
                 elif kind is Exchange:
@@ -509,6 +502,17 @@ class Cluster:
                     self.on_step()
             else:
                 self.step_end[s] = max(self.step_end[s], env.now)
+
+    def _launch_inter(self, item: InterOp, carried: dict, c: int, j: int,
+                      counters: dict) -> simpy.Event:
+        """Start an inter-node op; a carried one (id < 0) after the carried ops in flight."""
+        op, spec, volume = item
+        if op < 0 and carried:
+            # One communicator runs its ops in order: a carried op starts when the earlier ones
+            # still in flight have ended (rather than share the link with them).
+            return self._launch_after(item, [event for event, _ in carried.values()], c, j,
+                                      counters)
+        return self._launch(self.specs[spec], volume, j, counters)
 
     def _step_end_waits(self, pending: dict, carried: dict, s: int) -> list[simpy.Event]:
         """What step s ends by: its ops, and carried ops now due that no program waited for.
