@@ -78,12 +78,14 @@ def _knob_field(name: str, records: list[Method]) -> tuple[str, str, Any]:
         docs.setdefault(_knob_doc(name, record)[1], []).append(record.name)
     text = " ".join(doc if len(docs) == 1 else f"{', '.join(names)}: {doc}"
                     for doc, names in docs.items())
-    defaults = {r.name: r.resolved({})[name] for r in records}
-    if len(set(map(repr, defaults.values()))) == 1:
-        default = next(iter(defaults.values()))
-        read = ", ".join(defaults) + ("" if default is None else f" (default {default})")
-    else:
-        read = ", ".join(f"{m} {v}" for m, v in defaults.items())
+    by_default: dict[str, list[str]] = {}
+    for record in records:
+        by_default.setdefault(repr(record.resolved({})[name]), []).append(record.name)
+    if len(by_default) == 1 and "None" in by_default:
+        read = ", ".join(by_default["None"])
+    else:  # the methods of each default together (e.g. base: adamw for flexdemo-adamw alone)
+        read = "; ".join(f"{', '.join(names)} (default {value.strip(repr(''))})"
+                         for value, names in by_default.items())
     kind = _knob_doc(name, records[0])[0]
     return name, f"{kind} | None", field(
         default=None, metadata={"knob": True, "help": f"{text} Read by {read}."})
