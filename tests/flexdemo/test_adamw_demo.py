@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import math
+
+import pandas as pd
 import pytest
 import torch
 
+from experiments.cli import main
 from flexdemo import METHODS, build_optimizer, method_record
 from flexdemo.bases import AdamWBase
 
@@ -59,3 +64,16 @@ def test_the_adamw_base_takes_an_lr_carrying_update_in_gradient_units():
     plain.apply([b], [grad.clone()], [LR], [0.0])
     torch.testing.assert_close(a, b)
     torch.testing.assert_close(carried.exp_avg[0], plain.exp_avg[0])
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_flexbench_run_trains_flexdemo_adamw_on_a_schedule(tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", "--method", "flexdemo-adamw", "--nodes", "2", "--gpus-per-node", "1",
+                 "--steps", "4", "--workload", "lm-tiny", "--schedule", "cosine",
+                 "--warmup-steps", "2", "--out", str(out)]) == 0
+    config = json.loads((out / "run.json").read_text())["config"]
+    assert (config["base"], config["sign"], config["warmup_steps"]) == ("adamw", False, 2)
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert all(math.isfinite(x) for x in steps["loss"]) and (steps["inter_calls"] == 1).all()
