@@ -37,6 +37,8 @@ WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
 SCHEDULES = ("constant", "warmup", "cosine")
 MAX_SEED = 2**32 - 1
+# RunSettings.warmup's default: a warmup other than it beside warmup_steps was set on purpose.
+_DEFAULT_WARMUP = 0.05
 
 
 def field_help(cls: type) -> dict[str, str]:
@@ -78,12 +80,14 @@ def _knob_field(name: str, records: list[Method]) -> tuple[str, str, Any]:
         docs.setdefault(_knob_doc(name, record)[1], []).append(record.name)
     text = " ".join(doc if len(docs) == 1 else f"{', '.join(names)}: {doc}"
                     for doc, names in docs.items())
-    defaults = {r.name: r.resolved({})[name] for r in records}
-    if len(set(map(repr, defaults.values()))) == 1:
-        default = next(iter(defaults.values()))
-        read = ", ".join(defaults) + ("" if default is None else f" (default {default})")
-    else:
-        read = ", ".join(f"{m} {v}" for m, v in defaults.items())
+    by_default: dict[str, list[str]] = {}
+    for record in records:
+        by_default.setdefault(repr(record.resolved({})[name]), []).append(record.name)
+    if len(by_default) == 1 and "None" in by_default:
+        read = ", ".join(by_default["None"])
+    else:  # the methods of each default together (e.g. base: adamw for flexdemo-adamw alone)
+        read = "; ".join(f"{', '.join(names)} (default {value.strip(repr(''))})"
+                         for value, names in by_default.items())
     kind = _knob_doc(name, records[0])[0]
     return name, f"{kind} | None", field(
         default=None, metadata={"knob": True, "help": f"{text} Read by {read}."})
@@ -122,9 +126,13 @@ class RunSettings:
     lr: float | None = None
     """Learning rate; None takes the method's tuned default for the workload."""
     schedule: str = "constant"
-    """Learning-rate schedule: constant, warmup (linear, then constant) or cosine (down to 10%)."""
-    warmup: float = 0.05
-    """Fraction of the steps spent in linear warmup (warmup and cosine schedules)."""
+    """Learning-rate schedule of every method (issue 19's lr_schedule): constant, warmup
+    (linear warm-up, then constant) or cosine (linear warm-up, then cosine down to 10%)."""
+    warmup: float = _DEFAULT_WARMUP
+    """Fraction of the steps spent in linear warm-up (warmup and cosine schedules)."""
+    warmup_steps: int | None = None
+    """Steps of linear warm-up, instead of the fraction warmup (warmup and cosine schedules;
+    below steps; constant ignores it); None: the fraction."""
     seed: int = 0
     """Seed for model init, data order, random replication and Ada's sample."""
     batch_size: int | None = None
@@ -183,6 +191,7 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
             _choice(name, getattr(self, name), allowed)
         self._check_counts()
         self._check_ranges()
+        self._check_warmup_steps()
         self._check_knobs()
         self._check_shaping()
         self.topology()  # parses the unit strings and node links
@@ -210,6 +219,22 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
         if not self.stall_timeout > 0:
             raise ConfigError(f"stall_timeout must be a positive number of seconds, got "
                               f"{self.stall_timeout}.")
+
+    def _check_warmup_steps(self) -> None:
+        """warmup_steps: a count below steps, not beside a warmup fraction of its own.
+
+        A constant schedule ignores it, as it ignores warmup: a sweep's shared warm-up then
+        stays valid for a method whose own schedule is constant.
+        """
+        if self.warmup_steps is None:
+            return
+        _at_least("warmup_steps", self.warmup_steps, 0)
+        if self.warmup != _DEFAULT_WARMUP:
+            raise ConfigError(f"warmup={self.warmup} and warmup_steps={self.warmup_steps} both "
+                              "set the warm-up; give one of them.")
+        if self.steps is not None and self.warmup_steps >= self.steps:
+            raise ConfigError(f"warmup_steps={self.warmup_steps} must be below steps="
+                              f"{self.steps}.")
 
     def _check_knobs(self) -> None:
         """The knobs given are ones the method reads, each valid, and fit this many nodes."""

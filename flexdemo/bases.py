@@ -56,8 +56,17 @@ class AdamWBase:
               lrs: list[float], wds: list[float], carries_lr: bool = False) -> None:
         """One AdamW step of every shard, one call per (lr, weight decay) setting.
 
-        ``carries_lr`` is ignored: AdamW divides the scale of its input out (up to ``eps``).
+        The update is AdamW's gradient. One that ``carries_lr`` (a momentum replicator's
+        decoded ``sum decay^k lr grad``) is divided by this step's lr first, so that AdamW sees
+        it in gradient units and applies lr exactly once. Left scaled, the lr would cancel in
+        ``m / sqrt(v)`` all but for ``eps``, which would act as ``eps / lr`` (1e-5 instead of
+        1e-8 at lr 1e-3). Under a constant lr this is AdamW fed the decoded momentum of the raw
+        gradients; under a schedule, older gradients keep the lr they were added with,
+        relative to this step's. At lr 0 the step moves nothing either way
+        and the update goes in as it is.
         """
+        if carries_lr:
+            updates = [u / lr if lr > 0 else u for u, lr in zip(updates, lrs, strict=True)]
         by_setting: dict[tuple[float, float], list[int]] = {}
         for i, (lr, wd) in enumerate(zip(lrs, wds, strict=True)):
             by_setting.setdefault((lr, wd), []).append(i)

@@ -118,11 +118,11 @@ class StepKnobs(Knobs):
     """FlexDeMo's own knobs: how a replica applies the update its replicator hands back."""
 
     base: str | None = None
-    """Base step: sign (SGD) or adamw; None: the replicator's (adamw for diloco, gossip and
-    ada, sign for the others)."""
+    """Base step: sign (SGD) or adamw; None: the method's (adamw for flexdemo-adamw, diloco,
+    gossip and ada, sign for the others)."""
     sign: bool | None = None
-    """Take sign() of the update before the base step; None: the replicator's (yes for the DeMo
-    family, random, striding and none)."""
+    """Take sign() of the update before the base step; None: the method's (yes for the DeMo
+    family but flexdemo-adamw, random, striding and none)."""
 
     def check(self) -> None:
         """The base is a known one; sign is a bool."""

@@ -57,6 +57,9 @@ class Method:
     """Its traffic is messages to the neighbours of a communication graph."""
     adapts: bool = False
     """It picks its own graph from the replica spread it measures."""
+    step: StepKnobs = field(default_factory=StepKnobs)
+    """This method's own defaults of FlexDeMo's base step and sign (None: the replicator's);
+    a run's ``base`` and ``sign`` still win."""
 
     @property
     def takes(self) -> tuple[str, ...]:
@@ -78,7 +81,7 @@ class Method:
         extra = sorted(k for k in given if k not in self.takes)
         check(not extra, f"method {self.name!r} does not read {', '.join(extra)}; it takes "
                          f"{', '.join(self.takes) or 'no knobs'}.")
-        step = StepKnobs().with_given({k: given.pop(k) for k in StepKnobs.names() if k in given})
+        step = self.step.with_given({k: given.pop(k) for k in StepKnobs.names() if k in given})
         names = self.knobs.names()
         given.update({k: v for k, v in wired.items() if k in names and v is not None})
         return self.knobs.with_given(given), step  # type: ignore[return-value]
@@ -101,6 +104,11 @@ RECORDS: tuple[Method, ...] = (
     # previous step's all-gather (issue 19; the delay rule lives in replicators/demo.py).
     Method("flexdemo-async", "demo", DeMoKnobs(topk=4, chunking="flat", value_format="bf16-packed",
                                                delay=1)),
+    # FlexDeMo under an AdamW step (DeToNATION's DeToAdamW): the decoded mean of the replicas'
+    # momenta is AdamW's gradient, no sign (the lr rule: flexdemo/bases.py, AdamWBase). Its lr
+    # 1e-3 is AdamW's usual default, untuned for this method.
+    Method("flexdemo-adamw", "demo", DeMoKnobs(topk=4, chunking="flat", value_format="bf16-packed"),
+           step=StepKnobs(base="adamw", sign=False)),
     Method("demo", "demo", DeMoKnobs(), shards=False),
     Method("hsdp-adamw", None, inter_all_reduce=True),
     Method("diloco", "diloco", DiLoCoKnobs(), takes_sign=False),

@@ -169,7 +169,8 @@ class FlexDeMo(torch.optim.Optimizer):
             # In place only on the replicator's own buffers, never on a user's .grad.
             owned = replicating and self.replicator.owns_updates
             updates = [u.sign_() if owned else u.sign() for u in updates]
-        # lr is inside a momentum replicator's update; only the sign step needs it again.
+        # lr is inside a momentum replicator's update: the sign base applies it as is, the
+        # AdamW base divides it out (bases.AdamWBase.apply), so lr is applied once either way.
         carries_lr = replicating and not self.sign and self.replicator.lr_in_update
         self.base.apply(shards, updates, lrs, wds, carries_lr=carries_lr)
         if replicating:

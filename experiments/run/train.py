@@ -19,10 +19,11 @@ from tqdm import tqdm
 import flexdemo
 from experiments.config import RunConfig
 from experiments.run.folder import RankResult
+from experiments.run.schedule import lr_factor, warmup_count
 from experiments.workloads import Workload, make_workload
 from netsim import EVAL, TraceRecorder, shaping
 
-__all__ = ["run_rank", "resolve", "lr_factor"]
+__all__ = ["lr_scheduler", "resolve", "run_rank"]
 
 _VAL_BATCHES = 8
 
@@ -89,17 +90,14 @@ def round_graph(opt: torch.optim.Optimizer) -> str | None:
     return graph if graph is not None and replicator.replicates_on(opt.steps) else None
 
 
-def lr_factor(step: int, total: int, schedule: str, warmup: float) -> float:
-    """Multiplier of the base lr at a 0-based step: linear warmup, then flat or cosine to 10%."""
-    if schedule == "constant":
-        return 1.0
-    warm = max(1, round(warmup * total))
-    if step < warm:
-        return (step + 1) / warm
-    if schedule == "warmup":
-        return 1.0
-    progress = (step - warm) / max(1, total - warm)
-    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+def lr_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """The run's schedule on ``opt`` (resolved ``cfg``): step s (0-based) runs at lr x lr_factor(s).
+
+    LambdaLR scales every parameter group's lr, which is where each method's step reads it.
+    """
+    warm = warmup_count(cfg.steps, cfg.warmup, cfg.warmup_steps)
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, warm))
 
 
 @torch.no_grad()
@@ -158,9 +156,7 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
         # Where each FSDP2 unit's backward ends, so a replay can overlap its reduce with the
         # next unit's backward as a GPU's communication stream does (--overlap fsdp2).
         flexdemo.watch_unit_backward(model, recorder.mark_unit_backward)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, cfg.steps, cfg.schedule, cfg.warmup)
-    )
+    sched = lr_scheduler(opt, cfg)
     to_dev = lambda batch: tuple(t.to(device) for t in batch)
     sync = _phase_sync(cfg, device)
     val = [to_dev(b) for b in workload.val_batches(_VAL_BATCHES, cfg.batch_size)]

@@ -177,17 +177,6 @@ def test_same_entry_point_under_torchrun(tmp_path):
     assert "wrote" in done.stdout
 
 
-def test_lr_schedules():
-    from experiments.run.train import lr_factor
-
-    assert [lr_factor(s, 100, "constant", 0.1) for s in (0, 50, 99)] == [1.0, 1.0, 1.0]
-    assert lr_factor(0, 100, "warmup", 0.1) == pytest.approx(0.1)
-    assert lr_factor(9, 100, "warmup", 0.1) == lr_factor(99, 100, "warmup", 0.1) == 1.0
-    cosine = [lr_factor(s, 100, "cosine", 0.1) for s in range(100)]
-    assert cosine[9] == 1.0 and cosine[-1] == pytest.approx(0.1, abs=1e-3)
-    assert all(a >= b for a, b in zip(cosine[9:], cosine[10:], strict=False))
-
-
 def test_every_run_setting_is_a_documented_flag():
     import argparse
     import dataclasses

@@ -67,7 +67,8 @@ def _knobs(method):
 
 
 def _check_replicators(rank, mesh):
-    for method in ("flexdemo", "flexdemo-async", "random", "striding", "diloco", "none"):
+    for method in ("flexdemo", "flexdemo-async", "flexdemo-adamw", "random", "striding", "diloco",
+                   "none"):
         record = method_record(method)
         assert record.shards and not record.inter_all_reduce
         model = parallelize(Net(), mesh, inter_all_reduce=False)
