@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -164,7 +165,8 @@ class StreamingDiLoCoReplicator(Replicator):
         in_flight = {f: p.mean().clone() for f, p in self.in_flight.items()}
         return {"steps": self.steps,
                 "anchors": [a.clone() for anchors in self.anchors for a in anchors],
-                "outer": [o.state_dict() for o in self.outers],
+                # deep copies: SGD hands back its live momentum buffers, which later steps move
+                "outer": [copy.deepcopy(o.state_dict()) for o in self.outers],
                 "residuals": None if self.residuals is None
                 else [r.clone() for r in self.residuals],
                 "in_flight": in_flight}
