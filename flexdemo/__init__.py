@@ -62,6 +62,7 @@ _WHERE = {
     "FullReplicator": "replicators", "GossipReplicator": "replicators",
     "NoReplicator": "replicators", "RandomReplicator": "replicators",
     "Replicator": "replicators", "StridingReplicator": "replicators",
+    "StreamingDiLoCoReplicator": "replicators",
     "backend_for": "devices", "side_channel_device": "devices",
     "CommStats": "wire", "all_gather_bytes": "wire", "all_reduce_bytes": "wire", "pack": "wire",
     "plan_bucket": "wire", "unpack": "wire",

@@ -24,13 +24,16 @@ from .graphs import GRAPHS, graph_ladder, graph_problem
 
 __all__ = ["BASES", "MAX_DCT_CHUNK", "VALUE_DTYPES", "VALUE_FORMATS", "AdaKnobs", "DeMoKnobs",
            "DiLoCoKnobs", "EveryKnobs", "GossipKnobs", "Knobs", "MomentumKnobs", "PartialKnobs",
-           "RandomKnobs", "ScheduleKnobs", "StepKnobs", "StridingKnobs", "check_ada_thresholds",
+           "OUTER_FORMATS", "RandomKnobs", "ScheduleKnobs", "StepKnobs", "StreamingDiLoCoKnobs",
+           "StridingKnobs", "check_ada_thresholds",
            "check_base", "check_dct_chunk", "check_value_format"]
 
 # The wire formats of flexdemo.formats (which owns their encodings), listed here so that they
 # are checked without torch.
 VALUE_FORMATS = ("fp32", "bf16", "fp32-packed", "bf16-packed", "int8", "int2", "sign")
 VALUE_DTYPES = ("bf16", "fp32")
+# Streaming DiLoCo's wire formats of a fragment's pseudo-gradient (replicators/outer_wire.py).
+OUTER_FORMATS = ("fp32", "bf16", "int8", "4bit")
 BASES = ("sign", "adamw")
 
 # The largest DCT chunk side. A side-n chunk needs an n x n basis, built in float64 beside a few
@@ -284,11 +287,61 @@ class DiLoCoKnobs(Knobs):
     def check(self) -> None:
         """Positive ``diloco_h`` and ``outer_lr``; ``outer_momentum`` in [0, 1)."""
         int_at_least("diloco_h", self.diloco_h, 1)
-        lr = self.outer_lr
-        check(isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0,
-              f"outer_lr={lr!r} must be a number > 0.")
-        in_unit_interval("outer_momentum", self.outer_momentum, closed_low=True,
-                         closed_high=False)
+        _check_outer_step(self.outer_lr, self.outer_momentum)
+
+
+def _check_outer_step(lr: object, momentum: object) -> None:
+    """The outer Nesterov SGD's learning rate is a number > 0 and its momentum lies in [0, 1)."""
+    check(isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0,
+          f"outer_lr={lr!r} must be a number > 0.")
+    in_unit_interval("outer_momentum", momentum, closed_low=True, closed_high=False)
+
+
+@dataclass(frozen=True)
+class StreamingDiLoCoKnobs(Knobs):
+    """:class:`~flexdemo.replicators.StreamingDiLoCoReplicator`'s knobs (torchft's names)."""
+
+    sync_every: int = 50
+    """Inner steps between two syncs of one fragment (DiLoCo's H); a multiple of num_fragments,
+    since one fragment syncs every sync_every / num_fragments steps."""
+    num_fragments: int = 2
+    """Fragments the parameter list is cut into (contiguous runs of whole parameters), each
+    synchronized on its own staggered step with its own outer optimizer."""
+    fragment_sync_delay: int = 1
+    """Inner steps between posting a fragment's all-reduce and applying it (Streaming DiLoCo's
+    tau), below sync_every / num_fragments; 0 applies it in the step that posts it."""
+    fragment_update_alpha: float = 0.0
+    """Weight of the local parameters when a sync lands, in [0, 1]: a fragment becomes
+    alpha * local + (1 - alpha) * synced (0: the synced ones, as DiLoCo)."""
+    outer_lr: float = 0.7
+    """Learning rate of the outer Nesterov SGD step."""
+    outer_momentum: float = 0.9
+    """Momentum of the outer Nesterov SGD step, in [0, 1)."""
+    outer_format: str = "fp32"
+    """Wire format of a fragment's pseudo-gradient: fp32 or bf16 (all-reduced), int8 or 4bit
+    (all-gathered codes with one fp32 scale per fragment); what rounding loses is carried
+    to that fragment's next sync (error feedback)."""
+
+    def check(self) -> None:
+        """Positive ``sync_every`` and ``num_fragments``, the one dividing the other; a delay
+        below the fragment period; alpha in [0, 1]; the outer step; a known format."""
+        int_at_least("sync_every", self.sync_every, 1)
+        int_at_least("num_fragments", self.num_fragments, 1)
+        check(self.sync_every % self.num_fragments == 0,
+              f"sync_every={self.sync_every} must be a multiple of "
+              f"num_fragments={self.num_fragments}, since one fragment syncs every "
+              "sync_every / num_fragments steps.")
+        int_at_least("fragment_sync_delay", self.fragment_sync_delay, 0)
+        period = self.sync_every // self.num_fragments
+        check(self.fragment_sync_delay < period,
+              f"fragment_sync_delay={self.fragment_sync_delay} must be below sync_every / "
+              f"num_fragments = {period}, so that a sync lands before the next one is posted.")
+        in_unit_interval("fragment_update_alpha", self.fragment_update_alpha, closed_low=True,
+                         closed_high=True)
+        _check_outer_step(self.outer_lr, self.outer_momentum)
+        check(self.outer_format in OUTER_FORMATS,
+              f"outer_format={self.outer_format!r} is unknown; use one of "
+              f"{', '.join(OUTER_FORMATS)}.")
 
 
 @dataclass(frozen=True)

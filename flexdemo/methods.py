@@ -25,6 +25,7 @@ from .knobs import (
     Knobs,
     RandomKnobs,
     StepKnobs,
+    StreamingDiLoCoKnobs,
     StridingKnobs,
 )
 
@@ -112,6 +113,9 @@ RECORDS: tuple[Method, ...] = (
     Method("demo", "demo", DeMoKnobs(), shards=False),
     Method("hsdp-adamw", None, inter_all_reduce=True),
     Method("diloco", "diloco", DiLoCoKnobs(), takes_sign=False),
+    # DiLoCo per fragment, staggered, each sync overlapped with tau inner steps (torchft's
+    # Streaming DiLoCo; the rules live in replicators/streaming_diloco.py).
+    Method("streaming-diloco", "streaming-diloco", StreamingDiLoCoKnobs(), takes_sign=False),
     Method("random", "random", RandomKnobs()),
     Method("striding", "striding", StridingKnobs()),
     Method("none", "none"),

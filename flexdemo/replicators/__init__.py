@@ -13,6 +13,8 @@ One class per scheme, each owning its knobs (``knobs_type``, a schema of
 - ``ada.py``: :class:`AdaReplicator`, gossip whose graph moves along a ladder of graphs with
   the replica spread it measures (``sampled_spread.py``) every few rounds.
 - ``diloco.py``: :class:`DiLoCoReplicator`, local steps and a periodic outer Nesterov step.
+- ``streaming_diloco.py``: :class:`StreamingDiLoCoReplicator`, DiLoCo per fragment on
+  staggered steps, each sync overlapped with a few inner steps (``outer_wire.py``: its wire).
 
 A new scheme is one subclass of :class:`Replicator` (``base.py``), its knobs in
 :mod:`flexdemo.knobs` and one entry in ``REPLICATORS``; a named method using it is one record in
@@ -28,11 +30,12 @@ from .dense import FullReplicator, NoReplicator
 from .diloco import DiLoCoReplicator
 from .gossip import GossipReplicator
 from .partial import RandomReplicator, StridingReplicator
+from .streaming_diloco import StreamingDiLoCoReplicator
 
 # Name -> class, for the reference-compatible ``FlexDeMo(..., replicator="demo")``.
 REPLICATORS: dict[str, type[Replicator]] = {
     cls.name: cls for cls in (DeMoReplicator, FullReplicator, NoReplicator, RandomReplicator,
-                              StridingReplicator, DiLoCoReplicator,
+                              StridingReplicator, DiLoCoReplicator, StreamingDiLoCoReplicator,
                               GossipReplicator, AdaReplicator)
 }
 
@@ -46,5 +49,6 @@ __all__ = [
     "NoReplicator",
     "RandomReplicator",
     "Replicator",
+    "StreamingDiLoCoReplicator",
     "StridingReplicator",
 ]

@@ -16,6 +16,7 @@ from flexdemo import (
     FlexDeMo,
     FullReplicator,
     RandomReplicator,
+    StreamingDiLoCoReplicator,
     StridingReplicator,
 )
 from netsim import Link, Topology, TraceRecorder, shaping
@@ -30,6 +31,11 @@ CASES = {
     "random": lambda: RandomReplicator(rate=0.3),
     "striding": lambda: StridingReplicator(rate=0.3, chunk=4),
     "diloco": lambda: DiLoCoReplicator(diloco_h=2),
+    # An all-reduce waited on a step after it is posted; then the all-gather of 4-bit codes.
+    "streaming-diloco fp32, delay 1": lambda: StreamingDiLoCoReplicator(
+        sync_every=4, num_fragments=2, fragment_sync_delay=1),
+    "streaming-diloco 4bit": lambda: StreamingDiLoCoReplicator(
+        sync_every=2, num_fragments=2, fragment_sync_delay=0, outer_format="4bit"),
     # Gossip with the complete graph of 2 nodes, plus the spread all-reduce every 2nd round.
     "ada": lambda: AdaReplicator(ada_every=2),
 }
@@ -72,6 +78,7 @@ def _agree(rank, world):
                 recorder.end_step(step)
                 assert opt.last_step_comm == _recorded(recorder, step), (name, step)
                 communicated += opt.last_step_comm["calls"]
+            opt.drain()
             assert communicated > 0, name  # each case really crossed nodes
     finally:
         shaping.uninstall()

@@ -58,7 +58,9 @@ def _replicas_identical(model, mesh):
     return True
 
 
-KNOBS = {"topk": 3, "chunk": 4, "diloco_h": 2, "rate": 0.5, "value_dtype": torch.float32}
+# streaming-diloco as one fragment without delay: the whole model every 2nd step, as diloco.
+KNOBS = {"topk": 3, "chunk": 4, "diloco_h": 2, "rate": 0.5, "value_dtype": torch.float32,
+         "sync_every": 2, "num_fragments": 1, "fragment_sync_delay": 0}
 
 
 def _knobs(method):
@@ -68,7 +70,7 @@ def _knobs(method):
 
 def _check_replicators(rank, mesh):
     for method in ("flexdemo", "flexdemo-async", "flexdemo-adamw", "random", "striding", "diloco",
-                   "none"):
+                   "streaming-diloco", "none"):
         record = method_record(method)
         assert record.shards and not record.inter_all_reduce
         model = parallelize(Net(), mesh, inter_all_reduce=False)
@@ -79,7 +81,7 @@ def _check_replicators(rank, mesh):
             comm = opt.last_step_comm
             if method == "none":
                 assert comm == {"bytes_sent": 0, "bytes_received": 0, "calls": 0}
-            elif method == "diloco" and step % 2 == 1:
+            elif method in ("diloco", "streaming-diloco") and step % 2 == 1:
                 assert comm["calls"] == 0
             else:
                 assert comm["calls"] == 1 and comm["bytes_sent"] > 0, (method, comm)
