@@ -57,8 +57,8 @@ OVERLAP_NOTE = (
 
 CARRY_NOTE = (
     "ops waited on after their step (an exchange overlapped with later steps' compute, as "
-    "flexdemo-async's and streaming-diloco's): issued where recorded and waited where the trace waited, in a later "
-    "step (at its start if the wait fell between steps), the link busy meanwhile, after the "
+    "flexdemo-async's and streaming-diloco's): issued where recorded and waited where the "
+    "trace waited, in a later step (at its start if the wait fell between steps), the link busy meanwhile, after the "
     "carried ops still in flight (one communicator runs its ops in order); one the "
     "trace waits on only after its last step (the run's drain) is due as late as the others; "
     "a replay "
