@@ -58,12 +58,12 @@ OVERLAP_NOTE = (
 CARRY_NOTE = (
     "ops waited on after their step (an exchange overlapped with later steps' compute, as "
     "flexdemo-async's and streaming-diloco's): issued where recorded and waited where the "
-    "trace waited, in a later step (at its start if the wait fell between steps), the link busy meanwhile, after the "
-    "carried ops still in flight (one communicator runs its ops in order); one the "
-    "trace waits on only after its last step (the run's drain) is due as late as the others; "
-    "a replay "
-    "cycling past the recording's last step ends the next step with it, and the last "
-    "simulated step's are not waited on (the run's drain is off the training clock)."
+    "trace waited, in a later step (at its start if the wait fell between steps), the link "
+    "busy meanwhile, after the carried ops still in flight (one communicator runs its ops in "
+    "order); one the trace waits on only after its last step (the run's drain) is due as late "
+    "as the others; a replay cycling past the recording's last step ends the next step with "
+    "it, and the last simulated step's are not waited on (the run's drain is off the training "
+    "clock)."
 )
 
 
