@@ -201,6 +201,9 @@ class DeMoKnobs(MomentumKnobs):
     """Replicating steps between posting an exchange and applying it: 0 (the same step) or 1
     (apply the previous one's while this one's all-gather is in flight; the first applies
     nothing)."""
+    lookahead: bool = False
+    """With delay 1: step on this replica's own top-k at once and, one step later, swap it for
+    the replicas' mean, so a gradient never misses the last step (needs the sign step)."""
 
     aliases: ClassVar[dict[str, str]] = {
         "value_dtype": "Alias kept for value_format: bf16 or fp32, the float of the method's "
@@ -210,7 +213,7 @@ class DeMoKnobs(MomentumKnobs):
 
     def check(self) -> None:
         """Positive topk, a chunk whose basis fits, a known chunking and format, topk <= chunk
-        when flat, and a delay of 0 or 1."""
+        when flat, a delay of 0 or 1, and lookahead only with delay 1."""
         super().check()
         int_at_least("topk", self.topk, 1)
         check_dct_chunk("chunk", self.chunk)
@@ -221,6 +224,11 @@ class DeMoKnobs(MomentumKnobs):
         check(ok and self.delay in (0, 1),
               f"delay={self.delay!r} must be 0 (apply each exchange in its own step) or 1 "
               "(apply it one replicating step later).")
+        check(isinstance(self.lookahead, bool),
+              f"lookahead={self.lookahead!r} must be true or false.")
+        check(not self.lookahead or self.delay == 1,
+              f"lookahead=true needs delay=1 (it corrects a delayed exchange), got "
+              f"delay={self.delay!r}.")
         check(self.chunking != "flat" or self.topk <= self.chunk,
               f"topk={self.topk} is larger than a flat chunk of chunk={self.chunk} elements; "
               f"use topk <= {self.chunk} or chunking='block'.")

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ._checks import check, float_dtype, in_unit_interval, int_at_least
-from .bases import make_base
+from .bases import SignBase, make_base
 from .knobs import DeMoKnobs, check_dct_chunk
 from .replicators import REPLICATORS, Replicator
 from .wire import CommStats
@@ -126,6 +126,11 @@ class FlexDeMo(torch.optim.Optimizer):
         self.replicas = _group_size(replication_group)
         shards = [local_tensor(p.detach()) for p in self._trainable()]
         self.base = make_base(rep.default_base if base is None else base, shards, betas, eps)
+        # The look-ahead is taken back by a sign step of its own (DeMoReplicator._correct).
+        signed = self.sign and isinstance(self.base, SignBase)
+        check(not getattr(rep, "lookahead", False) or signed,
+              "lookahead=true needs the sign step (base sign, sign true), which its correction "
+              "takes back; use lookahead=false with another base.")
         rep.setup(shards, replication_group, self.replicas)
         self.steps = 0
         self.last_step_comm = CommStats().as_dict()

@@ -23,10 +23,19 @@ Wire = list[tuple[list[torch.Tensor], torch.Tensor | None]]  # per group: (segme
 
 @dataclass
 class Pending:
-    """A launched all-gather: the buffer it fills and the handle to wait on."""
+    """A launched all-gather: the buffer it fills, the handle to wait on, what this rank sent."""
 
     gathered: torch.Tensor
     work: object | None
+    sent: torch.Tensor | None = None
+
+
+@dataclass
+class Ahead:
+    """A look-ahead step taken (lookahead): sign of this rank's own update, and its lrs."""
+
+    signs: list[torch.Tensor]
+    lrs: list[float]
 
 
 def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Group) -> object:
@@ -59,6 +68,17 @@ class DeMoReplicator(Replicator):
     never applied), since applying it would be a step after the run's last one. With a single
     replica nothing crosses a network and the update applies at once, as with ``delay=0``.
 
+    Look-ahead (``lookahead=True``, with ``delay=1`` and the sign step): the step that posts an
+    exchange steps on this rank's own decoded top-k at once, and the next step, once the
+    exchange has arrived (:meth:`after_update`), takes that sign step back and takes the
+    replicas' mean's instead: every replica's parameters are the synchronous sequence of means
+    plus its own latest look-ahead, so the next gradient is taken where the step just sent
+    points rather than one step behind it. The replicas then differ by one sign step of their
+    own, for one step (with weight decay, by its product with it too), and by float rounding:
+    taking a step back rounds differently on each replica (a few ulps per step, which nothing
+    amplifies, since every replica then applies the bit-equal mean). :meth:`drain` applies the
+    last correction, so they end equal up to that rounding.
+
     Knobs: :class:`flexdemo.knobs.DeMoKnobs` (``topk``, ``chunk``, ``decay``, ``chunking``,
     ``value_format`` or its alias ``value_dtype``, the schedule, ``fold_skipped``). Block
     chunking clamps ``topk`` to a block's elements; flat chunking refuses a ``topk`` above
@@ -79,6 +99,11 @@ class DeMoReplicator(Replicator):
         self.format = make_format(self.value_format)
         # delay=1: the exchange posted by the last replicating step, applied by the next one.
         self.in_flight: Pending | None = None
+        # lookahead: the exchange whose look-ahead after_update corrects, and that look-ahead.
+        self.arrived: Pending | None = None
+        self.ahead: Ahead | None = None
+        self.next_ahead: Ahead | None = None
+        self.shards: list[torch.Tensor] = []
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Group the shards' blocks by shape and plan the bucket every step sends."""
@@ -140,20 +165,24 @@ class DeMoReplicator(Replicator):
         work = _all_gather_flat(gathered, buf, self.group)
         sent = all_gather_bytes(self.bucket_bytes, self.ranks)
         stats.add(sent, sent)
-        return Pending(gathered, work)
+        return Pending(gathered, work, buf)
 
     def decode_mean(self, pending: Pending) -> list[torch.Tensor]:
         """Wait for the all-gather; mean of what the replicas sent per coefficient, inverse DCT."""
         if pending.work is not None:
             pending.work.wait()
-        views = unpack(pending.gathered.view(self.ranks, self.bucket_bytes), self.segments)
+        return self._decode(pending.gathered, self.ranks)
+
+    def _decode(self, packed: torch.Tensor, ranks: int) -> list[torch.Tensor]:
+        # The mean over `ranks` packed buckets per coefficient (one: this rank's own update).
+        views = unpack(packed.view(ranks, self.bucket_bytes), self.segments)
         out = self._placeholders()
         for g, (first, count) in zip(self.groups, self.spans, strict=True):
             idx, vals = self.format.decode(views[first:first + count], g.num_blocks, g.k,
                                            g.c1 * g.c2, g.dtype)
             # (ranks, blocks, k) -> (blocks, ranks * k): every block's contributions in a row.
-            idx = idx.permute(1, 0, 2).reshape(g.num_blocks, self.ranks * g.k)
-            vals = vals.permute(1, 0, 2).reshape(g.num_blocks, self.ranks * g.k)
+            idx = idx.permute(1, 0, 2).reshape(g.num_blocks, ranks * g.k)
+            vals = vals.permute(1, 0, 2).reshape(g.num_blocks, ranks * g.k)
             g.decode_mean_into(idx, vals, out, self.shapes)
         return out
 
@@ -182,15 +211,43 @@ class DeMoReplicator(Replicator):
         if self.delay == 0 or posted is None:
             return self.finish(posted)
         previous, self.in_flight = self.in_flight, posted
+        if self.lookahead:
+            # Step on our own top-k now; after_update swaps the previous look-ahead for the mean.
+            self.arrived = previous
+            own = self._decode(posted.sent, 1)
+            self.next_ahead = Ahead([u.sign() for u in own], list(lrs))
+            return own
         if previous is None:
             return self._zeros()  # the first step: nothing has arrived yet (see the class doc)
         return self.finish(previous)
 
+    def after_update(self, params: list[torch.Tensor], stats: CommStats) -> None:
+        """lookahead: take the previous look-ahead back, step on the replicas' mean instead."""
+        if not self.lookahead:
+            return
+        self.shards = params
+        if self.arrived is not None and self.ahead is not None:
+            self._correct(self.arrived, self.ahead)
+        self.arrived, self.ahead, self.next_ahead = None, self.next_ahead, None
+
+    @torch.no_grad()  # drain() runs outside the optimizer's step
+    def _correct(self, pending: Pending, ahead: Ahead) -> None:
+        # The sign base stepped p -= lr * sign(own); p += lr * (sign(own) - sign(mean)) makes
+        # it p -= lr * sign(mean), the step every replica takes.
+        for p, own, mean, lr in zip(self.shards, ahead.signs, self.decode_mean(pending),
+                                    ahead.lrs, strict=True):
+            if p.numel():
+                p.add_(own - mean.sign(), alpha=lr)
+
     def drain(self) -> None:
-        """Wait for the exchange still in flight (delay=1) and drop it, never applied."""
+        """Wait for the exchange still in flight (delay=1): dropped, or with lookahead applied
+        in place of the last look-ahead (so that the replicas end equal)."""
         pending, self.in_flight = self.in_flight, None
-        if pending is not None and pending.work is not None:
+        if self.lookahead and pending is not None and self.ahead is not None and self.shards:
+            self._correct(pending, self.ahead)
+        elif pending is not None and pending.work is not None:
             pending.work.wait()
+        self.ahead = None
 
     def accumulate(self, grads: list[torch.Tensor], lrs: list[float]) -> list[torch.Tensor]:
         """A step off the schedule: step on the local gradient (delta kept, as the reference)."""
@@ -208,11 +265,17 @@ class DeMoReplicator(Replicator):
                 self.in_flight.work.wait()
                 self.in_flight = Pending(self.in_flight.gathered, None)
             state["in_flight"] = self.in_flight.gathered.clone()
+        if self.ahead is not None:  # lookahead: the step the exchange in flight will correct
+            state["ahead"] = {"signs": [t.clone() for t in self.ahead.signs],
+                              "lrs": list(self.ahead.lrs)}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the momentum and any exchange that was in flight."""
         copy_state([g.delta for g in self.groups], state["delta"])
+        ahead = state.get("ahead")
+        self.ahead = None if ahead is None else Ahead([t.clone() for t in ahead["signs"]],
+                                                      list(ahead["lrs"]))
         gathered = state.get("in_flight")  # absent: saved with nothing in flight
         if gathered is None:
             self.in_flight = None

@@ -44,12 +44,13 @@ def _check_delayed_update_is_last_steps_synchronous_one(rank: int, world: int) -
     flexdemo_async = method_record("flexdemo-async").knobs
     settings = [
         DeMoKnobs(topk=TOPK, chunk=CHUNK, decay=DECAY, value_format="fp32"),  # 2-D blocks
-        dataclasses.replace(flexdemo_async, delay=0),  # the method's own flat, packed bf16
+        # the method's own flat, packed bf16
+        dataclasses.replace(flexdemo_async, delay=0, lookahead=False),
     ]
     shards = [p.detach() for p in _model().parameters()]
     for knobs in settings:
         sync = DeMoReplicator(knobs)
-        delayed = DeMoReplicator(dataclasses.replace(knobs, delay=1))
+        delayed = DeMoReplicator(dataclasses.replace(knobs, delay=1, lookahead=False))
         for rep in (sync, delayed):
             rep.setup(shards, None, world)
         lrs = [LR] * len(shards)
@@ -80,7 +81,7 @@ def _check_delayed_update_is_last_steps_synchronous_one(rank: int, world: int) -
 def _check_optimizer_keeps_replicas_equal_and_resumes(rank: int, world: int) -> None:
     model = _model()
     start = [p.detach().clone() for p in model.parameters()]
-    opt = build_optimizer("flexdemo-async", model, None, lr=LR)
+    opt = build_optimizer("flexdemo-async", model, None, lr=LR, lookahead=False)
     _backward(model, 0, rank)
     opt.step()
     # The zero first update leaves the parameters where they started (no weight decay).
@@ -98,7 +99,7 @@ def _check_optimizer_keeps_replicas_equal_and_resumes(rank: int, world: int) -> 
         opt.step()
     resumed = _model(seed=123)
     resumed.load_state_dict(saved_model)
-    opt2 = build_optimizer("flexdemo-async", resumed, None, lr=LR)
+    opt2 = build_optimizer("flexdemo-async", resumed, None, lr=LR, lookahead=False)
     opt2.load_state_dict(saved_opt)
     for step in range(3, 6):
         _backward(resumed, step, rank)
@@ -118,9 +119,62 @@ def _check_optimizer_keeps_replicas_equal_and_resumes(rank: int, world: int) -> 
         sync.load_state_dict(saved_opt)
 
 
+def _set_grads(model: torch.nn.Module, step: int, rank: int) -> None:
+    # Gradients that do not depend on the parameters: the momenta of every variant then agree.
+    for p, g in zip(model.parameters(), _grads(list(model.parameters()), step, rank),
+                    strict=True):
+        p.grad = g
+
+
+def _check_lookahead_is_the_synchronous_path_plus_its_own_step(rank: int, world: int) -> None:
+    # With the same gradients the momenta, and so the means, are the synchronous method's:
+    # after step t the look-ahead replica sits at the synchronous parameters of step t - 1
+    # moved by one sign step of its own top-k; the drain leaves the synchronous ones.
+    sync_model, ahead_model = _model(), _model()
+    sync = build_optimizer("flexdemo", sync_model, None, lr=LR)
+    ahead = build_optimizer("flexdemo-async", ahead_model, None, lr=LR, lookahead=True)
+    before = [p.detach().clone() for p in sync_model.parameters()]
+    for step in range(1, STEPS + 1):
+        for model, opt in ((sync_model, sync), (ahead_model, ahead)):
+            _set_grads(model, step, rank)
+            opt.step()
+        own = ahead.replicator.ahead.signs
+        for p, b, o in zip(ahead_model.parameters(), before, own, strict=True):
+            assert torch.allclose(p, b - LR * o, atol=1e-6)
+        before = [p.detach().clone() for p in sync_model.parameters()]
+        assert ahead.last_step_comm == sync.last_step_comm
+    ahead.drain()
+    for a, b in zip(ahead_model.parameters(), sync_model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+        both = [torch.zeros_like(a) for _ in range(world)]
+        dist.all_gather(both, a.detach())
+        # The replicas end equal up to float rounding: taking one's own step back rounds
+        # differently on each (their means are bit-equal, so nothing amplifies it).
+        assert torch.allclose(both[0], both[1], rtol=0, atol=1e-6)
+    # Resuming mid-run applies what the uninterrupted run applies.
+    model = _model()
+    opt = build_optimizer("flexdemo-async", model, None, lr=LR, lookahead=True)
+    for step in range(1, 3):
+        _set_grads(model, step, rank)
+        opt.step()
+    saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    resumed = _model(seed=123)
+    resumed.load_state_dict(saved_model)
+    opt2 = build_optimizer("flexdemo-async", resumed, None, lr=LR, lookahead=True)
+    opt2.load_state_dict(saved_opt)
+    for m, o in ((model, opt), (resumed, opt2)):
+        for step in range(3, 5):
+            _set_grads(m, step, rank)
+            o.step()
+        o.drain()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), resumed.parameters(),
+                                                 strict=True))
+
+
 def _two_ranks(rank: int, world: int) -> None:
     _check_delayed_update_is_last_steps_synchronous_one(rank, world)
     _check_optimizer_keeps_replicas_equal_and_resumes(rank, world)
+    _check_lookahead_is_the_synchronous_path_plus_its_own_step(rank, world)
 
 
 @pytest.mark.dist
@@ -167,6 +221,14 @@ def test_run_trace_waits_each_all_gather_in_the_next_step(tmp_path, capsys):
     assert replayed["step_time_s"].iloc[-1] < transfer + compute / 2
 
 
+def test_lookahead_needs_delay_one_and_the_sign_step():
+    with pytest.raises(ValueError, match=r"^lookahead=true needs delay=1 .*\.$"):
+        DeMoKnobs(lookahead=True)
+    with pytest.raises(ValueError, match=r"^lookahead=true needs the sign step .*\.$"):
+        build_optimizer("flexdemo-async", _model(), None, lookahead=True, base="adamw",
+                        sign=False)
+
+
 def test_delay_other_than_zero_or_one_is_one_sentence():
     for bad in (2, -1, True, 0.5):
         with pytest.raises(ValueError, match=r"^delay=.* must be 0 .* or 1 .*\.$") as err:
@@ -178,7 +240,7 @@ def test_delay_other_than_zero_or_one_is_one_sentence():
 def test_flexdemo_async_is_flexdemo_with_delay_one_listed_after_it():
     assert METHODS.index("flexdemo-async") == METHODS.index("flexdemo") + 1
     assert method_record("flexdemo-async").knobs == dataclasses.replace(
-        method_record("flexdemo").knobs, delay=1)
+        method_record("flexdemo").knobs, delay=1, lookahead=True)
 
 
 def test_run_with_delay_two_exits_2_and_writes_nothing(tmp_path, capsys):
