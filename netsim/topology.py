@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_node_link
 
@@ -211,9 +212,14 @@ class Topology:
         """Whether a group of global ranks spans more than one node (so it uses the inter link)."""
         return len(self.nodes_of(ranks)) > 1
 
+    @cached_property
+    def _own_links(self) -> dict[int, Link]:
+        """node_links as a dict, built once: a lookup per node must not rebuild it (10^4 nodes)."""
+        return dict(self.node_links)
+
     def node_link(self, node: int) -> Link:
         """Node `node`'s own link to the others: its entry in node_links, else inter."""
-        return dict(self.node_links).get(node, self.inter)
+        return self._own_links.get(node, self.inter)
 
     def inter_link(self, nodes: Iterable[int] | None = None) -> Link:
         """The link a collective across `nodes` (default: all) runs over, as one uniform link.

@@ -9,6 +9,10 @@ the node's messages to and from its neighbours leave through its NIC's egress an
 its ingress at once, processor-shared with the node's other traffic, and end one latency later.
 On a vertex-transitive graph every node does this at the same time, so the class's one process
 stands for all of its nodes, and the cost grows with the degree, not with the node count.
+
+Nodes of one compute speed form one class whatever their links: the slowest of their links paces
+every op of theirs exactly (`Cluster._node_classes`), so 10^4 nodes, each with a link of its
+own, cost what 10^4 alike do.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from netsim.costs import (
 )
 from netsim.model.programs import Compute, Issue, Item, OpSpec, Wait
 from netsim.model.shared_link import SharedLink
-from netsim.topology import Topology
+from netsim.topology import Link, Topology
 
 __all__ = ["Cluster", "Delay", "Exchange", "InterOp", "IntraOp", "StreamOp", "Step", "Degrees"]
 
@@ -93,6 +97,10 @@ Step = Delay | InterOp | IntraOp | Exchange | Wait | StreamOp
 class Cluster:
     """One process per (speed class, position); NICs per class, or per position per-accelerator."""
 
+    # Private switch for tests: True keeps one class per distinct (speed, link), as the model
+    # did before classes merged per speed; it predicts the same, only slower.
+    _class_per_link = False
+
     def __init__(
         self,
         topology: Topology,
@@ -125,16 +133,8 @@ class Cluster:
         self.node_egress_bytes = 0.0  # bytes out of the first class's node, for reporting
         # (op, algorithm run, group size, one rank per node) -> message sizes, for reporting.
         self.choices: dict[tuple[str, str, int, bool], set[int]] = defaultdict(set)
-        # Nodes of equal speed and link behave alike: class c runs at speed classes[c] and its
-        # NICs at links[c]. Sorted by speed first, so uniform links keep the old class order.
-        node_links = [topology.node_link(k) for k in range(topology.nodes)]
-        kinds = {
-            (speed, link.effective_bandwidth, link.latency): link
-            for speed, link in zip(topology.node_speed, node_links, strict=True)
-        }
-        keys = sorted(kinds)
-        self.classes = [key[0] for key in keys]
-        self.links = [kinds[key] for key in keys]
+        # Class c runs at speed classes[c] and its NICs at links[c] (sorted by speed).
+        self.classes, self.links = self._node_classes(topology, self._class_per_link)
         # Every inter-node op spans all nodes here: it pays the largest latency of any of them.
         self.path = topology.inter_link()
         g = topology.accelerators_per_node
@@ -157,6 +157,27 @@ class Cluster:
         self._volumes: dict[int, tuple[int, CollectiveVolume]] = {}  # spec id -> (p, volume)
         self.compiled = {slot: self._compile(program, slot[1])
                          for slot, program in programs.items()}
+
+    @staticmethod
+    def _node_classes(topology: Topology, per_link: bool = False,
+                      ) -> tuple[list[float], list[Link]]:
+        """One class per node speed, its NICs at the slowest link among the nodes of that speed.
+
+        Nodes of one speed run the same program at the same times: every op starts on all of
+        them at once (a meeting of all classes), so their NICs carry the same flows, started
+        together; a link's own latency enters only through the path's largest. Processor
+        sharing is monotone in bandwidth (at every instant a faster NIC has moved at least as
+        much of every flow: it carries a subset of the slower one's flows, each at a larger
+        share), so the slowest NIC ends each op last among them, and it alone sets the pace.
+        """
+        links = [topology.node_link(k) for k in range(topology.nodes)]
+        kinds: dict[tuple, Link] = {}
+        for speed, link in zip(topology.node_speed, links, strict=True):
+            key = (speed, link.effective_bandwidth, link.latency) if per_link else (speed,)
+            if key not in kinds or link.effective_bandwidth < kinds[key].effective_bandwidth:
+                kinds[key] = link
+        keys = sorted(kinds)  # by speed first, so uniform links keep the old class order
+        return [key[0] for key in keys], [kinds[key] for key in keys]
 
     # -- compiling programs for the target topology -------------------------------------------
     def _group_size(self, spec: OpSpec) -> int:
