@@ -69,6 +69,7 @@ from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import Replay, algorithm_summary, has_backward_marks, has_unit_marks, simulate
 from netsim.model.programs import OVERLAPS
+from netsim.units import format_bandwidth
 
 log = logging.getLogger(__name__)
 
@@ -520,11 +521,19 @@ def _compute_scale(args: argparse.Namespace, steps: pd.DataFrame) -> float:
     return args.step_compute / recorded if recorded > 0 else 1.0
 
 
+_LISTED_LINKS = 8  # node links a replay's summary line lists one by one
+
+
 def _print_replay(args: argparse.Namespace, run: RecordedRun, replay: Replay, out: Path,
                   calibration: Calibration | None) -> None:
     """What was simulated, on which network, and what the model assumed to get there."""
     frame, topology = replay.frame, replay.topology
     links = topology.describe_node_links()
+    if len(links) > _LISTED_LINKS:  # 10^4 of them would make a line of 200 kB
+        slowest = topology.inter_link()
+        links = [*links[:3], f"... {len(links):,} in all, slowest "
+                 f"{format_bandwidth(slowest.bandwidth)}, largest latency "
+                 f"{slowest.latency * 1e3:g}ms"]
     print(f"simulated {len(frame)} steps of {run.config.method} on "
           f"{topology.nodes} nodes x {topology.accelerators_per_node} "
           f"at {args.inter_bw}, {args.inter_lat}"

@@ -204,6 +204,16 @@ def _total(csv: Path) -> float:
     return float(pd.read_csv(csv)["time_s"].iloc[-1])
 
 
+def test_a_replay_of_many_node_links_lists_three_and_the_slowest(tmp_path, capsys):
+    plain = _fake_run(tmp_path / "plain", [])
+    links = [arg for k in range(12) for arg in ("--node-link", f"{k}={k + 1}Gbit,{k + 1}ms")]
+    code, out, err = _flexbench(capsys, "simulate", str(plain), "--inter-bw", FAST, "--nodes",
+                                "12", *links, "--out", str(tmp_path / "many.csv"))
+    assert code == 0, err
+    assert ("node links 0=1Gbit,1ms, 1=2Gbit,2ms, 2=3Gbit,3ms, ... 12 in all, slowest 1Gbit, "
+            "largest latency 12ms)") in out, out
+
+
 def test_flexbench_simulate_replays_and_overrides_node_links(tmp_path, capsys):
     plain = _fake_run(tmp_path / "plain", [])
     slow = _fake_run(tmp_path / "slow", [f"1={SLOW},30ms"])
