@@ -45,7 +45,7 @@ def _train_step(model, opt, step, rank):
     opt.step()
 
 
-def _replicas_identical(model, mesh):
+def _replicas_identical(model, mesh, atol=0.0):
     group = replicate_group(mesh)
     for p in model.parameters():
         shard = local_tensor(p.detach()).contiguous()
@@ -53,7 +53,7 @@ def _replicas_identical(model, mesh):
             continue
         copies = [torch.empty_like(shard) for _ in range(NODES)]
         dist.all_gather(copies, shard, group=group)
-        if not all(torch.equal(copies[0], c) for c in copies[1:]):
+        if not all(torch.allclose(copies[0], c, rtol=0, atol=atol) for c in copies[1:]):
             return False
     return True
 
@@ -85,8 +85,14 @@ def _check_replicators(rank, mesh):
                 assert comm["calls"] == 0
             else:
                 assert comm["calls"] == 1 and comm["bytes_sent"] > 0, (method, comm)
-                assert _replicas_identical(model, mesh), (method, step)
-        opt.drain()  # flexdemo-async's last exchange: waited on before the groups go
+                # flexdemo-async's replicas differ by their own look-ahead step until it is
+                # swapped for the mean, a step later.
+                ahead = getattr(opt.replicator, "lookahead", False)
+                assert _replicas_identical(model, mesh) != ahead, (method, step)
+        opt.drain()  # flexdemo-async's last exchange: applied before the groups go
+        if getattr(opt.replicator, "lookahead", False):
+            # The last correction applied: equal up to the rounding of taking a step back.
+            assert _replicas_identical(model, mesh, atol=1e-6), method
         if method == "none":
             # Different data per node and no replication: the replicas drift apart.
             assert not _replicas_identical(model, mesh)
