@@ -104,7 +104,7 @@ RECORDS: tuple[Method, ...] = (
     # FlexDeMo with its exchange overlapped with the next step's compute: each step steps on
     # its own top-k at once and swaps it for the replicas' mean once that has arrived, a step
     # later (issue 19; the rules live in replicators/demo.py). Without the look-ahead (applying
-    # only the previous step's mean) lm-tiny ended 15-20% above flexdemo; with it, 3-4%.
+    # only the previous step's mean) lm-tiny ended 16% above flexdemo; with it, 3%.
     Method("flexdemo-async", "demo", DeMoKnobs(topk=4, chunking="flat", value_format="bf16-packed",
                                                delay=1, lookahead=True)),
     # FlexDeMo under an AdamW step (DeToNATION's DeToAdamW): the decoded mean of the replicas'
