@@ -28,8 +28,9 @@ from experiments.deadline import run_deadline
 from experiments.errors import RunFailed
 from experiments.run.launch import check_timeout, launch
 from experiments.sweep.spec import TOP_KEYS
+from experiments.workloads import builtin_model
 
-__all__ = ["configure", "load_config", "main"]
+__all__ = ["check_against_model", "configure", "load_config", "main"]
 
 
 def load_config(path: str | None, flags: dict[str, Any], sets: list[str]) -> RunConfig:
@@ -44,6 +45,24 @@ def load_config(path: str | None, flags: dict[str, Any], sets: list[str]) -> Run
     data.update({k: v for k, v in flags.items() if v is not None})
     data.update(parse_overrides(sets))
     return RunConfig.from_dict(data).validate()
+
+
+def check_against_model(cfg: RunConfig) -> None:
+    """ConfigError for knobs a built-in workload's model rules out, before any rank starts.
+
+    streaming-diloco's fragments are runs of whole parameters, so there can be no more of them
+    than parameter tensors. A user's workload is built only inside the ranks, which refuse
+    such a setting there (exit 1).
+    """
+    fragments = cfg.knob_values().get("num_fragments")
+    model = builtin_model(cfg.workload) if fragments is not None else None
+    if model is None:
+        return
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
+    if fragments > tensors:
+        raise ConfigError(f"num_fragments={fragments} is more than the {tensors} parameter "
+                          f"tensors of {cfg.workload}; fragments are runs of whole parameters, "
+                          f"so use num_fragments <= {tensors}.")
 
 
 def _run_table(path: str, raw: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +107,7 @@ def main(args: argparse.Namespace) -> int:
         # Validating a "module:factory" workload calls the user's code, which may hang.
         with run_deadline(args.timeout):
             cfg = load_config(args.config, run_arguments(args), args.set)
+        check_against_model(cfg)
         out = launch(cfg, args.out, timeout_s=args.timeout)
     except RunFailed as err:
         print(f"flexbench run: failed: {err}", file=sys.stderr)

@@ -97,3 +97,18 @@ def test_a_dct_chunk_whose_basis_would_not_fit_is_refused(chunk: int) -> None:
 def test_the_largest_dct_chunk_is_taken_and_other_chunks_are_not_dct_chunks() -> None:
     assert RunConfig(method="flexdemo", chunk=MAX_DCT_CHUNK).validate().chunk == MAX_DCT_CHUNK
     assert RunConfig(method="striding", chunk=MAX_DCT_CHUNK * 4).validate()
+
+
+def test_more_fragments_than_a_built_in_models_parameters_is_refused_before_launch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.cli import main
+
+    out = tmp_path / "run"
+    code = main(["run", "--out", str(out), "--method", "streaming-diloco", "--workload",
+                 "lm-tiny", "--nodes", "2", "--gpus-per-node", "1", "--steps", "4", "--set",
+                 "num_fragments=1000", "--set", "sync_every=2000"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "num_fragments=1000 is more than the 53 parameter tensors of lm-tiny" in err, err
+    assert err.count(". ") == 0 and not out.exists()
+    assert not list(tmp_path.iterdir())  # nothing written, not even an error log
