@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,20 +23,22 @@ Wire = list[tuple[list[torch.Tensor], torch.Tensor | None]]  # per group: (segme
 
 
 @dataclass
-class Pending:
-    """A launched all-gather: the buffer it fills, the handle to wait on, what this rank sent."""
-
-    gathered: torch.Tensor
-    work: object | None
-    sent: torch.Tensor | None = None
-
-
-@dataclass
 class Ahead:
     """A look-ahead step taken (lookahead): sign of this rank's own update, and its lrs."""
 
     signs: list[torch.Tensor]
     lrs: list[float]
+
+
+@dataclass
+class Pending:
+    """A launched all-gather: the buffer it fills, the handle to wait on, what this rank sent
+    and (lookahead) the look-ahead step its mean will replace."""
+
+    gathered: torch.Tensor
+    work: object | None
+    sent: torch.Tensor | None = None
+    ahead: Ahead | None = None
 
 
 def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Group) -> object:
@@ -99,10 +102,9 @@ class DeMoReplicator(Replicator):
         self.format = make_format(self.value_format)
         # delay=1: the exchange posted by the last replicating step, applied by the next one.
         self.in_flight: Pending | None = None
-        # lookahead: the exchange whose look-ahead after_update corrects, and that look-ahead.
+        # lookahead: the exchange whose look-ahead after_update corrects, and the shards it
+        # corrects (kept for the drain, which is handed none).
         self.arrived: Pending | None = None
-        self.ahead: Ahead | None = None
-        self.next_ahead: Ahead | None = None
         self.shards: list[torch.Tensor] = []
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
@@ -215,7 +217,7 @@ class DeMoReplicator(Replicator):
             # Step on our own top-k now; after_update swaps the previous look-ahead for the mean.
             self.arrived = previous
             own = self._decode(posted.sent, 1)
-            self.next_ahead = Ahead([u.sign() for u in own], list(lrs))
+            posted.ahead = Ahead([u.sign() for u in own], list(lrs))
             return own
         if previous is None:
             return self._zeros()  # the first step: nothing has arrived yet (see the class doc)
@@ -226,14 +228,15 @@ class DeMoReplicator(Replicator):
         if not self.lookahead:
             return
         self.shards = params
-        if self.arrived is not None and self.ahead is not None:
-            self._correct(self.arrived, self.ahead)
-        self.arrived, self.ahead, self.next_ahead = None, self.next_ahead, None
+        arrived, self.arrived = self.arrived, None
+        if arrived is not None and arrived.ahead is not None:
+            self._correct(arrived)
 
     @torch.no_grad()  # drain() runs outside the optimizer's step
-    def _correct(self, pending: Pending, ahead: Ahead) -> None:
+    def _correct(self, pending: Pending) -> None:
         # The sign base stepped p -= lr * sign(own); p += lr * (sign(own) - sign(mean)) makes
         # it p -= lr * sign(mean), the step every replica takes.
+        ahead = pending.ahead
         for p, own, mean, lr in zip(self.shards, ahead.signs, self.decode_mean(pending),
                                     ahead.lrs, strict=True):
             if p.numel():
@@ -243,11 +246,10 @@ class DeMoReplicator(Replicator):
         """Wait for the exchange still in flight (delay=1): dropped, or with lookahead applied
         in place of the last look-ahead (so that the replicas end equal)."""
         pending, self.in_flight = self.in_flight, None
-        if self.lookahead and pending is not None and self.ahead is not None and self.shards:
-            self._correct(pending, self.ahead)
+        if self.lookahead and pending is not None and pending.ahead is not None and self.shards:
+            self._correct(pending)
         elif pending is not None and pending.work is not None:
             pending.work.wait()
-        self.ahead = None
 
     def accumulate(self, grads: list[torch.Tensor], lrs: list[float]) -> list[torch.Tensor]:
         """A step off the schedule: step on the local gradient (delta kept, as the reference)."""
@@ -263,19 +265,17 @@ class DeMoReplicator(Replicator):
             # the bytes are the same on every replica, the wait only comes earlier.
             if self.in_flight.work is not None:
                 self.in_flight.work.wait()
-                self.in_flight = Pending(self.in_flight.gathered, None)
+                self.in_flight = dataclasses.replace(self.in_flight, work=None)
             state["in_flight"] = self.in_flight.gathered.clone()
-        if self.ahead is not None:  # lookahead: the step the exchange in flight will correct
-            state["ahead"] = {"signs": [t.clone() for t in self.ahead.signs],
-                              "lrs": list(self.ahead.lrs)}
+            ahead = self.in_flight.ahead
+            if ahead is not None:  # lookahead: the step the exchange in flight will correct
+                state["ahead"] = {"signs": [t.clone() for t in ahead.signs],
+                                  "lrs": list(ahead.lrs)}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the momentum and any exchange that was in flight."""
         copy_state([g.delta for g in self.groups], state["delta"])
-        ahead = state.get("ahead")
-        self.ahead = None if ahead is None else Ahead([t.clone() for t in ahead["signs"]],
-                                                      list(ahead["lrs"]))
         gathered = state.get("in_flight")  # absent: saved with nothing in flight
         if gathered is None:
             self.in_flight = None
@@ -288,7 +288,10 @@ class DeMoReplicator(Replicator):
             raise ValueError(f"state_dict's exchange in flight holds {gathered.numel()} bytes but "
                              f"this replicator gathers {size}; load a state_dict saved over the "
                              "same parameters and replicas.")
-        self.in_flight = Pending(gathered.to(self.groups[0].delta.device, copy=True), None)
+        ahead = state.get("ahead")
+        self.in_flight = Pending(gathered.to(self.groups[0].delta.device, copy=True), None,
+                                 ahead=None if ahead is None else Ahead(
+                                     [t.clone() for t in ahead["signs"]], list(ahead["lrs"])))
 
     def _zeros(self) -> list[torch.Tensor]:
         # The update of a step that applies nothing.
