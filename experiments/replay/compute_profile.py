@@ -92,16 +92,13 @@ class ComputeProfile:
                                   f"profile-compute --workload {config.workload} --method "
                                   f"{config.method}`.")
 
-    def caveats(self, target_nodes: int, target_gpus: int) -> list[str]:
+    def caveats(self, target_nodes: int) -> list[str]:
         """What the profile cannot hold for a target of that shape, one line each."""
         lines = []
         record = method_record(self.method)
         if self.nodes == 1 and target_nodes > 1 and record.replicator is not None:
             lines.append(f"profiled at 1 node, where {self.method} exchanges with nobody: its "
                          "encode and decode are not in the optimizer phase, which is low by them")
-        if record.shards and target_gpus != self.gpus_per_node:
-            lines.append(f"profiled with {self.gpus_per_node}-way FSDP2 shards: the optimizer "
-                         f"phase is of those, not of the target's {target_gpus}-way shards")
         return lines
 
 

@@ -31,7 +31,7 @@ from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from netsim.trace import TRAIN
 
-__all__ = ["Reshard", "run_layout", "shard_elements", "reshard_trace"]
+__all__ = ["Reshard", "run_layout", "shard_elements", "shard_ratio", "reshard_trace"]
 
 # Replicators whose inter-node payload is a compressed or partial view of each rank's shard.
 _SHARD_PROPORTIONAL = {"demo": "top-k of the shard's chunks", "random": "a random subset",
@@ -132,7 +132,7 @@ def _resized_sizes(trace: pd.DataFrame, config: RunConfig, units: list,
     g = config.gpus_per_node
     train = trace[(trace["phase"] == TRAIN) & trace["bytes"].gt(0)]
     per_shard = {full: _candidates(units, g, g_new, full) for full in (False, True)}
-    ratio = _shard_ratio(units, g, g_new)
+    ratio = shard_ratio(units, g, g_new)
     sizes: dict[tuple[str, bool, int], int] = {}
     kinds: set[str] = set()
     keys = zip(train["op"], train["inter"].astype(bool), train["bytes"].astype(int), strict=True)
@@ -164,7 +164,7 @@ def _one_size(config: RunConfig, g_new: int, op: str, inter: bool, nbytes: int,
                   "parameter layout")
 
 
-def _shard_ratio(units: list, g: int, g_new: int) -> float:
+def shard_ratio(units: list, g: int, g_new: int) -> float:
     """A rank's whole shard at g_new over its shard at g (padding included)."""
     total = sum(shard_elements(s, g) for unit in units for s in unit)
     return sum(shard_elements(s, g_new) for unit in units for s in unit) / total
@@ -173,7 +173,7 @@ def _shard_ratio(units: list, g: int, g_new: int) -> float:
 def _notes(config: RunConfig, source: str, g_new: int, kinds: set[str], units: list) -> tuple:
     """One line per re-sharding rule the replay applied."""
     g, replicator = config.gpus_per_node, config.record.replicator
-    ratio = _shard_ratio(units, g, g_new)
+    ratio = shard_ratio(units, g, g_new)
     notes = [f"re-sharded from {g} to {g_new} ranks per node with the FSDP2 layout {source} "
              f"({len(units)} units; a shard is ceil(dim0/{g_new}) rows, FSDP2's padding): "
              f"each rank's shard x{ratio:.4g}; the node count changes no shard"]

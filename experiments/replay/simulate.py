@@ -53,6 +53,7 @@ from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.replay.compute_profile import ComputeProfile, load_profile
+from experiments.replay.compute_rules import ShapeCompute, shape_compute
 from experiments.replay.loss_curve import (
     LOSS_SCALING_CHOICES,
     LossCurve,
@@ -193,6 +194,7 @@ def simulate_run(
     overlap: str = "recorded",
     progress: bool = False,
     phase_seconds: tuple[float, float] | None = None,
+    phases_at: int | None = None,
     **network: Any,
 ) -> Replay:
     """A recorded run replayed on another network: its Replay, frame [step, step_time_s, time_s].
@@ -213,7 +215,10 @@ def simulate_run(
     a recording without FSDP2 backward marks refuses it with a ConfigError. `progress` shows
     netsim's progress bar over the simulated steps (a long replay on a terminal).
     `phase_seconds` (a ComputeProfile's) sets each step phase's compute (netsim.model.simulate);
-    a recording without "backward" marks refuses it with a ConfigError.
+    a recording without "backward" marks refuses it with a ConfigError. At another gpus_per_node
+    than the compute was measured at (the run's, or `phases_at` for `phase_seconds`), the
+    optimizer phase is scaled to the target's shard (experiments.replay.compute_rules);
+    Replay.compute_rules says what was assumed.
     """
     run = run if isinstance(run, RecordedRun) else read_run(run)
     target = run.config.replace(**{k: v for k, v in network.items() if v is not None})
@@ -235,17 +240,23 @@ def simulate_run(
     if calibration is not None:
         topology = calibration.topology(topology)
     degrees, graphs = gossip_degrees(run.meta, run.steps, topology.nodes)
-    trace, rules = _resharded(run, target)
+    units = _units(run, target)
+    trace, rules = _resharded(run, target, units)
+    shape = _shape_compute(run, target, units, phase_seconds, phases_at)
+    if phase_seconds is not None and shape.phase_scale is not None:
+        phase_seconds = tuple(s * f for s, f in zip(phase_seconds, shape.phase_scale, strict=True))
     replay = simulate(
         trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
         algorithm=algorithm, degrees=degrees,
         payloads=_payload_clause(run, rules), overlap=overlap, progress=progress,
         phase_seconds=phase_seconds,
+        phase_scale=shape.phase_scale if phase_seconds is None else None,
     )  # fmt: skip
     note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
     return dataclasses.replace(
         replay, frame=replay.frame.assign(step=range(1, len(replay.frame) + 1)), note=note,
         graphs=tuple(graphs) if replay.p2p_degrees else (), payload_rules=rules,
+        compute_rules=shape.notes,
     )  # fmt: skip
 
 
@@ -264,14 +275,37 @@ def _payload_clause(run: RecordedRun, rules: tuple[str, ...]) -> str | None:
     return f"{verb} ({'; '.join(rules)})"
 
 
-def _resharded(run: RecordedRun, target: RunConfig) -> tuple[pd.DataFrame, tuple[str, ...]]:
+def _units(run: RecordedRun, target: RunConfig) -> tuple[list, str] | None:
+    """The run's FSDP2 layout and its source where the target has other ranks per node (else
+    None: nothing is resized)."""
+    if target.gpus_per_node == run.config.gpus_per_node or not run.config.record.shards:
+        return None
+    return run_layout(run.meta, run.config)
+
+
+def _resharded(run: RecordedRun, target: RunConfig,
+               layout: tuple[list, str] | None) -> tuple[pd.DataFrame, tuple[str, ...]]:
     """The run's trace with its payloads re-sharded for the target's ranks per node, and the
     rules applied (none, and the trace as recorded, when the ranks per node are the run's)."""
     if target.gpus_per_node == run.config.gpus_per_node:
         return run.trace, ()
-    layout = run_layout(run.meta, run.config) if run.config.record.shards else None
     resized = reshard_trace(run.trace, run.config, layout, target.gpus_per_node)
     return resized.trace, resized.notes
+
+
+def _shape_compute(run: RecordedRun, target: RunConfig, layout: tuple[list, str] | None,
+                   phase_seconds: tuple[float, float] | None,
+                   phases_at: int | None) -> ShapeCompute:
+    """How the compute replayed carries to the target's shape (compute_rules), and why."""
+    measured_g = run.config.gpus_per_node
+    what = "recorded"
+    if phase_seconds is not None:
+        measured_g, what = phases_at or target.gpus_per_node, "profiled"
+    if layout is None and measured_g != target.gpus_per_node and run.config.record.shards:
+        layout = run_layout(run.meta, run.config)
+    units = layout[0] if layout is not None else None
+    marks = phase_seconds is not None or has_backward_marks(run.trace)
+    return shape_compute(run.config, units, measured_g, target, marks, what)
 
 
 def loss_on_time_axis(steps: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
@@ -365,6 +399,7 @@ def main(args: argparse.Namespace) -> int:
         compute_scale=scale, intra=intra, algorithm=args.algorithm, calibration=calibration,
         intra_bw=args.intra_bw, intra_lat=args.intra_lat, overlap=overlap, progress=True,
         phase_seconds=profile.phase_seconds if profile else None,
+        phases_at=profile.gpus_per_node if profile else None,
     )  # fmt: skip
     write_atomic(out, replay.frame.to_csv(index=False))
     _print_replay(args, run, replay, out, calibration)
@@ -453,7 +488,8 @@ def _overlap_line(args: argparse.Namespace, run: RecordedRun, overlap: str,
 def _shows_basis(args: argparse.Namespace, replay: Replay, intra: str) -> bool:
     """Whether any part of the replay is other than as recorded (then each part is named)."""
     return (_declares_hardware(args) or intra == "model" or bool(replay.payload_rules)
-            or replay.overlap == "fsdp2" or replay.phases is not None)
+            or replay.overlap == "fsdp2" or replay.phases is not None
+            or bool(replay.compute_rules))
 
 
 def _profile_lines(profile: ComputeProfile, replay: Replay) -> list[str]:
@@ -463,7 +499,7 @@ def _profile_lines(profile: ComputeProfile, replay: Replay) -> list[str]:
             f"{recorded[1] * 1e3:.4g} ms per step outside its collectives scaled x{scales[0]:.4g} "
             f"and x{scales[1]:.4g}")
     topology = replay.topology
-    caveats = profile.caveats(topology.nodes, topology.accelerators_per_node)
+    caveats = profile.caveats(topology.nodes)
     return [line, *(f"  {caveat}" for caveat in caveats)]
 
 
@@ -507,6 +543,7 @@ def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, int
         verb = "re-sharded to" if run.config.record.shards else "as recorded at"
         payloads = f"payloads {verb} {replay.topology.accelerators_per_node} ranks per node (below)"
     lines = _profile_lines(profile, replay) if profile else [_compute_line(args, run, scale)]
+    lines += [f"  {rule}" for rule in replay.compute_rules]
     lines += [f"intra-node: {intra_line}",
               f"inter-node: modeled on the {args.inter_bw}, {args.inter_lat} links; {payloads}"]
     lines += [f"  {rule}" for rule in replay.payload_rules]

@@ -117,6 +117,8 @@ class Replay:
     """One line per communication graph the caller's `degrees` came from (empty if none)."""
     payload_rules: tuple[str, ...] = ()
     """One line per rule by which the caller resized the trace's payloads (empty: as recorded)."""
+    compute_rules: tuple[str, ...] = ()
+    """One line per rule by which the caller carried compute to the target's shape (empty: none)."""
     node_egress_bytes: float = 0.0
     """Bytes that left one node (its NICs, inter-node) over all simulated steps."""
     overlap: str = "recorded"
@@ -208,10 +210,11 @@ def compute_phases(trace: pd.DataFrame | str | os.PathLike) -> tuple[float, floa
         return phase_compute(build_programs(df, placeholder))
 
 
-def _phase_note(phases: PhaseCompute) -> str:
-    """The note's clause for a replay whose compute per phase was set (phase_seconds)."""
-    fb, opt = phases.scales()
-    return (f"compute per phase set by phase_seconds: forward+backward x{fb:.4g}, optimizer "
+def _phase_note(phases: PhaseCompute, how: str, scales: tuple[float, float] | None) -> str:
+    """The note's clause for a replay whose compute per phase was set (phase_seconds) or scaled
+    (phase_scale: `scales`)."""
+    fb, opt = phases.scales() if scales is None else scales
+    return (f"compute per phase {how}: forward+backward x{fb:.4g}, optimizer "
             f"x{opt:.4g} of the recording's (its busiest position's median per step), every "
             "gap of a phase alike.")
 
@@ -241,6 +244,23 @@ def has_backward_marks(trace: pd.DataFrame) -> bool:
     return _has_mark(trace, BACKWARD)
 
 
+def _check_phase_scale(phase_scale: object, phase_seconds: object, df: pd.DataFrame) -> None:
+    if phase_scale is None:
+        return
+    if (not isinstance(phase_scale, (tuple, list)) or len(phase_scale) != len(PHASES)
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and np.isfinite(v) and v > 0 for v in phase_scale)):
+        raise ValueError(f"phase_scale {phase_scale!r} must be {len(PHASES)} finite factors > 0, "
+                         f"one per phase ({', '.join(PHASES)}).")
+    if phase_seconds is not None:
+        raise ValueError("phase_seconds sets each phase's compute itself; give phase_scale or "
+                         "phase_seconds, not both.")
+    if not has_backward_marks(df):
+        raise ValueError('phase_scale needs the trace\'s "backward" marks, which split a step '
+                         "into its phases, and this trace has none (recorded before runs marked "
+                         "them); record it again.")
+
+
 def _check_phase_seconds(phase_seconds: object, compute_scale: float, df: pd.DataFrame) -> None:
     if phase_seconds is None:
         return
@@ -258,14 +278,16 @@ def _check_phase_seconds(phase_seconds: object, compute_scale: float, df: pd.Dat
                          "them); record it again.")
 
 
-def _scaled_phases(programs: Programs, phases: PhaseCompute) -> Programs:
-    """The programs with each phase's compute multiplied by its PhaseCompute scale."""
+def _scaled_phases(programs: Programs, phases: PhaseCompute,
+                   scales: tuple[float, float] | None = None) -> Programs:
+    """The programs with each phase's compute multiplied by `scales` (default: PhaseCompute's)."""
     old = phases.recorded_s
-    if any(o == 0 and n > 0 for o, n in zip(old, phases.replayed_s, strict=True)):
+    if scales is None and any(o == 0 and n > 0 for o, n in zip(old, phases.replayed_s,
+                                                               strict=True)):
         name = PHASES[next(i for i, o in enumerate(old) if o == 0)]
         raise ValueError(f"the trace has no {name} compute to scale to the seconds given; "
                          "replay it with compute_scale instead.")
-    scales = phases.scales()
+    scales = phases.scales() if scales is None else scales
     by_slot = {
         slot: [Compute(item.seconds * scales[item.phase], item.phase)
                if type(item) is Compute else item for item in program]
@@ -293,6 +315,7 @@ def simulate(
     overlap: str = "recorded",
     progress: bool = False,
     phase_seconds: tuple[float, float] | None = None,
+    phase_scale: tuple[float, float] | None = None,
 ) -> Replay:
     """Predict per-step times of a recorded run on `topology`, with the assumptions made (Replay).
 
@@ -326,6 +349,9 @@ def simulate(
             the target's accelerator: each phase's gaps are scaled so that the busiest
             position's median per step is these seconds (compute_scale must then be 1; node
             speed still divides). Replay.phases holds both; needs the trace's "backward" marks.
+        phase_scale: a factor per phase (PHASES order) multiplying its compute on top of
+            compute_scale, such as the optimizer step's on a smaller shard; Replay.phases holds
+            the recorded and scaled seconds (before compute_scale); needs the "backward" marks.
     """
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
@@ -340,12 +366,19 @@ def simulate(
     recorded = Topology(nodes, per_node, topology.intra, topology.inter)
     carries = _check_waits_in_their_step(df)
     _check_phase_seconds(phase_seconds, compute_scale, df)
-    phases = None
+    _check_phase_scale(phase_scale, phase_seconds, df)
+    phases, how = None, "set by phase_seconds"
     with _gc_paused():
         programs = build_programs(df, recorded, overlap)
         if phase_seconds is not None:
             phases = PhaseCompute(phase_compute(programs), tuple(map(float, phase_seconds)))
-            programs = _scaled_phases(programs, phases)
+        elif phase_scale is not None:
+            measured = phase_compute(programs)
+            phases = PhaseCompute(measured, tuple(float(s) * m for s, m in
+                                                  zip(phase_scale, measured, strict=True)))
+            how = "scaled by phase_scale"
+        if phases is not None:
+            programs = _scaled_phases(programs, phases, phase_scale)
         n_steps = programs.n_steps if steps is None else steps
         _check_steps_and_intra(n_steps, steps, intra)
         p2p = any(spec.scope == "p2p" for spec in programs.specs)
@@ -373,7 +406,7 @@ def simulate(
         note=_model_note(payloads) + (" " + P2P_NOTE if p2p else "")
         + (" " + OVERLAP_NOTE if overlap == "fsdp2" else "")
         + (" " + CARRY_NOTE if carries else "")
-        + (" " + _phase_note(phases) if phases is not None else ""),
+        + (" " + _phase_note(phases, how, phase_scale) if phases is not None else ""),
         algorithms=tuple(
             AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
             for (op, algo, p, alone), sizes in sorted(cluster.choices.items())

@@ -133,3 +133,24 @@ def test_phase_seconds_refused_without_backward_marks_or_beside_a_compute_scale(
         simulate(scripted_trace(), _topology(), compute_scale=0.5, phase_seconds=(0.001, 0.001))
     with pytest.raises(ValueError, match="finite seconds"):
         simulate(scripted_trace(), _topology(), phase_seconds=(0.001, -1.0))
+
+
+def test_phase_scale_multiplies_each_phase_on_top_of_compute_scale():
+    r, t, g = _times()
+    replay = simulate(scripted_trace(), _topology(), algorithm="ring", compute_scale=0.5,
+                      phase_scale=(1.0, 0.25))
+    # The optimizer phase (OPT) is a quarter as long, then every compute gap halved.
+    expected = 0.5 * (F + B1 + B0 + E) + 0.5 * 0.25 * OPT + r[1] + t[1] + r[0] + t[0] + g
+    assert replay.frame["step_time_s"].tolist() == pytest.approx([expected] * 2, rel=1e-9)
+    assert replay.phases.replayed_s == pytest.approx((F + B1 + B0 + E, 0.25 * OPT))
+    assert "scaled by phase_scale: forward+backward x1, optimizer x0.25" in replay.note
+
+
+def test_phase_scale_refused_without_marks_beside_phase_seconds_or_not_positive():
+    with pytest.raises(ValueError, match='phase_scale needs the trace\'s "backward" marks'):
+        simulate(scripted_trace(marks=False), _topology(), phase_scale=(1.0, 0.5))
+    with pytest.raises(ValueError, match="not both"):
+        simulate(scripted_trace(), _topology(), phase_seconds=(0.001, 0.001),
+                 phase_scale=(1.0, 0.5))
+    with pytest.raises(ValueError, match="finite factors > 0"):
+        simulate(scripted_trace(), _topology(), phase_scale=(1.0, 0.0))
