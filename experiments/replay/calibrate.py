@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from experiments.errors import ConfigError
@@ -37,9 +38,11 @@ from netsim.calibration import Calibration, Sample, fit_calibration, load_calibr
 from netsim.costs import collective_volume
 from netsim.kernel import KernelNetwork, TcSettings, stop
 from netsim.processes import loopback_interface
+from netsim.topology import Link
 
 __all__ = ["calibrate", "configure", "main", "DEFAULT_RATES", "DEFAULT_PAYLOADS", "OPS",
-           "this_machine", "cpu_model", "machine_calibration", "cache_path"]
+           "this_machine", "cpu_model", "machine_calibration", "cache_path", "loopback_link",
+           "machine_loopback"]
 
 DEFAULT_RATES = ("20Mbit", "100Mbit")
 DEFAULT_PAYLOADS = (32 << 10, 256 << 10, 2 << 20)
@@ -156,6 +159,54 @@ def calibrate(shaping: str, rates: list[str], payloads: list[int], repeats: int 
     made = (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()}, "
             f"{os.cpu_count()} cores, {len(samples)} samples")
     return fit_calibration(samples, shaping, made, this_machine())
+
+
+def loopback_link(payloads: list[int] | None = None, repeats: int = 5,
+                  gap_s: float = 0.02) -> tuple[Link, float]:
+    """The link two unshaped gloo ranks on this machine see (ranks of one node talk over
+    loopback): (latency per hop and bandwidth fitted by least squares on relative error over
+    all-reduces and all-gathers of `payloads`, the largest relative error of the fit)."""
+    payloads = payloads or [64 << 10, 512 << 10, 2 << 20]
+    plan = [(op, payload) for op in OPS for payload in payloads]
+    measured = _measure("off", 0.0, plan, repeats, gap_s)
+    volumes = [collective_volume(op, _RANKS, payload) for op, payload in plan]
+    rows = np.array([[v.latency_steps, v.paced_bytes] for v in volumes], dtype=float)
+    weight = 1.0 / np.array(measured)
+    (latency, per_byte), *_ = np.linalg.lstsq(rows * weight[:, None],
+                                              np.array(measured) * weight, rcond=None)
+    if not per_byte > 0:
+        raise RuntimeError("loopback collectives did not grow with their size; time larger "
+                           "payloads.")
+    link = Link(1.0 / per_byte, max(0.0, float(latency)))
+    fitted = rows @ np.array([link.latency, per_byte])
+    return link, float(np.max(np.abs(fitted / np.array(measured) - 1.0)))
+
+
+def machine_loopback() -> tuple[Link, str]:
+    """This machine's loopback link (`loopback_link`), from the cache or measured now (~10 s),
+    and a line saying which and what it is."""
+    path = cache_path("loopback")
+    here = this_machine()
+    try:
+        body = json.loads(path.read_text())
+        if body.get("machine") == here:
+            link = Link(float(body["bandwidth"]), float(body["latency_s"]))
+            return link, f"{_describe_link(link)}, found in {path} ({body.get('made', '')})"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none, damaged or another machine's: measure it
+    print("measuring this machine's loopback gloo link (about 10 s)", file=sys.stderr,
+          flush=True)
+    link, error = loopback_link()
+    made = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, fit error up to {error:.1%}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"machine": here, "bandwidth": link.bandwidth,
+                                   "latency_s": link.latency, "made": made}, indent=1) + "\n")
+    return link, f"{_describe_link(link)}, measured now ({made}), kept in {path}"
+
+
+def _describe_link(link: Link) -> str:
+    return (f"loopback gloo {link.bandwidth * 8 / 1e9:.3g} Gbit/s, "
+            f"{link.latency * 1e6:.3g} us a hop")
 
 
 def this_machine() -> str:

@@ -31,7 +31,8 @@ from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from netsim.trace import TRAIN
 
-__all__ = ["Reshard", "run_layout", "shard_elements", "shard_ratio", "reshard_trace"]
+__all__ = ["Reshard", "run_layout", "shard_elements", "shard_ratio", "reshard_trace",
+           "MISSING_INTRA"]
 
 # Replicators whose inter-node payload is a compressed or partial view of each rank's shard.
 _SHARD_PROPORTIONAL = {"demo": "top-k of the shard's chunks", "random": "a random subset",
@@ -43,6 +44,8 @@ _ITEMSIZES = (4, 2, 8, 1)
 # Ops whose payload is G shards (the reduce-scatter input); every other op hands in one shard.
 _FULL_OPS = ("reduce_scatter",)
 _OPS = ("reduce_scatter", "all_gather", "all_reduce", "send", "recv", "broadcast")
+# The start of the note on a recording of one rank per node, which has no intra-node traffic.
+MISSING_INTRA = "the recording has one rank per node, so no intra-node FSDP2 traffic to resize"
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,6 @@ def _notes(config: RunConfig, source: str, g_new: int, kinds: set[str], units: l
     if "fixed" in kinds:
         notes.append(f"as recorded: {_FIXED[replicator]}")
     if g == 1 and g_new > 1:
-        notes.append("the recording has one rank per node, so no intra-node FSDP2 traffic to "
-                     "resize: the replay adds none (the target's intra-node traffic is missing)")
+        notes.append(f"{MISSING_INTRA}: the replay adds none (the target's intra-node traffic "
+                     "is missing; a recording with FSDP2 marks gets it added)")
     return tuple(notes)

@@ -54,6 +54,7 @@ from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.replay.compute_profile import ComputeProfile, load_profile
 from experiments.replay.compute_rules import ShapeCompute, shape_compute
+from experiments.replay.fsdp2_traffic import add_fsdp2_traffic, fsdp2_note
 from experiments.replay.loss_curve import (
     LOSS_SCALING_CHOICES,
     LossCurve,
@@ -62,7 +63,7 @@ from experiments.replay.loss_curve import (
     choose_loss_curve,
     parse_loss_scaling,
 )
-from experiments.replay.reshard import reshard_trace, run_layout
+from experiments.replay.reshard import MISSING_INTRA, reshard_trace, run_layout
 from experiments.report.metrics import time_to_target
 from flexdemo.graphs import degree_of, graph_problem, period
 from flexdemo.methods import RECORDS
@@ -70,6 +71,7 @@ from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import Replay, algorithm_summary, has_backward_marks, has_unit_marks, simulate
 from netsim.model.programs import OVERLAPS
+from netsim.topology import Topology
 from netsim.units import format_bandwidth
 
 log = logging.getLogger(__name__)
@@ -241,7 +243,7 @@ def simulate_run(
         topology = calibration.topology(topology)
     degrees, graphs = gossip_degrees(run.meta, run.steps, topology.nodes)
     units = _units(run, target)
-    trace, rules = _resharded(run, target, units)
+    trace, rules = _resharded(run, target, units, topology)
     shape = _shape_compute(run, target, units, phase_seconds, phases_at)
     if phase_seconds is not None and shape.phase_scale is not None:
         phase_seconds = tuple(s * f for s, f in zip(phase_seconds, shape.phase_scale, strict=True))
@@ -283,14 +285,28 @@ def _units(run: RecordedRun, target: RunConfig) -> tuple[list, str] | None:
     return run_layout(run.meta, run.config)
 
 
-def _resharded(run: RecordedRun, target: RunConfig,
-               layout: tuple[list, str] | None) -> tuple[pd.DataFrame, tuple[str, ...]]:
+def _resharded(run: RecordedRun, target: RunConfig, layout: tuple[list, str] | None,
+               topology: Topology) -> tuple[pd.DataFrame, tuple[str, ...]]:
     """The run's trace with its payloads re-sharded for the target's ranks per node, and the
-    rules applied (none, and the trace as recorded, when the ranks per node are the run's)."""
-    if target.gpus_per_node == run.config.gpus_per_node:
+    rules applied (none, and the trace as recorded, when the ranks per node are the run's).
+
+    A recording of one rank per node with FSDP2 marks gets the intra-node traffic of the
+    target's shards added first (experiments.replay.fsdp2_traffic), timed on its intra link."""
+    g_new = target.gpus_per_node
+    if g_new == run.config.gpus_per_node:
         return run.trace, ()
-    resized = reshard_trace(run.trace, run.config, layout, target.gpus_per_node)
-    return resized.trace, resized.notes
+    trace, added = run.trace, None
+    if (run.config.gpus_per_node == 1 and layout is not None and has_unit_marks(trace)):
+        # Only an explicit nccl run is known to have had nccl's ring reduce-scatter; gloo's is an
+        # all-reduce (twice the bytes), the conservative reading of "auto".
+        backend = "nccl" if run.config.backend == "nccl" else "gloo"
+        trace = add_fsdp2_traffic(trace, layout[0], g_new, topology.intra, backend)
+        added = fsdp2_note(g_new, topology.intra)
+    resized = reshard_trace(trace, run.config, layout, g_new)
+    notes = resized.notes
+    if added is not None:
+        notes = tuple(note for note in notes if not note.startswith(MISSING_INTRA)) + (added,)
+    return resized.trace, notes
 
 
 def _shape_compute(run: RecordedRun, target: RunConfig, layout: tuple[list, str] | None,

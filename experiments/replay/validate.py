@@ -12,8 +12,11 @@ Same shape (the default): recordings and measured runs are `--shape` NODESxRANKS
 core r mod cores: with one rank per core a rank's compute does not depend on what the others
 wait for, so the recording measures what the shaped run computes. `--extrapolate FROM:TO ...`
 records on FROM and predicts and measures TO (default 2x2:4x1 2x1:2x2 2x2:3x1), the replay
-re-sharding payloads for TO's ranks per node; where either shape has more ranks than cores,
-compute is scaled by the host-contention rule (`host_contention`), printed with the table.
+re-sharding payloads for TO's ranks per node and scaling the optimizer step to TO's shard
+(`experiments.replay.compute_rules`); a recording of one rank per node gets FSDP2's intra-node
+traffic added, timed on this machine's loopback link (`calibrate.machine_loopback`); where
+either shape has more ranks than cores, compute is scaled by the host-contention rule
+(`host_contention`). Each rule is printed with the table.
 
 Every point is also replayed from the shaped run's own trace on its own network: its compute as
 measured, the links as modeled (`network_error_pct`, the network model alone). On this VM the
@@ -161,6 +164,7 @@ def validate(
     units += [(m, source, target, bw, lat, 0) for m in methods for source, target in pairs
               for bw in bandwidths for lat in latencies]
     recorded: dict[tuple[str, Shape], list[RecordedRun]] = {}
+    intra, intra_line = _loopback_for(pairs)
     rows = []
     for method, source, target, bw, lat, k in tqdm(units, desc="validate-sim", unit="run"):
         if target is None:
@@ -178,7 +182,8 @@ def validate(
         predictions = sorted(
             median_step_time(simulate_run(run, inter_bw=bw, inter_lat=lat, nodes=target[0],
                                           gpus_per_node=target[1], compute_scale=factor,
-                                          calibration=calibration).frame["time_s"], warmup)
+                                          calibration=calibration, **intra).frame["time_s"],
+                             warmup)
             for run in recorded[(method, source)]
         )
         # The run itself replayed on its own network: its compute as measured, the links as
@@ -187,8 +192,23 @@ def validate(
                                             calibration=calibration).frame["time_s"], warmup)
         rows.append(_point_row(cfg, source, measured, predictions, own))
         rows[-1]["within_bound"] = abs(rows[-1][JUDGED_COLUMN[compute_from]]) <= 100 * bound
-    assumed = _assumed(base, shaping, recordings, calibration, pairs, cores)
+    assumed = _assumed(base, shaping, recordings, calibration, pairs, cores) + intra_line
     return Validation(pd.DataFrame(rows), f"{assumed} Judged on {_BASES[compute_from]}.")
+
+
+def _loopback_for(pairs: list[tuple[Shape, Shape]]) -> tuple[dict[str, str], str]:
+    """The intra link (run settings) that FSDP2's traffic added to a recording of one rank per
+    node is timed on, and a sentence saying so; none where no pair goes from 1 rank per node to
+    more."""
+    if not any(a[1] == 1 < b[1] for a, b in pairs):
+        return {}, ""
+    from experiments.replay.calibrate import machine_loopback
+
+    link, how = machine_loopback()
+    settings = {"intra_bw": f"{link.bandwidth * 8 / 1e6:.6g}Mbit",
+                "intra_lat": f"{link.latency * 1e6:.6g}us"}
+    return settings, (f" FSDP2's intra-node traffic, which a recording of one rank per node "
+                      f"lacks, added from the layout and timed on this machine's {how}.")
 
 
 def _assumed(base: RunConfig, shaping: str, recordings: int, calibration: Calibration | None,
@@ -204,9 +224,9 @@ def _assumed(base: RunConfig, shaping: str, recordings: int, calibration: Calibr
         text += (f". More ranks than cores: compute scaled by the host-contention rule (ranks "
                  f"on the busiest core of the measured shape over those of the recorded one: "
                  f"{factors})")
-    if any(a[1] == 1 < b[1] for a, b in pairs):
-        text += (". A recording of one rank per node has no intra-node traffic: the replay of "
-                 "more ranks per node leaves it out")
+    if any(a[1] != b[1] for a, b in pairs):
+        text += (". At other ranks per node the optimizer step is scaled to the target's shard "
+                 "(forward+backward per rank as recorded)")
     return text + "."
 
 
