@@ -132,12 +132,11 @@ def ratio_interval(baseline: Mapping[object, float], method: Mapping[object, flo
         return Interval(math.nan, math.nan, math.nan, 0, "none"), False
     if set(method) <= set(baseline):
         pairs = _ratios([baseline[s] for s in method], list(method.values()))
-        return _bracketed(pairs, lambda d: np.median(d, axis=-1), confidence, resamples,
-                          seed), True
+        return _bracketed(pairs, _ratio_median, confidence, resamples, seed), True
     base = np.asarray(list(baseline.values()), dtype=float)
     mine = np.asarray(list(method.values()), dtype=float)
     every = _ratios(base[:, None], mine[None, :]).ravel()
-    point = float(np.median(every))
+    point = float(_ratio_median(every))
     n = min(base.size, mine.size)
     if np.isnan(every).any() or n < MIN_SEEDS:
         kind = "single" if every.size == 1 else "range"
@@ -151,6 +150,14 @@ def ratio_interval(baseline: Mapping[object, float], method: Mapping[object, flo
         draws[i] = np.median(_ratios(b[:, None], m[None, :]))
     low, high = _quantiles(draws, confidence)
     return Interval(point, low, high, n, "bootstrap"), False
+
+
+def _ratio_median(ratios: np.ndarray) -> np.ndarray:
+    """Median speed-up over the pairs where one side reached the target (both missed: NaN,
+    left out of the median, as a pandas median over seeds leaves it; the bracket is then NaN)."""
+    if np.isnan(ratios).all():
+        return np.full(ratios.shape[:-1], np.nan)
+    return np.nanmedian(ratios, axis=-1)
 
 
 def ranked(times: Mapping[str, Interval]) -> list[str]:

@@ -148,8 +148,8 @@ def speedups(
             "seeds": int(g["seed"].count()),
             "baseline_ttt_s": float(np.median(list(base.values()))) if base else math.nan,
             "speedup_median": speed.median,
-            "speedup_min": float(np.min(pair_ratios)) if len(pair_ratios) else math.nan,
-            "speedup_max": float(np.max(pair_ratios)) if len(pair_ratios) else math.nan,
+            "speedup_min": _nan_or(np.nanmin, pair_ratios),
+            "speedup_max": _nan_or(np.nanmax, pair_ratios),
             "speedup_low": speed.low, "speedup_high": speed.high,
             "speedup_interval": speed.kind, "paired": paired,
         })
@@ -161,6 +161,12 @@ def _key(values: object) -> tuple:
     """A group key with missing values spelled alike (NaN never equals NaN in a dict)."""
     values = values if isinstance(values, tuple) else (values,)
     return tuple("<none>" if _missing(v) else v for v in values)
+
+
+def _nan_or(reduce, values: np.ndarray) -> float:
+    """`reduce` over the defined values (nanmin, nanmax); NaN when none is defined."""
+    defined = values[~np.isnan(values)] if len(values) else values
+    return float(reduce(defined)) if len(defined) else math.nan
 
 
 def _pair_ratios(base: dict, seeds: pd.Series, times: pd.Series, paired: bool) -> np.ndarray:
