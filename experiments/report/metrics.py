@@ -35,6 +35,8 @@ __all__ = [
     "default_target",
     "format_seconds",
     "format_speedup",
+    "format_speedup_interval",
+    "format_time_interval",
     "markdown_table",
     "pivot",
     "speedups",
@@ -306,21 +308,23 @@ def _cell(row) -> str:
     speed = intervals.Interval(row.speedup_median, row.speedup_low, row.speedup_high,
                                row.seeds, row.speedup_interval)
     unclear = row.method != BASELINE and speed.includes(1.0) and not math.isnan(speed.median)
-    return (f"{format_seconds(row.ttt_median_s)}{span.bracket(_bracket_seconds)} · "
-            f"{format_speedup(speed.median, *_ends(speed))}{count}"
+    return (f"{format_time_interval(span)} · {format_speedup_interval(speed)}{count}"
             f"{' · no clear winner' if unclear else ''}")
 
 
-def _ends(interval: intervals.Interval) -> tuple[float, float]:
-    """The bracket's two ends for format_speedup; the median twice where there is none."""
+def format_time_interval(interval: intervals.Interval) -> str:
+    """'12.3 s [11.0–13.5]': a median time to target with its bracket ('inf' for a miss)."""
+    def end(value: float) -> str:
+        return "inf" if math.isinf(value) else format_seconds(value).removesuffix(" s")
+
+    return format_seconds(interval.median) + interval.bracket(end)
+
+
+def format_speedup_interval(interval: intervals.Interval) -> str:
+    """'2.10× [1.90–2.30]': a median speed-up with its bracket ('2.10×' without one)."""
     if interval.kind in ("single", "none") or math.isnan(interval.low):
-        return interval.median, interval.median
-    return interval.low, interval.high
-
-
-def _bracket_seconds(value: float) -> str:
-    """One end of a time bracket: seconds as in a cell, 'inf' for a miss."""
-    return "inf" if math.isinf(value) else format_seconds(value).removesuffix(" s")
+        return format_speedup(interval.median, interval.median, interval.median)
+    return format_speedup(interval.median, interval.low, interval.high)
 
 
 def validation_table(runs: pd.DataFrame) -> pd.DataFrame:
