@@ -69,7 +69,7 @@ from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import Replay, algorithm_summary, has_backward_marks, has_unit_marks, simulate
 from netsim.model.programs import OVERLAPS
-from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_node_link
+from netsim.units import format_bandwidth, parse_node_link
 
 log = logging.getLogger(__name__)
 
@@ -438,9 +438,9 @@ def _check_arguments(args: argparse.Namespace) -> Path:
 def check_replay_arguments(args: argparse.Namespace) -> None:
     """The replay flags' values, before anything is read or written (ConfigError, one sentence).
 
-    The network strings are parsed here too, so a bad one is refused before any run is read."""
-    parse_bandwidth(args.inter_bw)
-    parse_latency(args.inter_lat)
+    The network strings are parsed here too (as RunConfig parses them, in the same words), so a
+    bad one is refused before any run is read."""
+    RunConfig(inter_bw=args.inter_bw, inter_lat=args.inter_lat).topology()
     for spec in args.node_link or ():
         parse_node_link(spec)
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
