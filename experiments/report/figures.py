@@ -4,7 +4,9 @@
 
 Figures: validation loss against (simulated or measured) wall-clock per method at every network
 point; time-to-target against bandwidth (log-log) with the speed-up over hsdp-adamw; bytes per
-step per method; bytes against loss. A sweep with gossip or Ada units adds `graphs.py`'s
+step per method; bytes against loss; who is first in each bandwidth x latency cell, and where
+each method overtakes hsdp-adamw (`crossover.py`, which replays units between grid points).
+A sweep with gossip or Ada units adds `graphs.py`'s
 loss against graph degree and replica variance, and time to target per graph. Every file is
 written atomically.
 """
@@ -24,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.io import run_digest, write_atomic
-from experiments.report import graphs, metrics
+from experiments.report import crossover, graphs, metrics
 
 __all__ = [
     "Results",
@@ -362,6 +364,8 @@ def write_report(path: Path | str) -> list[Path]:
     written: list[Path] = []
     figures = {"loss_vs_wallclock": plot_loss_vs_time, "time_to_target": plot_time_to_target,
                "bytes_per_step": plot_bytes_per_step, "frontier": plot_frontier}
+    crossings = crossover.crossover_table(res)
+    figures["crossover_map"] = lambda res: crossover.plot_crossover_map(res, crossings)
     has_graphs = graphs.has_graph_units(res.runs)
     if has_graphs:
         figures.update(loss_vs_degree=graphs.plot_loss_vs_degree,
@@ -378,6 +382,8 @@ def write_report(path: Path | str) -> list[Path]:
         plt.close(fig)
     summary = res.path / "summary.md"
     text = f"## Sweep `{res.name}`\n\n{metrics.summary_markdown(res.runs)}"
+    text += (f"\n### Where each method overtakes {metrics.BASELINE} (crossover bandwidth)\n\n"
+             f"{crossover.crossover_markdown(crossings)}\n")
     if has_graphs:
         text += "\n" + graphs.graphs_markdown(res.runs)
     write_atomic(summary, text)
