@@ -19,15 +19,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from experiments.report import intervals, metrics, ranking
-
-if TYPE_CHECKING:
-    from experiments.report.figures import Results
 
 __all__ = ["FTOL", "RTOL", "Crossing", "crossover_bandwidth", "crossover_markdown",
            "crossover_table", "crossings", "plot_crossover_map"]
@@ -133,7 +130,7 @@ def _unit_time(run_dir: Path, latency: str, target: float) -> TimeAt:
     return time_at
 
 
-def crossover_table(res: Results) -> pd.DataFrame:
+def crossover_table(res: Any) -> pd.DataFrame:  # res: figures.Results (it imports this)
     """Per variant and grid latency: the bandwidth where it overtakes the baseline, over seeds.
 
     One row per (variant, latency) with a crossing on any seed pair: `faster` (below, above, or
@@ -165,7 +162,7 @@ def crossover_table(res: Results) -> pd.DataFrame:
     return table
 
 
-def _seed_crossings(res: Results, mine: pd.DataFrame, theirs: pd.DataFrame) -> list[Crossing]:
+def _seed_crossings(res: Any, mine: pd.DataFrame, theirs: pd.DataFrame) -> list[Crossing]:
     """The first crossing of one seed pair at one latency (none when they never swap)."""
     mine, theirs = mine.sort_values("inter_bw_bps"), theirs.sort_values("inter_bw_bps")
     if list(mine["inter_bw_bps"]) != list(theirs["inter_bw_bps"]) or len(mine) < 2:
@@ -228,7 +225,7 @@ def crossover_markdown(table: pd.DataFrame) -> str:
     return metrics.markdown_table(shown, index_name="method") + "\n\n" + note + skipped
 
 
-def plot_crossover_map(res: Results, table: pd.DataFrame | None = None):
+def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
     """Who is first in each bandwidth x latency cell (hatched: a tie), with the crossovers."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle

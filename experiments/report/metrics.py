@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from experiments.report import intervals
+from experiments.report import intervals, ranking
 from flexdemo.methods import BASELINE
 
 TARGET_MARGIN = 0.02
@@ -43,6 +43,7 @@ __all__ = [
     "summary_markdown",
     "target_text",
     "validation_table",
+    "winners_markdown",
     "time_to_target",
 ]
 
@@ -261,6 +262,22 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
+def winners_markdown(table: pd.DataFrame, *, key: str = "network") -> str:
+    """The winners table in Markdown: first, its time, runner-up, margin, verdict."""
+    shown = pd.DataFrame({
+        "first": table["first"],
+        "its time to target": table["first_ttt_s"].map(format_seconds),
+        "runner-up": table["runner_up"].fillna("-"),
+        "runner-up's time / first's": [ranking.margin_text(row) for _, row in table.iterrows()],
+        "verdict": table["verdict"],
+    })
+    shown.index = table[key]
+    note = ("verdict: clear (bootstrap brackets apart and the margin's excludes 1), tie (they "
+            "overlap, or the margin's includes 1), or apart on 2 seeds (ranges apart: too few "
+            "seeds for an interval)")
+    return markdown_table(shown, index_name=key) + "\n\n" + note
+
+
 def target_text(runs: pd.DataFrame) -> str:
     """'2.6500', or one target per baseline cluster ('2.7000 (4x1), 2.6500 (8x1)')."""
     target = runs["target_val_loss"].dropna()
@@ -276,8 +293,6 @@ def target_text(runs: pd.DataFrame) -> str:
 
 def _time_to_target_section(sim: pd.DataFrame, target: str) -> list[str]:
     """The headline table (time to target and speed-up with brackets) and who is first where."""
-    from experiments.report import ranking  # ranking reads this module's speedups
-
     table = speedups(sim, by=("network",))
     table["cell"] = [_cell(row) for row in table.itertuples()]
     kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
@@ -289,7 +304,7 @@ def _time_to_target_section(sim: pd.DataFrame, target: str) -> list[str]:
         "includes 1.\n",
         markdown_table(pivot(table, "cell"), index_name="method") + "\n",
         "### First to the target at each network point\n",
-        ranking.winners_markdown(first) + "\n",
+        winners_markdown(first) + "\n",
     ]
 
 

@@ -16,9 +16,8 @@ from collections.abc import Sequence
 import pandas as pd
 
 from experiments.report import intervals
-from experiments.report.metrics import format_seconds, markdown_table
 
-__all__ = ["WINNER_COLUMNS", "winners", "winners_markdown"]
+__all__ = ["WINNER_COLUMNS", "margin_text", "winners"]
 
 WINNER_COLUMNS = ["first", "runner_up", "first_ttt_s", "runner_up_ttt_s", "margin_median",
                   "margin_low", "margin_high", "margin_interval", "verdict", "seeds"]
@@ -69,19 +68,3 @@ def margin_text(row) -> str:
     ends = interval.bracket(lambda v: "inf" if math.isinf(v) else f"{v:.2f}")
     median = "inf" if math.isinf(interval.median) else f"{interval.median:.2f}"
     return f"{median}×{ends}"
-
-
-def winners_markdown(table: pd.DataFrame, *, key: str = "network") -> str:
-    """The winners table in Markdown: first, its time, runner-up, margin, verdict."""
-    shown = pd.DataFrame({
-        "first": table["first"],
-        "its time to target": table["first_ttt_s"].map(format_seconds),
-        "runner-up": table["runner_up"].fillna("-"),
-        "runner-up's time / first's": [margin_text(row) for _, row in table.iterrows()],
-        "verdict": table["verdict"],
-    })
-    shown.index = table[key]
-    note = ("verdict: clear (bootstrap brackets apart and the margin's excludes 1), tie (they "
-            "overlap, or the margin's includes 1), or apart on 2 seeds (ranges apart: too few "
-            "seeds for an interval)")
-    return markdown_table(shown, index_name=key) + "\n\n" + note
