@@ -210,8 +210,8 @@ def plot_time_to_target(res: Results):
             rows = rows.sort_values("inter_bw_bps")
             x = rows["inter_bw_bps"] * 8  # bits/s reads more naturally on a network axis
             finite = rows["ttt_median_s"].map(math.isfinite)
-            low = (rows["ttt_median_s"] - rows["ttt_min_s"]).where(finite, 0)
-            high = (rows["ttt_max_s"] - rows["ttt_median_s"]).where(finite, 0)
+            low = (rows["ttt_median_s"] - rows["ttt_low_s"]).where(finite, 0)
+            high = (rows["ttt_high_s"] - rows["ttt_median_s"]).where(finite, 0)
             high = high.where(high.map(math.isfinite), 0)
             axes[0][j].errorbar(x[finite], rows["ttt_median_s"][finite],
                                 yerr=[low[finite], high[finite]], marker="o", capsize=3,
@@ -222,7 +222,7 @@ def plot_time_to_target(res: Results):
 
             axes[1][j].plot(x, shown("speedup_median"), marker="o", color=palette[variant],
                             label=variant)
-            axes[1][j].fill_between(x, shown("speedup_min"), shown("speedup_max"),
+            axes[1][j].fill_between(x, shown("speedup_low"), shown("speedup_high"),
                                     color=palette[variant], alpha=0.15)
         axes[0][j].set(title=f"latency {lat}", ylabel="time to target (s)" if j == 0 else "")
         axes[1][j].axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
@@ -234,8 +234,13 @@ def plot_time_to_target(res: Results):
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="center right", fontsize=8)
-    fig.suptitle(f"{res.name}: time to val_loss {metrics.target_text(res.runs)} (median, "
-                 "min–max over seeds; not reached = not drawn)", fontsize=10)
+    kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
+    bracket = ("95% bootstrap interval" if kinds == {"bootstrap"} else
+               "min–max (2 seeds: a range, not an interval)" if "bootstrap" not in kinds else
+               "interval from 3 seeds, range below")
+    fig.suptitle(f"{res.name}: time to val_loss {metrics.target_text(res.runs)} (median over "
+                 f"seeds, {bracket}; speed-up paired by seed; not reached = not drawn)",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0, 0.85, 1))
     return fig
 
