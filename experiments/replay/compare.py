@@ -64,6 +64,8 @@ class Candidate:
     variant: str
     method: str
     seed: int
+    status: str = "done"
+    """A sweep unit's status: anything but done (failed, never run) is a miss, not replayed."""
 
 
 @dataclass(frozen=True)
@@ -119,9 +121,9 @@ def _sweep_units(path: Path) -> tuple[list[Candidate], float | None]:
     """A sweep's training units (failed ones too: a miss is never dropped) and its one target."""
     runs = pd.read_parquet(path / "runs.parquet")
     train = runs[runs["kind"] == "train"].drop_duplicates("unit")
-    units = [Candidate(path / "units" / str(u), str(v), str(m), int(s))
-             for u, v, m, s in zip(train["unit"], train["variant"], train["method"],
-                                   train["seed"], strict=True)]
+    units = [Candidate(path / "units" / str(u), str(v), str(m), int(s), str(st))
+             for u, v, m, s, st in zip(train["unit"], train["variant"], train["method"],
+                                       train["seed"], train["status"], strict=True)]
     values = list(dict.fromkeys(runs["target_val_loss"].dropna()))
     if len(values) > 1:
         raise ConfigError(f"{str(path)!r} scores its clusters against different targets; give "
@@ -216,16 +218,21 @@ def compare(args: argparse.Namespace) -> Comparison:
     check_replay_arguments(args)
     candidates, sweep_target = find_candidates([Path(p) for p in args.runs])
     settings = replay_settings(args)
-    runs = [(c, read_run(c.path)) for c in candidates]
+    runs = [(c, read_run(c.path)) for c in candidates if c.status == "done"]
     _check_same_training(runs, args)
     target, rule = _target(args, sweep_target, runs)
     network = f"{args.inter_bw} / {args.inter_lat}"
     notes: dict[str, list[str]] = {}
     rows = []
-    for c, run in runs:
-        # The replay's rules are the same for every seed of a method: its first run's are shown.
-        ttt = _time_to_target(args, run, settings, target, notes.setdefault(c.variant, []),
-                              shown=len(notes[c.variant]) == 0)
+    unfinished = [(c, None) for c in candidates if c.status != "done"]
+    for c, run in [*runs, *unfinished]:
+        mine = notes.setdefault(c.variant, [])
+        if run is None:  # a sweep unit that failed or never ran: a miss, as in the sweep's table
+            mine.append(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)")
+            ttt = math.inf
+        else:
+            # The replay's rules are the same for every seed of a method: its first run's shown.
+            ttt = _time_to_target(args, run, settings, target, mine, shown=not mine)
         rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
                      "network": network, "time_to_target_s": ttt,
                      "reached": math.isfinite(ttt), "run": str(c.path)})

@@ -117,3 +117,20 @@ def test_compare_refuses_in_one_sentence_and_writes_nothing(
     assert status == 2
     assert err.startswith("flexbench compare: error: ") and len(err.splitlines()) == 1
     assert not out.exists() and not out.parent.exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_sweep_unit_is_a_miss_not_dropped(tmp_path: Path) -> None:
+    copy = tmp_path / "quick"
+    shutil.copytree(QUICK, copy, ignore=shutil.ignore_patterns("figures", "sim"))
+    runs = pd.read_parquet(copy / "runs.parquet")
+    runs.loc[runs["unit"] == "diloco-s1", "status"] = "failed"
+    runs.to_parquet(copy / "runs.parquet")
+    shutil.rmtree(copy / "units" / "diloco-s1")
+    result = _compare(str(copy), "--inter-bw", "10Mbit", "--inter-lat", "1ms")
+    diloco = result.runs[result.runs["variant"] == "diloco"].set_index("seed")
+    assert diloco.loc[1, "time_to_target_s"] == math.inf and diloco.loc[0, "reached"]
+    # Fastest on seed 0 by far, yet its median over two seeds is a miss: it ranks last.
+    assert result.table["variant"].iloc[-1] == "diloco"
+    assert any("diloco-s1: failed in the sweep: counted as a miss (inf)" in a
+               for a in result.assumptions)
