@@ -140,18 +140,19 @@ def crossover_table(res: Any) -> pd.DataFrame:  # res: figures.Results (it impor
     """
     sim = res.runs[(res.runs["source"] == "sim") & res.runs["on_grid"]
                    & (res.runs["kind"] == "train")]
-    base = sim[sim["method"] == metrics.BASELINE]
     rows: list[dict] = []
     skipped: list[str] = []
     for (variant, lat), here in sim.groupby(["variant", "inter_lat"], sort=False):
         if here["method"].iloc[0] == metrics.BASELINE:
             continue
+        base = _baseline_of(sim, here)
+        base = base[base["inter_lat"] == lat]
         found: list[Crossing] = []
-        seeds = sorted(set(here["seed"]) & set(base[base["inter_lat"] == lat]["seed"]))
+        seeds = sorted(set(here["seed"]) & set(base["seed"]))
         for seed in seeds:
             try:
                 found += _seed_crossings(res, here[here["seed"] == seed],
-                                         base[(base["inter_lat"] == lat) & (base["seed"] == seed)])
+                                         base[base["seed"] == seed])
             except ValueError as err:  # a unit the model cannot replay: said, not guessed
                 skipped.append(f"{variant} seed {seed} at {lat}: {err}")
         if found:
@@ -160,6 +161,14 @@ def crossover_table(res: Any) -> pd.DataFrame:  # res: figures.Results (it impor
                                         "low_bps", "high_bps", "interval", "crossing", "pairs"])
     table.attrs["skipped"] = skipped
     return table
+
+
+def _baseline_of(sim: pd.DataFrame, here: pd.DataFrame) -> pd.DataFrame:
+    """The baseline runs `here` is scored against: those of its baseline cluster, if named."""
+    base = sim[sim["method"] == metrics.BASELINE]
+    if "baseline_cluster" not in sim.columns:
+        return base
+    return base[base["cluster"].isin(set(here["baseline_cluster"].dropna()))]
 
 
 def _seed_crossings(res: Any, mine: pd.DataFrame, theirs: pd.DataFrame) -> list[Crossing]:
@@ -226,42 +235,64 @@ def crossover_markdown(table: pd.DataFrame) -> str:
 
 
 def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
-    """Who is first in each bandwidth x latency cell (hatched: a tie), with the crossovers."""
+    """Who is first in each bandwidth x latency cell (hatched: a tie), with the crossovers.
+
+    One panel per baseline cluster when the sweep scores against several (each its own target).
+    """
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Patch
 
     sim = res.runs[(res.runs["source"] == "sim") & res.runs["on_grid"]]
-    first = ranking.winners(sim, by=("inter_bw_bps", "inter_lat_s"))
-    bws = sorted(set(first["inter_bw_bps"]))
-    lats = sorted(set(first["inter_lat_s"]))
+    cohorts = (list(dict.fromkeys(sim["baseline_cluster"].dropna()))
+               if "baseline_cluster" in sim.columns else [])
+    panels = [(c, sim[sim["baseline_cluster"] == c]) for c in cohorts] if len(cohorts) > 1 \
+        else [(None, sim)]
+    bws = sorted(set(sim["inter_bw_bps"]))
+    lats = sorted(set(sim["inter_lat_s"]))
+    width, height = 2.4 * max(len(bws), 2) + 0.8, 1.1 * max(len(lats), 2) + 1.2
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 2.0, height),
+                             squeeze=False)
     palette = res.palette()
-    fig, ax = plt.subplots(figsize=(1.6 * max(len(bws), 2) + 2.5, 1.0 * max(len(lats), 2) + 1.8))
-    for _, row in first.iterrows():
-        x, y = bws.index(row["inter_bw_bps"]), lats.index(row["inter_lat_s"])
-        tie = row["verdict"] == "tie"
-        ax.add_patch(Rectangle((x, y), 1, 1, facecolor=palette.get(row["first"], "white"),
-                               alpha=0.55, hatch="//" if tie else None, edgecolor="white"))
-        runner_up = f" vs {_short(row['runner_up'])}" if row["runner_up"] else ""
-        ax.text(x + 0.5, y + 0.5, f"{_short(row['first'])}\n{ranking.margin_text(row)}"
-                f"{runner_up}\n{row['verdict']}", ha="center", va="center", fontsize=7)
-    ax.set(xlim=(0, len(bws)), ylim=(0, len(lats)), xlabel="inter-node bandwidth",
-           ylabel="inter-node latency")
-    ax.set_xticks([i + 0.5 for i in range(len(bws))], [_bits(b) for b in bws])
-    ax.set_yticks([i + 0.5 for i in range(len(lats))], [f"{v * 1e3:g}ms" for v in lats])
-    handles = [Patch(facecolor=palette[v], alpha=0.55, label=v)
-               for v in dict.fromkeys(first["first"])]
+    shown: dict[str, None] = {}
+    for ax, (cohort, runs) in zip(axes[0], panels, strict=True):
+        first = ranking.winners(runs, by=("inter_bw_bps", "inter_lat_s"))
+        _draw_cells(ax, first, bws, lats, palette)
+        shown.update(dict.fromkeys(first["first"]))
+        if cohort is not None:
+            ax.set_title(f"{cohort} cluster (its own target)", fontsize=9)
+    handles = [Patch(facecolor=palette[v], alpha=0.55, label=v) for v in shown]
     handles.append(Patch(facecolor="white", hatch="//", edgecolor="grey", label="tie"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     if table is not None and len(table):
         lines = [f"{row.variant} against {metrics.BASELINE} at {row.inter_lat}: faster "
                  f"{row.faster} {_crossover_text(row)}"
                  f" ({row.crossing}/{row.pairs} seed pairs cross in the grid)"
                  for row in table.itertuples()]
         fig.text(0.01, -0.02, "\n".join(lines), ha="left", va="top", fontsize=7)
-    ax.set_title(f"{res.name}: first to val_loss {metrics.target_text(res.runs)} per cell "
+    fig.suptitle(f"{res.name}: first to val_loss {metrics.target_text(res.runs)} per cell "
                  "(runner-up's time / first's; hatched: a tie)", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def _draw_cells(ax, first: pd.DataFrame, bws: list[float], lats: list[float],
+                palette: dict) -> None:
+    """One panel of the map: a coloured cell per (bandwidth, latency) with its winner's text."""
+    from matplotlib.patches import Rectangle
+
+    for _, row in first.iterrows():
+        x, y = bws.index(row["inter_bw_bps"]), lats.index(row["inter_lat_s"])
+        tie = row["verdict"] == "tie"
+        ax.add_patch(Rectangle((x, y), 1, 1, facecolor=palette.get(row["first"], "white"),
+                               alpha=0.55, hatch="//" if tie else None, edgecolor="white"))
+        runner_up = f"\nvs {_short(row['runner_up'])}" if row["runner_up"] else ""
+        ax.text(x + 0.5, y + 0.5, f"{_short(row['first'])}\n{ranking.margin_text(row)}"
+                f"{runner_up}\n{row['verdict']}", ha="center", va="center", fontsize=6.5,
+                wrap=True)
+    ax.set(xlim=(0, len(bws)), ylim=(0, len(lats)), xlabel="inter-node bandwidth",
+           ylabel="inter-node latency")
+    ax.set_xticks([i + 0.5 for i in range(len(bws))], [_bits(b) for b in bws])
+    ax.set_yticks([i + 0.5 for i in range(len(lats))], [f"{v * 1e3:g}ms" for v in lats])
 
 
 def _short(variant: str) -> str:

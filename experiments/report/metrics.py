@@ -296,7 +296,8 @@ def _time_to_target_section(sim: pd.DataFrame, target: str) -> list[str]:
     table = speedups(sim, by=("network",))
     table["cell"] = [_cell(row) for row in table.itertuples()]
     kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
-    first = ranking.winners(sim, by=("network",))
+    cohorts, key = _by_cohort(sim)
+    first = ranking.winners(cohorts, by=key)
     return [
         f"### Time to target val_loss {target} (simulated; median over seeds [bracket] · "
         f"speed-up vs {BASELINE}, paired by seed, median [bracket])\n",
@@ -304,8 +305,18 @@ def _time_to_target_section(sim: pd.DataFrame, target: str) -> list[str]:
         "includes 1.\n",
         markdown_table(pivot(table, "cell"), index_name="method") + "\n",
         "### First to the target at each network point\n",
-        winners_markdown(first) + "\n",
+        winners_markdown(first, key=first.columns[0]) + "\n",
     ]
+
+
+def _by_cohort(sim: pd.DataFrame) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """The runs and the key the winners are found over: the network point, and the baseline
+    cluster when units are scored against several (different targets never share a ranking)."""
+    cohorts = sim["baseline_cluster"].dropna().unique() if "baseline_cluster" in sim else []
+    if len(cohorts) < 2:
+        return sim, ("network",)
+    label = sim["network"] + " · " + sim["baseline_cluster"].fillna("no baseline") + " cluster"
+    return sim.assign(**{"network · cluster": label}), ("network · cluster",)
 
 
 def _cell(row) -> str:
