@@ -190,11 +190,10 @@ def _grouped(notes: dict[str, list[str]]) -> list[str]:
 
 
 def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: ReplaySettings,
-                    target: float, notes: list[str], *, shown: bool = True) -> float:
+                    target: float, notes: list[str]) -> float:
     """One run replayed on the flags' network: its time to target (inf for a miss).
 
-    When `shown`, the replay's basis, loss curve and model notes are added to `notes`; a run
-    that diverged is named there in any case."""
+    The replay's basis, loss curve and model notes are added to `notes`."""
     curve = choose_loss_curve(
         [Recording.of(run.path, run.config, run.meta, run.steps)],
         nodes=args.nodes or run.config.nodes,
@@ -202,13 +201,9 @@ def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: Replay
     if curve.refusal is not None:
         raise ConfigError(f"no time to target for {str(run.path)!r}: {curve.refusal}")
     replay, basis = replay_with(args, run, settings, steps=curve.steps_needed())
-    if shown:
-        notes += [*(basis or [AS_RECORDED]), *replay.graphs,
-                  curve.summary() if curve.stated else LOSS_AS_RECORDED]
-        notes += [f"model: {replay.note}"] if replay.note else []
-    if run.meta.get("status") == "diverged":
-        notes.append(f"{run.path.name} diverged (run.json status): counted as a miss (inf)")
-        return math.inf
+    notes += [*(basis or [AS_RECORDED]), *replay.graphs,
+              curve.summary() if curve.stated else LOSS_AS_RECORDED]
+    notes += [f"model: {replay.note}"] if replay.note else []
     points = curve.on_time_axis(replay.frame)
     return metrics.time_to_target(points["time_s"], points["val_loss"], target)
 
@@ -225,14 +220,20 @@ def compare(args: argparse.Namespace) -> Comparison:
     notes: dict[str, list[str]] = {}
     rows = []
     unfinished = [(c, None) for c in candidates if c.status != "done"]
+    shown: set[str] = set()
     for c, run in [*runs, *unfinished]:
         mine = notes.setdefault(c.variant, [])
         if run is None:  # a sweep unit that failed or never ran: a miss, as in the sweep's table
             mine.append(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)")
             ttt = math.inf
+        elif run.meta.get("status") == "diverged":  # as a sweep scores it: never reached
+            mine.append(f"{c.path.name} diverged (run.json status): counted as a miss (inf)")
+            ttt = math.inf
         else:
             # The replay's rules are the same for every seed of a method: its first run's shown.
-            ttt = _time_to_target(args, run, settings, target, mine, shown=not mine)
+            ttt = _time_to_target(args, run, settings, target,
+                                  [] if c.variant in shown else mine)
+            shown.add(c.variant)
         rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
                      "network": network, "time_to_target_s": ttt,
                      "reached": math.isfinite(ttt), "run": str(c.path)})
