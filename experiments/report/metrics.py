@@ -2,9 +2,10 @@
 
 The scoring follows AlgoPerf: a run's time-to-target is the first *evaluation* whose validation
 loss is at or below the target (timing excludes evaluation itself); a run that never gets there
-scores infinity and stays in every table as "not reached". Speed-ups compare a method with the
-baseline's median over seeds at the same network point, and are summarised by median, min and
-max over the method's seeds.
+scores infinity and stays in every table as "not reached". Speed-ups are paired ratios, the
+baseline's time over the method's seed by seed at the same network point (every pair where the
+seeds differ), summarised by their median with a bracket (`intervals`: a bootstrap interval
+from 3 seeds, the range at 2) and their min and max.
 """
 
 from __future__ import annotations

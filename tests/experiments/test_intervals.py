@@ -55,6 +55,10 @@ def test_paired_ratios_pair_seeds_and_otherwise_take_every_pair() -> None:
     assert 2.0 <= paired.low <= 3.0 <= paired.high <= 4.0
     every, is_paired = ratio_interval({0: 10.0, 1: 20.0}, {7: 5.0})
     assert not is_paired and (every.median, every.low, every.high) == (3.0, 2.0, 4.0)
+    # Unpaired from 3 seeds a side: both sides resampled; the bracket holds the pairs' median.
+    wide, is_paired = ratio_interval({0: 10.0, 1: 20.0, 2: 30.0}, {5: 5.0, 6: 10.0, 7: 10.0})
+    assert not is_paired and wide.kind == "bootstrap" and wide.median == 2.0
+    assert 1.0 <= wide.low <= 2.0 <= wide.high <= 6.0
 
 
 def _runs(rows: list[tuple[str, int, float]]) -> pd.DataFrame:
