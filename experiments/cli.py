@@ -3,6 +3,7 @@
     flexbench run --method flexdemo --nodes 2 --gpus-per-node 2 --workload lm-tiny --out runs/x
     flexbench simulate runs/x --inter-bw 1Gbit --inter-lat 20ms --out sim.csv
     flexbench calibrate --shaping wall --out calibration.json
+    flexbench compare results/quick --inter-bw 200Mbit --inter-lat 30ms --out cmp.json
     flexbench validate-sim --calibration calibration.json
     flexbench profile-compute --workload lm-small --method flexdemo --out profile.json
     flexbench sweep experiments/configs/quick.toml
@@ -24,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("experiments.run.command", "train one method on nodes x ranks, write its results"),
     "simulate": ("experiments.replay.simulate",
                  "replay a run's communication trace on another network"),
+    "compare": ("experiments.replay.compare",
+                "rank the methods of recorded runs or a sweep by time to target on one network"),
     "validate-sim": ("experiments.replay.validate", "compare the cost model with shaped real runs"),
     "calibrate": ("experiments.replay.calibrate", "fit the model's goodput and per-message cost"),
     "profile-compute": ("experiments.replay.compute_profile",

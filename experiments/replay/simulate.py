@@ -72,14 +72,15 @@ from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import Replay, algorithm_summary, has_backward_marks, has_unit_marks, simulate
 from netsim.model.programs import OVERLAPS
 from netsim.topology import Topology
-from netsim.units import format_bandwidth
+from netsim.units import format_bandwidth, parse_node_link
 
 log = logging.getLogger(__name__)
 
 MAX_STEPS = 1_000_000  # a replayed step costs ~0.1-1 ms of model time: this is minutes already
 
-__all__ = ["RecordedRun", "simulate_run", "read_run", "gossip_degrees", "loss_on_time_axis",
-           "configure", "main"]
+__all__ = ["RecordedRun", "ReplaySettings", "add_replay_arguments", "check_replay_arguments",
+           "configure", "gossip_degrees", "loss_on_time_axis", "main", "read_run",
+           "replay_settings", "replay_with", "simulate_run"]
 
 # The intra-node link a declared accelerator profile is modeled on when the run set none: the
 # RunConfig default, an NVLink-class link (per-GPU bus bandwidth of ~100 GB/s, a few us a message).
@@ -333,12 +334,26 @@ def loss_on_time_axis(steps: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench simulate`."""
     parser.add_argument("run_dir", help="a folder written by `flexbench run`")
+    add_replay_arguments(parser)
+    parser.add_argument("--steps", type=int, help="steps to simulate (default: the run's; at "
+                        "another shape, as many as the loss curve used needs)")
+    parser.add_argument("--target", type=float,
+                        help="target validation loss (default: the final one of the run whose "
+                        "loss curve is used)")
+    parser.add_argument("--loss-from", action="append", default=None, metavar="RUN",
+                        help="another recording of the same method and workload, e.g. at another "
+                        "node count; repeatable; the loss curve comes from the run (RUN_DIR "
+                        "included) whose global batch is nearest the target's, the trace from "
+                        "RUN_DIR")
+    parser.add_argument("--out", required=True, help="CSV file for the per-step times")
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    """The target network, cluster, compute and loss-rule flags of a replay (simulate, compare)."""
     parser.add_argument("--inter-bw", required=True, help="inter-node bandwidth, e.g. 1Gbit")
     parser.add_argument("--inter-lat", default="0ms", help="inter-node latency, e.g. 20ms")
     parser.add_argument("--nodes", type=int, help="nodes to simulate (default: the run's)")
     parser.add_argument("--gpus-per-node", type=int, help="ranks per node (default: the run's)")
-    parser.add_argument("--steps", type=int, help="steps to simulate (default: the run's; at "
-                        "another shape, as many as the loss curve used needs)")
     speed = parser.add_mutually_exclusive_group()
     speed.add_argument("--compute-scale", type=float, default=None,
                        help="multiply recorded compute time (0.05: accelerators 20x faster)")
@@ -376,55 +391,76 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration", metavar="FILE",
                         help="price links at the goodput and per-message cost measured by "
                         "`flexbench calibrate` (default: the configured rate, no extra cost)")
-    parser.add_argument("--target", type=float,
-                        help="target validation loss (default: the final one of the run whose "
-                        "loss curve is used)")
-    parser.add_argument("--loss-from", action="append", default=None, metavar="RUN",
-                        help="another recording of the same method and workload, e.g. at another "
-                        "node count; repeatable; the loss curve comes from the run (RUN_DIR "
-                        "included) whose global batch is nearest the target's, the trace from "
-                        "RUN_DIR")
     parser.add_argument("--loss-scaling", default=None, metavar=LOSS_SCALING_CHOICES,
                         help="rule for the loss per step at another global batch: none (as "
                         "recorded, the default) or linear-to-critical-batch:B (k-times the batch, "
                         "k-times fewer steps, up to batch B; McCandlish et al. 2018); an "
                         "assumption, printed and stored with the replay")
-    parser.add_argument("--out", required=True, help="CSV file for the per-step times")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench simulate`."""
     out = _check_arguments(args)
-    rule = parse_loss_scaling(args.loss_scaling)
-    calibration = load_calibration(args.calibration) if args.calibration else None
-    profile = load_profile(args.compute_profile) if args.compute_profile else None
+    settings = replay_settings(args)
     run = read_run(args.run_dir)
-    if profile is not None:
-        profile.check_fits(run.config, args.compute_profile)
-    curve = _loss_curve(args, run, rule)
+    curve = _loss_curve(args, run, settings.rule)
     sidecar = check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar",
                                 reads=[args.run_dir, *(args.loss_from or ())]) \
         if curve.stated else None
+    replay, basis = replay_with(
+        args, run, settings,
+        steps=args.steps if args.steps is not None else curve.steps_needed(), progress=True)
+    write_atomic(out, replay.frame.to_csv(index=False))
+    _print_replay(args, run, replay, out, settings.calibration)
+    for line in basis:
+        print(f"  {line}")
+    _print_time_to_target(args.target, curve, replay, sidecar)
+    return 0
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """What a replay's flags load once for every run it replays: loss rule, calibration, profile."""
+
+    rule: LossScaling
+    calibration: Calibration | None
+    profile: ComputeProfile | None
+
+
+def replay_settings(args: argparse.Namespace) -> ReplaySettings:
+    """The loss rule, calibration and compute profile the flags name (ConfigError if bad)."""
+    return ReplaySettings(
+        rule=parse_loss_scaling(args.loss_scaling),
+        calibration=load_calibration(args.calibration) if args.calibration else None,
+        profile=load_profile(args.compute_profile) if args.compute_profile else None,
+    )
+
+
+def replay_with(args: argparse.Namespace, run: RecordedRun, settings: ReplaySettings, *,
+                steps: int | None = None, progress: bool = False) -> tuple[Replay, list[str]]:
+    """`run` replayed on the network and hardware the flags describe, and its basis lines.
+
+    The basis lines say per part (compute, intra-node, inter-node, overlap) what was measured
+    and what modeled; none when everything is as recorded.
+    """
+    profile = settings.profile
+    if profile is not None:
+        profile.check_fits(run.config, args.compute_profile)
     scale = _compute_scale(args, run.steps)
     intra = _intra_mode(args, profile)
     overlap = _overlap_mode(args, run, profile)
     replay = simulate_run(
         run, inter_bw=args.inter_bw, inter_lat=args.inter_lat, nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node, node_links=args.node_link,
-        steps=args.steps if args.steps is not None else curve.steps_needed(),
-        compute_scale=scale, intra=intra, algorithm=args.algorithm, calibration=calibration,
-        intra_bw=args.intra_bw, intra_lat=args.intra_lat, overlap=overlap, progress=True,
+        gpus_per_node=args.gpus_per_node, node_links=args.node_link, steps=steps,
+        compute_scale=scale, intra=intra, algorithm=args.algorithm,
+        calibration=settings.calibration, intra_bw=args.intra_bw, intra_lat=args.intra_lat,
+        overlap=overlap, progress=progress,
         phase_seconds=profile.phase_seconds if profile else None,
         phases_at=profile.gpus_per_node if profile else None,
     )  # fmt: skip
-    write_atomic(out, replay.frame.to_csv(index=False))
-    _print_replay(args, run, replay, out, calibration)
-    for line in _basis_lines(args, run, replay, intra, scale, profile):
-        print(f"  {line}")
     if scale != 1.0:
         log.info("compute scaled by %.4g relative to the recording machine", scale)
-    _print_time_to_target(args.target, curve, replay, sidecar)
-    return 0
+    return replay, _basis_lines(args, run, replay, intra, scale, profile)
 
 
 def _loss_curve(args: argparse.Namespace, run: RecordedRun, rule: LossScaling) -> LossCurve:
@@ -440,21 +476,34 @@ def _loss_curve(args: argparse.Namespace, run: RecordedRun, rule: LossScaling) -
 def _check_arguments(args: argparse.Namespace) -> Path:
     """The --out file, after checking the numeric flags (ConfigError, one sentence)."""
     out = check_output_file(args.out, what="--out", reads=[args.run_dir, *(args.loss_from or ())])
-    if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
-        raise ConfigError(f"--target must be a finite loss > 0, got {args.target}.")
-    for name in ("nodes", "gpus_per_node", "steps"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+    check_replay_arguments(args)
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}.")
     if args.steps is not None and args.steps > MAX_STEPS:
         raise ConfigError(f"--steps {args.steps} is more than a replay runs here (at most "
                           f"{MAX_STEPS:,}: hours of model time); replay fewer steps, the time "
                           "axis grows linearly beyond the recording.")
+    return out
+
+
+def check_replay_arguments(args: argparse.Namespace) -> None:
+    """The replay flags' values, before anything is read or written (ConfigError, one sentence).
+
+    The network strings are parsed here too (as RunConfig parses them, in the same words), so a
+    bad one is refused before any run is read."""
+    RunConfig(inter_bw=args.inter_bw, inter_lat=args.inter_lat).topology()
+    for spec in args.node_link or ():
+        parse_node_link(spec)
+    if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
+        raise ConfigError(f"--target must be a finite loss > 0, got {args.target}.")
+    for name in ("nodes", "gpus_per_node"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
     for name in ("compute_scale", "step_compute"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}.")
-    return out
 
 
 def _declares_hardware(args: argparse.Namespace, profile: ComputeProfile | None = None) -> bool:

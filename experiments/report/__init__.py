@@ -2,7 +2,10 @@
 
 Where things live: ``metrics.py`` (time to target, speed-ups, summary tables), ``figures.py``
 (loss against wall-clock, time to target, bytes per step, the frontier, and the command),
-``graphs.py`` (the gossip and Ada study: loss against degree and replica variance).
+``graphs.py`` (the gossip and Ada study: loss against degree and replica variance),
+``intervals.py`` (medians over seeds with bootstrap intervals or ranges, paired speed-ups),
+``ranking.py`` (who is first per network point, the margin, tie or not), ``crossover.py`` (the
+winner map over bandwidth x latency and the bandwidth where a method overtakes hsdp-adamw).
 """
 
 from experiments.report.figures import (

@@ -4,7 +4,9 @@
 
 Figures: validation loss against (simulated or measured) wall-clock per method at every network
 point; time-to-target against bandwidth (log-log) with the speed-up over hsdp-adamw; bytes per
-step per method; bytes against loss. A sweep with gossip or Ada units adds `graphs.py`'s
+step per method; bytes against loss; who is first in each bandwidth x latency cell, and where
+each method overtakes hsdp-adamw (`crossover.py`, which replays units between grid points).
+A sweep with gossip or Ada units adds `graphs.py`'s
 loss against graph degree and replica variance, and time to target per graph. Every file is
 written atomically.
 """
@@ -24,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.io import run_digest, write_atomic
-from experiments.report import graphs, metrics
+from experiments.report import crossover, graphs, metrics
 
 __all__ = [
     "Results",
@@ -208,8 +210,8 @@ def plot_time_to_target(res: Results):
             rows = rows.sort_values("inter_bw_bps")
             x = rows["inter_bw_bps"] * 8  # bits/s reads more naturally on a network axis
             finite = rows["ttt_median_s"].map(math.isfinite)
-            low = (rows["ttt_median_s"] - rows["ttt_min_s"]).where(finite, 0)
-            high = (rows["ttt_max_s"] - rows["ttt_median_s"]).where(finite, 0)
+            low = (rows["ttt_median_s"] - rows["ttt_low_s"]).where(finite, 0)
+            high = (rows["ttt_high_s"] - rows["ttt_median_s"]).where(finite, 0)
             high = high.where(high.map(math.isfinite), 0)
             axes[0][j].errorbar(x[finite], rows["ttt_median_s"][finite],
                                 yerr=[low[finite], high[finite]], marker="o", capsize=3,
@@ -220,7 +222,7 @@ def plot_time_to_target(res: Results):
 
             axes[1][j].plot(x, shown("speedup_median"), marker="o", color=palette[variant],
                             label=variant)
-            axes[1][j].fill_between(x, shown("speedup_min"), shown("speedup_max"),
+            axes[1][j].fill_between(x, shown("speedup_low"), shown("speedup_high"),
                                     color=palette[variant], alpha=0.15)
         axes[0][j].set(title=f"latency {lat}", ylabel="time to target (s)" if j == 0 else "")
         axes[1][j].axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
@@ -232,8 +234,13 @@ def plot_time_to_target(res: Results):
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="center right", fontsize=8)
-    fig.suptitle(f"{res.name}: time to val_loss {metrics.target_text(res.runs)} (median, "
-                 "min–max over seeds; not reached = not drawn)", fontsize=10)
+    kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
+    bracket = ("95% bootstrap interval" if kinds == {"bootstrap"} else
+               "min–max (2 seeds: a range, not an interval)" if "bootstrap" not in kinds else
+               "interval from 3 seeds, range below")
+    fig.suptitle(f"{res.name}: time to val_loss {metrics.target_text(res.runs)} (median over "
+                 f"seeds, {bracket}; speed-up paired by seed; not reached = not drawn)",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0, 0.85, 1))
     return fig
 
@@ -362,6 +369,8 @@ def write_report(path: Path | str) -> list[Path]:
     written: list[Path] = []
     figures = {"loss_vs_wallclock": plot_loss_vs_time, "time_to_target": plot_time_to_target,
                "bytes_per_step": plot_bytes_per_step, "frontier": plot_frontier}
+    crossings = crossover.crossover_table(res)
+    figures["crossover_map"] = lambda res: crossover.plot_crossover_map(res, crossings)
     has_graphs = graphs.has_graph_units(res.runs)
     if has_graphs:
         figures.update(loss_vs_degree=graphs.plot_loss_vs_degree,
@@ -378,6 +387,8 @@ def write_report(path: Path | str) -> list[Path]:
         plt.close(fig)
     summary = res.path / "summary.md"
     text = f"## Sweep `{res.name}`\n\n{metrics.summary_markdown(res.runs)}"
+    text += (f"\n### Where each method overtakes {metrics.BASELINE} (crossover bandwidth)\n\n"
+             f"{crossover.crossover_markdown(crossings)}\n")
     if has_graphs:
         text += "\n" + graphs.graphs_markdown(res.runs)
     write_atomic(summary, text)

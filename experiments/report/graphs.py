@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.report import metrics
+from experiments.report import intervals, metrics
 from flexdemo.methods import RECORDS
 
 __all__ = ["ADAPTIVE", "PERMUTATIONS", "ada_verdicts", "correlations", "graphs_markdown",
@@ -125,10 +125,31 @@ def ada_verdicts(runs: pd.DataFrame) -> list[str]:
         mine = float(ada.iloc[0])
         best = fixed.loc[fixed["time_to_target_s"].idxmin()]
         wins = math.isfinite(mine) and bool((fixed["time_to_target_s"] > mine).all())
+        here = sim[(sim["network"] == network) & (sim["nodes"] == nodes)]
         lines.append(f"- {network}, {nodes} nodes: {'yes' if wins else 'no'} — "
                      f"{ADAPTIVE} {metrics.format_seconds(mine)}, best fixed graph "
-                     f"{best['graph']} {metrics.format_seconds(float(best['time_to_target_s']))}")
+                     f"{best['graph']} {metrics.format_seconds(float(best['time_to_target_s']))}"
+                     f"{_against_best(here, best['graph'])}")
     return lines
+
+
+def _against_best(here: pd.DataFrame, graph: str) -> str:
+    """' (ring's time / ada's: 1.10× [1.02–1.19], tie)': the margin over seeds and its verdict."""
+    if "seed" not in here.columns:
+        return ""
+
+    def by_seed(part: pd.DataFrame) -> dict:
+        return dict(zip(part["seed"], part["time_to_target_s"].astype(float), strict=True))
+
+    ada = here[here["method"] == ADAPTIVE]
+    fixed = here[(here["graph"] == graph) & (here["method"] != ADAPTIVE)]
+    margin, _ = intervals.ratio_interval(by_seed(fixed), by_seed(ada))
+    if math.isnan(margin.median):
+        return ""
+    verdict = intervals.separation(intervals.median_interval(ada["time_to_target_s"]),
+                                   intervals.median_interval(fixed["time_to_target_s"]), margin)
+    return (f" ({graph}'s time / {ADAPTIVE}'s: {metrics.format_speedup_interval(margin)}, "
+            f"{verdict})")
 
 
 def graphs_markdown(runs: pd.DataFrame) -> str:

@@ -2,9 +2,10 @@
 
 The scoring follows AlgoPerf: a run's time-to-target is the first *evaluation* whose validation
 loss is at or below the target (timing excludes evaluation itself); a run that never gets there
-scores infinity and stays in every table as "not reached". Speed-ups compare a method with the
-baseline's median over seeds at the same network point, and are summarised by median, min and
-max over the method's seeds.
+scores infinity and stays in every table as "not reached". Speed-ups are paired ratios, the
+baseline's time over the method's seed by seed at the same network point (every pair where the
+seeds differ), summarised by their median with a bracket (`intervals`: a bootstrap interval
+from 3 seeds, the range at 2) and their min and max.
 """
 
 from __future__ import annotations
@@ -15,24 +16,35 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from experiments.report import intervals, ranking
 from flexdemo.methods import BASELINE
 
 TARGET_MARGIN = 0.02
 
+# What `speedups` adds to its key columns, per variant and network point.
+SPEEDUP_COLUMNS = ["ttt_median_s", "ttt_min_s", "ttt_max_s", "ttt_low_s", "ttt_high_s",
+                   "ttt_interval", "reached", "seeds", "baseline_ttt_s", "speedup_median",
+                   "speedup_min", "speedup_max", "speedup_low", "speedup_high",
+                   "speedup_interval", "paired"]
+
 __all__ = [
     "BASELINE",
+    "SPEEDUP_COLUMNS",
     "TARGET_MARGIN",
     "baseline_target_at",
     "pareto_front",
     "default_target",
     "format_seconds",
     "format_speedup",
+    "format_speedup_interval",
+    "format_time_interval",
     "markdown_table",
     "pivot",
     "speedups",
     "summary_markdown",
     "target_text",
     "validation_table",
+    "winners_markdown",
     "time_to_target",
 ]
 
@@ -106,50 +118,68 @@ def speedups(
     variant: str = "variant",
     cohort: str = "baseline_cluster",
 ) -> pd.DataFrame:
-    """Per variant and network point: median/min/max over seeds of baseline_median_ttt / ttt.
+    """Per variant and network point: time to target and speed-up over seeds, with intervals.
 
-    `runs` needs `method`, `variant`, `seed`, `time_to_target_s` and the `by` columns. When it
-    has a `cohort` column (the sweep's `baseline_cluster`), each run is compared with the
-    baseline runs of the cohort it names, e.g. hsdp-adamw on the same number of nodes. A run
-    that never reaches the target has speed-up 0; when the baseline never does, a run that does
-    gets inf; when neither does (or there is no baseline to compare with), NaN.
+    `runs` needs `method`, `variant`, `seed`, `time_to_target_s`, `reached` and the `by`
+    columns. When it has a `cohort` column (the sweep's `baseline_cluster`), each run is
+    compared with the baseline runs of the cohort it names, e.g. hsdp-adamw on the same number
+    of nodes. The speed-up is the paired ratio baseline time / run time of the same seed, or
+    over every (baseline seed, run seed) pair where the seeds differ (`intervals.ratio_interval`;
+    `paired` says which): a run that never reaches the target has speed-up 0; when the baseline
+    never does, a run that does gets inf; when neither does (or there is no baseline), NaN.
+    Columns: ttt_median_s, ttt_min_s, ttt_max_s and the bracket ttt_low_s..ttt_high_s of kind
+    ttt_interval; speedup_median, speedup_min, speedup_max (over the pairs) and speedup_low..
+    speedup_high of kind speedup_interval (`intervals.Interval.kind`); baseline_ttt_s is the
+    baseline's median.
     """
     keys = list(by)
-    # The baseline's own rows name their own cluster, so grouping them by cohort is by cluster.
     join = [*keys, cohort] if cohort in runs.columns else keys
-    base = (
-        runs[runs["method"] == baseline]
-        .groupby(join, dropna=False)["time_to_target_s"]
-        .median()
-        .rename("baseline_ttt_s")
-    )
-    merged = runs.join(base, on=join)
-    pairs = zip(merged["baseline_ttt_s"], merged["time_to_target_s"], strict=True)
-    merged["speedup"] = [_ratio(b, t) for b, t in pairs]
-    grouped = merged.groupby([*keys, variant, "method"], dropna=False, sort=False)
-    out = grouped.agg(
-        ttt_median_s=("time_to_target_s", "median"),
-        ttt_min_s=("time_to_target_s", "min"),
-        ttt_max_s=("time_to_target_s", "max"),
-        reached=("reached", "sum"),
-        seeds=("seed", "count"),
-        baseline_ttt_s=("baseline_ttt_s", "first"),
-        speedup_median=("speedup", "median"),
-        speedup_min=("speedup", "min"),
-        speedup_max=("speedup", "max"),
-    )
-    return out.reset_index()
+    base_rows = runs[runs["method"] == baseline]
+    base_times = {_key(k): dict(zip(g["seed"], g["time_to_target_s"].astype(float), strict=True))
+                  for k, g in base_rows.groupby(join, dropna=False, sort=False)}
+    rows = []
+    for group, g in runs.groupby([*keys, variant, "method"], dropna=False, sort=False):
+        times = g["time_to_target_s"].astype(float)
+        ttt = intervals.median_interval(times)
+        base = base_times.get(_key(tuple(g.iloc[0][c] for c in join)), {})
+        speed, paired = intervals.ratio_interval(base, dict(zip(g["seed"], times, strict=True)))
+        pair_ratios = _pair_ratios(base, g["seed"], times, paired)
+        rows.append({
+            **dict(zip([*keys, variant, "method"], group, strict=True)),
+            "ttt_median_s": ttt.median, "ttt_min_s": float(times.min()),
+            "ttt_max_s": float(times.max()), "ttt_low_s": ttt.low, "ttt_high_s": ttt.high,
+            "ttt_interval": ttt.kind, "reached": int(g["reached"].sum()),
+            "seeds": int(g["seed"].count()),
+            "baseline_ttt_s": float(np.median(list(base.values()))) if base else math.nan,
+            "speedup_median": speed.median,
+            "speedup_min": _nan_or(np.nanmin, pair_ratios),
+            "speedup_max": _nan_or(np.nanmax, pair_ratios),
+            "speedup_low": speed.low, "speedup_high": speed.high,
+            "speedup_interval": speed.kind, "paired": paired,
+        })
+    columns = [*keys, variant, "method", *SPEEDUP_COLUMNS]
+    return pd.DataFrame(rows, columns=columns)
 
 
-def _ratio(baseline_ttt: float, ttt: float) -> float:
-    """Speed-up of one run, with the not-reached cases spelled out."""
-    if baseline_ttt is None or (isinstance(baseline_ttt, float) and math.isnan(baseline_ttt)):
-        return math.nan
-    if math.isinf(ttt):
-        return math.nan if math.isinf(baseline_ttt) else 0.0
-    if math.isinf(baseline_ttt):
-        return math.inf
-    return baseline_ttt / ttt if ttt > 0 else math.inf
+def _key(values: object) -> tuple:
+    """A group key with missing values spelled alike (NaN never equals NaN in a dict)."""
+    values = values if isinstance(values, tuple) else (values,)
+    return tuple("<none>" if _missing(v) else v for v in values)
+
+
+def _nan_or(reduce, values: np.ndarray) -> float:
+    """`reduce` over the defined values (nanmin, nanmax); NaN when none is defined."""
+    defined = values[~np.isnan(values)] if len(values) else values
+    return float(reduce(defined)) if len(defined) else math.nan
+
+
+def _pair_ratios(base: dict, seeds: pd.Series, times: pd.Series, paired: bool) -> np.ndarray:
+    """Every speed-up the interval is over: one per seed when paired, else one per pair."""
+    if not base:
+        return np.array([])
+    if paired:
+        return np.array([intervals.ratio(base[s], t) for s, t in zip(seeds, times, strict=True)])
+    return np.array([intervals.ratio(b, t) for b in base.values() for t in times])
 
 
 def pivot(
@@ -210,18 +240,7 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     target = target_text(runs)
     sim = runs[(runs["source"] == "sim") & runs.get("on_grid", True)]
     if not sim.empty:
-        table = speedups(sim, by=("network",))
-        table["cell"] = [
-            _cell(*values)
-            for values in zip(table["ttt_median_s"], table["speedup_median"],
-                              table["speedup_min"], table["speedup_max"], table["reached"],
-                              table["seeds"], strict=True)
-        ]
-        parts.append(
-            f"### Time to target val_loss {target} (simulated; median over seeds · "
-            f"speed-up vs {BASELINE}, median [min–max])\n"
-        )
-        parts.append(markdown_table(pivot(table, "cell"), index_name="method") + "\n")
+        parts.extend(_time_to_target_section(sim, target))
     measured = runs[runs["source"] == "measured"]
     if not measured.empty:
         parts.append("### Cost model vs wall-shaped real runs\n")
@@ -244,6 +263,22 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
+def winners_markdown(table: pd.DataFrame, *, key: str = "network") -> str:
+    """The winners table in Markdown: first, its time, runner-up, margin, verdict."""
+    shown = pd.DataFrame({
+        "first": table["first"],
+        "its time to target": table["first_ttt_s"].map(format_seconds),
+        "runner-up": table["runner_up"].fillna("-"),
+        "runner-up's time / first's": [ranking.margin_text(row) for _, row in table.iterrows()],
+        "verdict": table["verdict"],
+    })
+    shown.index = table[key]
+    note = ("verdict: clear (bootstrap brackets apart and the margin's excludes 1), tie (they "
+            "overlap, or the margin's includes 1), or apart on 2 seeds (ranges apart: too few "
+            "seeds for an interval)")
+    return markdown_table(shown, index_name=key) + "\n\n" + note
+
+
 def target_text(runs: pd.DataFrame) -> str:
     """'2.6500', or one target per baseline cluster ('2.7000 (4x1), 2.6500 (8x1)')."""
     target = runs["target_val_loss"].dropna()
@@ -257,16 +292,66 @@ def target_text(runs: pd.DataFrame) -> str:
                                                       per["target_val_loss"], strict=True))
 
 
-def _cell(ttt: float, median: float, low: float, high: float, reached: int, seeds: int) -> str:
-    """'12.3 s · 2.10× [1.9–2.3]'; 'not reached' when the median run never gets there.
+def _time_to_target_section(sim: pd.DataFrame, target: str) -> list[str]:
+    """The headline table (time to target and speed-up with brackets) and who is first where."""
+    table = speedups(sim, by=("network",))
+    table["cell"] = [_cell(row) for row in table.itertuples()]
+    kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
+    cohorts, key = _by_cohort(sim)
+    first = ranking.winners(cohorts, by=key)
+    return [
+        f"### Time to target val_loss {target} (simulated; median over seeds [bracket] · "
+        f"speed-up vs {BASELINE}, paired by seed, median [bracket])\n",
+        f"{intervals.interval_note(kinds)} \"no clear winner\": the speed-up's bracket "
+        "includes 1.\n",
+        markdown_table(pivot(table, "cell"), index_name="method") + "\n",
+        "### First to the target at each network point\n",
+        winners_markdown(first, key=first.columns[0]) + "\n",
+    ]
+
+
+def _by_cohort(sim: pd.DataFrame) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """The runs and the key the winners are found over: the network point, and the baseline
+    cluster when units are scored against several (different targets never share a ranking)."""
+    cohorts = sim["baseline_cluster"].dropna().unique() if "baseline_cluster" in sim else []
+    if len(cohorts) < 2:
+        return sim, ("network",)
+    label = sim["network"] + " · " + sim["baseline_cluster"].fillna("no baseline") + " cluster"
+    return sim.assign(**{"network · cluster": label}), ("network · cluster",)
+
+
+def _cell(row) -> str:
+    """'12.3 s [11.0–13.5] · 2.10× [1.9–2.3]'; 'not reached' when the median run never gets there.
 
     When only some seeds reach the target, '(k/n seeds)' says so: a median over two seeds is
-    infinite as soon as one of them misses.
+    infinite as soon as one of them misses. A speed-up whose bracket includes 1 is marked
+    'no clear winner' (never on the baseline's own row).
     """
-    count = "" if reached == seeds else f" ({reached}/{seeds} seeds)"
-    if math.isinf(ttt):
-        return format_seconds(ttt) + count
-    return f"{format_seconds(ttt)} · {format_speedup(median, low, high)}{count}"
+    count = "" if row.reached == row.seeds else f" ({row.reached}/{row.seeds} seeds)"
+    if math.isinf(row.ttt_median_s):
+        return format_seconds(row.ttt_median_s) + count
+    span = intervals.Interval(row.ttt_median_s, row.ttt_low_s, row.ttt_high_s, row.seeds,
+                              row.ttt_interval)
+    speed = intervals.Interval(row.speedup_median, row.speedup_low, row.speedup_high,
+                               row.seeds, row.speedup_interval)
+    unclear = row.method != BASELINE and speed.includes(1.0) and not math.isnan(speed.median)
+    return (f"{format_time_interval(span)} · {format_speedup_interval(speed)}{count}"
+            f"{' · no clear winner' if unclear else ''}")
+
+
+def format_time_interval(interval: intervals.Interval) -> str:
+    """'12.3 s [11.0–13.5]': a median time to target with its bracket ('inf' for a miss)."""
+    def end(value: float) -> str:
+        return "inf" if math.isinf(value) else format_seconds(value).removesuffix(" s")
+
+    return format_seconds(interval.median) + interval.bracket(end)
+
+
+def format_speedup_interval(interval: intervals.Interval) -> str:
+    """'2.10× [1.90–2.30]': a median speed-up with its bracket ('2.10×' without one)."""
+    if interval.kind in ("single", "none") or math.isnan(interval.low):
+        return format_speedup(interval.median, interval.median, interval.median)
+    return format_speedup(interval.median, interval.low, interval.high)
 
 
 def validation_table(runs: pd.DataFrame) -> pd.DataFrame:

@@ -47,7 +47,7 @@ def _runs(rows: list[tuple[str, int, str, float]]) -> pd.DataFrame:
 
 
 @pytest.mark.timeout(10)
-def test_speedups_use_baseline_median_and_report_spread_over_seeds() -> None:
+def test_speedups_pair_seeds_and_report_spread_over_them() -> None:
     runs = _runs([
         ("hsdp-adamw", 0, "slow", 10.0), ("hsdp-adamw", 1, "slow", 30.0),
         ("hsdp-adamw", 2, "slow", 20.0),
@@ -59,14 +59,30 @@ def test_speedups_use_baseline_median_and_report_spread_over_seeds() -> None:
     table = metrics.speedups(runs).set_index(["network", "variant"])
     slow = table.loc[("slow", "flexdemo")]
     assert slow["baseline_ttt_s"] == 20.0
-    # per seed: 20/5 = 4, 20/4 = 5, not reached = 0  -> median 4, min 0, max 5
-    assert (slow["speedup_median"], slow["speedup_min"], slow["speedup_max"]) == (4.0, 0.0, 5.0)
+    # paired by seed: 10/5 = 2, 30/4 = 7.5, not reached = 0  -> median 2, min 0, max 7.5
+    assert (slow["speedup_median"], slow["speedup_min"], slow["speedup_max"]) == (2.0, 0.0, 7.5)
+    assert slow["paired"] and slow["speedup_interval"] == "bootstrap"
+    assert 0.0 <= slow["speedup_low"] <= 2.0 <= slow["speedup_high"] <= 7.5
     assert slow["reached"] == 2 and slow["seeds"] == 3
-    assert table.loc[("slow", "hsdp-adamw"), "speedup_median"] == 1.0
+    # The miss stays in the median: (4, 5, inf) -> 5, never the median of the two that reached.
+    assert slow["ttt_median_s"] == 5.0 and slow["ttt_max_s"] == math.inf
+    base = table.loc[("slow", "hsdp-adamw")]
+    assert (base["speedup_median"], base["speedup_min"], base["speedup_max"]) == (1.0, 1.0, 1.0)
     fast = table.loc[("fast", "flexdemo")]
     # The baseline never reaches the target: reaching it is an infinite speed-up; neither is NaN.
     assert fast["speedup_max"] == math.inf
     assert math.isnan(table.loc[("fast", "hsdp-adamw"), "speedup_median"])
+    assert fast["ttt_interval"] == "range" and fast["speedup_interval"] == "range"
+
+
+@pytest.mark.timeout(10)
+def test_speedups_over_every_pair_when_the_seeds_differ() -> None:
+    runs = _runs([("hsdp-adamw", 0, "n", 10.0), ("hsdp-adamw", 1, "n", 20.0),
+                  ("flexdemo", 5, "n", 5.0), ("flexdemo", 6, "n", 10.0)])
+    row = metrics.speedups(runs).set_index("variant").loc["flexdemo"]
+    # pairs: 10/5, 10/10, 20/5, 20/10 = 2, 1, 4, 2 -> median 2, range 1..4
+    assert not row["paired"]
+    assert (row["speedup_median"], row["speedup_low"], row["speedup_high"]) == (2.0, 1.0, 4.0)
 
 
 @pytest.mark.timeout(10)

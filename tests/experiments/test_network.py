@@ -54,6 +54,8 @@ def test_a_bad_unit_is_refused_with_the_same_sentence_by_run_simulate_and_sweep(
         "sweep": ["sweep", str(ROOT / "experiments/configs/quick.toml"), "--out",
                   str(tmp_path / "sweep"), "--set", f"grid.inter_bw=['{BAD}']"],
         "validate-sim": ["validate-sim", "--inter-bw", BAD, "--keep", str(tmp_path / "v")],
+        "compare": ["compare", str(RECORDED), "--inter-bw", BAD, "--out",
+                    str(tmp_path / "cmp.json")],
     }
     for name, argv in commands.items():
         assert main(argv) == 2, name

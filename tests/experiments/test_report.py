@@ -151,6 +151,13 @@ def test_ada_verdict_compares_with_every_fixed_graph_per_point_and_cluster() -> 
     lines = report_graphs.ada_verdicts(runs)
     assert lines[0].startswith("- 1Gbit / 10ms, 4 nodes: yes") and "complete 8.0 s" in lines[0]
     assert lines[1].startswith("- 1Gbit / 10ms, 8 nodes: no") and "not reached" in lines[1]
+    # With seeds, the margin over the best graph carries its bracket and says when it is a tie.
+    seeded = pd.DataFrame([{**row(m, g, 4, t), "seed": s} for m, g, times in
+                           (("gossip", "ring", (10.0, 12.0)), ("ada", None, (11.0, 10.0)))
+                           for s, t in enumerate(times)])
+    (line,) = report_graphs.ada_verdicts(seeded)
+    # ring/ada per seed: 10/11 and 12/10 -> median 1.05, range 0.91..1.20: a tie.
+    assert line.endswith("(ring's time / ada's: 1.05× [0.91–1.20], tie)"), line
 
 
 @pytest.mark.timeout(30)

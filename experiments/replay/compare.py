@@ -1,0 +1,361 @@
+"""`flexbench compare`: which method reaches the target first on one network, by how much, how sure.
+
+    flexbench compare results/quick --inter-bw 200Mbit --inter-lat 30ms
+    flexbench compare runs/flex-s0 runs/flex-s1 runs/hsdp-s0 runs/hsdp-s1 --inter-bw 1Gbit \\
+        --inter-lat 20ms --nodes 16 --gpus-per-node 8 --compute-profile h100.json \\
+        --loss-scaling linear-to-critical-batch:512 --target 2.7 --out cmp.json --out cmp.csv
+
+Every recorded run (or every training unit of a sweep folder) is replayed on the one network and
+cluster the flags describe, with `flexbench simulate`'s flags and replay (`simulate.replay_with`);
+each run's loss curve on its replayed time axis gives its time to target. Runs of one method are
+its seeds; methods are ranked by their median time to target with a bracket over seeds
+(`experiments.report.intervals`: a bootstrap interval from 3 seeds, the range with 2), speed-ups
+are paired by seed against hsdp-adamw, and the verdict between the first two says "tie" where
+their brackets do not separate them. Every assumption a replay printed is printed once below the
+table.
+
+The target: --target; else a sweep folder's own target; else derived from the hsdp-adamw runs
+given by the sweeps' default rule (their median final val_loss + 2%), and the output says which.
+A run that diverged (run.json status "diverged") is a miss: its time to target is inf, as in a
+sweep's table, and the output names it. Refused (one sentence, exit 2, nothing written): bad
+network or flag values, runs of different workloads, runs recorded on different cluster shapes
+without --nodes and --gpus-per-node to put them on one, two runs of the same method and seed, a
+folder that is neither a run nor a sweep, and a loss curve that cannot be carried to the target
+shape (gossip at a node count no recording has).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.errors import ConfigError
+from experiments.io import check_output_file, write_atomic
+from experiments.replay.loss_curve import Recording, choose_loss_curve
+from experiments.replay.simulate import (
+    RecordedRun,
+    ReplaySettings,
+    add_replay_arguments,
+    check_replay_arguments,
+    read_run,
+    replay_settings,
+    replay_with,
+)
+from experiments.report import intervals, metrics, ranking
+
+__all__ = ["Candidate", "Comparison", "compare", "configure", "find_candidates", "main"]
+
+OUT_SUFFIXES = (".json", ".csv")
+AS_RECORDED = ("compute, intra-node collectives, payloads and their order as recorded (the "
+               "recording machine); only the inter-node links are modeled")
+LOSS_AS_RECORDED = "loss curve: each run's own per step, at its recorded cluster shape and batch"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One recorded run to replay: where it is, its variant (method[knobs]) and seed."""
+
+    path: Path
+    variant: str
+    method: str
+    seed: int
+    status: str = "done"
+    """A sweep unit's status: anything but done (failed, never run) is a miss, not replayed."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A comparison's result: per-run times, the ranked table, the sentence and the assumptions."""
+
+    network: str
+    target: float
+    target_rule: str
+    runs: pd.DataFrame
+    """One row per replayed run: variant, method, seed, time_to_target_s, reached, diverged."""
+    table: pd.DataFrame
+    """`metrics.speedups` of `runs`, ranked fastest first (a miss last)."""
+    first: pd.Series
+    """`ranking.winners` of `runs`: first, runner-up, margin, verdict."""
+    sentence: str
+    assumptions: list[str]
+
+
+def find_candidates(paths: list[Path]) -> tuple[list[Candidate], float | None]:
+    """The runs in `paths` (run folders, or sweep folders' training units) and a sweep's target.
+
+    ConfigError for a folder that is neither a run (run.json) nor a sweep (runs.parquet), or
+    for two runs of the same variant and seed.
+    """
+    found: list[Candidate] = []
+    targets: list[float] = []
+    for path in paths:
+        if (path / "runs.parquet").is_file():
+            units, target = _sweep_units(path)
+            found += units
+            targets += [] if target is None else [target]
+        elif (path / "run.json").is_file():
+            found.append(_run_candidate(path))
+        else:
+            raise ConfigError(f"{str(path)!r} is neither a run folder (run.json) nor a sweep "
+                              "folder (runs.parquet); give folders written by `flexbench run` "
+                              "or `flexbench sweep`.")
+    seen: dict[tuple[str, int], Path] = {}
+    for c in found:
+        if (c.variant, c.seed) in seen:
+            raise ConfigError(f"{str(seen[c.variant, c.seed])!r} and {str(c.path)!r} are both "
+                              f"{c.variant} seed {c.seed}; give each method and seed once.")
+        seen[c.variant, c.seed] = c.path
+    if len(set(targets)) > 1:
+        raise ConfigError(f"the sweeps given score against different targets "
+                          f"({', '.join(f'{t:.4f}' for t in dict.fromkeys(targets))}); give "
+                          "--target.")
+    return found, targets[0] if targets else None
+
+
+def _sweep_units(path: Path) -> tuple[list[Candidate], float | None]:
+    """A sweep's training units (failed ones too: a miss is never dropped) and its one target."""
+    runs = pd.read_parquet(path / "runs.parquet")
+    train = runs[runs["kind"] == "train"].drop_duplicates("unit")
+    units = [Candidate(path / "units" / str(u), str(v), str(m), int(s), str(st))
+             for u, v, m, s, st in zip(train["unit"], train["variant"], train["method"],
+                                       train["seed"], train["status"], strict=True)]
+    values = list(dict.fromkeys(runs["target_val_loss"].dropna()))
+    if len(values) > 1:
+        raise ConfigError(f"{str(path)!r} scores its clusters against different targets; give "
+                          "--target.")
+    return units, (float(values[0]) if values else None)
+
+
+def _run_candidate(path: Path) -> Candidate:
+    """A run folder as a candidate: its method is its variant, its config's seed its seed."""
+    try:
+        config = json.loads((path / "run.json").read_text())["config"]
+        return Candidate(path, str(config["method"]), str(config["method"]),
+                         int(config.get("seed", 0)))
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"{str(path / 'run.json')!r} is not a run's record (no config with a "
+                          "method).") from None
+
+
+def _check_same_training(runs: list[tuple[Candidate, RecordedRun]],
+                         args: argparse.Namespace) -> None:
+    """One workload, and one recorded cluster shape unless the flags set the target's."""
+    workloads = {r.config.workload for _, r in runs}
+    if len(workloads) > 1:
+        raise ConfigError(f"the runs train different workloads ({', '.join(sorted(workloads))}); "
+                          "compare runs of one workload.")
+    shapes = {(r.config.nodes, r.config.gpus_per_node) for _, r in runs}
+    if len(shapes) > 1 and (args.nodes is None or args.gpus_per_node is None):
+        listed = ", ".join(f"{n}x{g}" for n, g in sorted(shapes))
+        raise ConfigError(f"the runs were recorded on different clusters ({listed}); give "
+                          "--nodes and --gpus-per-node to replay them on one.")
+
+
+def _target(args: argparse.Namespace, sweep_target: float | None,
+            runs: list[tuple[Candidate, RecordedRun]]) -> tuple[float, str]:
+    """The target val_loss and a sentence saying where it came from (ConfigError if none)."""
+    if args.target is not None:
+        return float(args.target), "given (--target)"
+    if sweep_target is not None:
+        return sweep_target, "the sweep's own target (runs.parquet)"
+    finals = pd.DataFrame(
+        [{"method": c.method, "final_val_loss": r.meta.get("final_val_loss")}
+         for c, r in runs if r.meta.get("status", "done") != "diverged"],
+        columns=["method", "final_val_loss"]).astype({"final_val_loss": float})
+    try:
+        target = metrics.default_target(finals)
+    except ValueError:
+        raise ConfigError(f"no --target and no {metrics.BASELINE} run to derive one from; give "
+                          f"--target or a {metrics.BASELINE} run.") from None
+    count = int((finals["method"] == metrics.BASELINE).sum())
+    return target, (f"derived: {metrics.BASELINE}'s median final val_loss over its {count} "
+                    f"run(s) + {metrics.TARGET_MARGIN:.0%} (the sweeps' default rule)")
+
+
+def _grouped(notes: dict[str, list[str]]) -> list[str]:
+    """The replay's notes: those every method shares once, then each method's own under it."""
+    common = [n for n in next(iter(notes.values()), []) if all(n in v for v in notes.values())]
+    lines = list(dict.fromkeys(common))
+    for variant, own in notes.items():
+        rest = [n for n in dict.fromkeys(own) if n not in common]
+        if rest:
+            lines += [f"{variant} (its first run; the other seeds' replays alike):",
+                      *(f"  {n}" for n in rest)]
+    return lines
+
+
+def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: ReplaySettings,
+                    target: float, notes: list[str]) -> float:
+    """One run replayed on the flags' network: its time to target (inf for a miss).
+
+    The replay's basis, loss curve and model notes are added to `notes`."""
+    curve = choose_loss_curve(
+        [Recording.of(run.path, run.config, run.meta, run.steps)],
+        nodes=args.nodes or run.config.nodes,
+        gpus_per_node=args.gpus_per_node or run.config.gpus_per_node, rule=settings.rule)
+    if curve.refusal is not None:
+        raise ConfigError(f"no time to target for {str(run.path)!r}: {curve.refusal}")
+    replay, basis = replay_with(args, run, settings, steps=curve.steps_needed())
+    notes += [*(basis or [AS_RECORDED]), *replay.graphs,
+              curve.summary() if curve.stated else LOSS_AS_RECORDED]
+    notes += [f"model: {replay.note}"] if replay.note else []
+    points = curve.on_time_axis(replay.frame)
+    return metrics.time_to_target(points["time_s"], points["val_loss"], target)
+
+
+def compare(args: argparse.Namespace) -> Comparison:
+    """Replay every run on the flags' network and rank the methods (ConfigError if refused)."""
+    check_replay_arguments(args)
+    candidates, sweep_target = find_candidates([Path(p) for p in args.runs])
+    settings = replay_settings(args)
+    runs = [(c, read_run(c.path)) for c in candidates if c.status == "done"]
+    _check_same_training(runs, args)
+    target, rule = _target(args, sweep_target, runs)
+    network = f"{args.inter_bw} / {args.inter_lat}"
+    notes: dict[str, list[str]] = {}
+    rows = []
+    unfinished = [(c, None) for c in candidates if c.status != "done"]
+    shown: set[str] = set()
+    for c, run in [*runs, *unfinished]:
+        mine = notes.setdefault(c.variant, [])
+        if run is None:  # a sweep unit that failed or never ran: a miss, as in the sweep's table
+            mine.append(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)")
+            ttt = math.inf
+        elif run.meta.get("status") == "diverged":  # as a sweep scores it: never reached
+            mine.append(f"{c.path.name} diverged (run.json status): counted as a miss (inf)")
+            ttt = math.inf
+        else:
+            # The replay's rules are the same for every seed of a method: its first run's shown.
+            ttt = _time_to_target(args, run, settings, target,
+                                  [] if c.variant in shown else mine)
+            shown.add(c.variant)
+        rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
+                     "network": network, "time_to_target_s": ttt,
+                     "reached": math.isfinite(ttt), "run": str(c.path)})
+    frame = pd.DataFrame(rows)
+    table = metrics.speedups(frame, by=("network",))
+    order = intervals.ranked({v: intervals.Interval(m, m, m, 1, "single")
+                              for v, m in zip(table["variant"], table["ttt_median_s"],
+                                              strict=True)})
+    table = table.set_index("variant").loc[order].reset_index()
+    first = ranking.winners(frame).iloc[0]
+    kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
+    assumptions = [f"target val_loss {target:.4f}: {rule}", *_grouped(notes),
+                   intervals.interval_note(kinds)]
+    return Comparison(network, target, rule, frame, table, first,
+                      _sentence(table, first), [a for a in assumptions if a])
+
+
+def _sentence(table: pd.DataFrame, first: pd.Series) -> str:
+    """'flexdemo first, 3.10× [2.60–3.70] ahead of hsdp-adamw; diloco within its interval'."""
+    rows = table.set_index("variant")
+    lead = str(first["first"])
+    if math.isinf(rows.loc[lead, "ttt_median_s"]):
+        return "no method reaches the target on this network (median over seeds)."
+    text = f"{lead} first"
+    base = rows[rows["method"] == metrics.BASELINE]
+    if rows.loc[lead, "method"] != metrics.BASELINE and len(base):
+        speed = _speed_interval(rows.loc[lead])
+        text += f", {metrics.format_speedup_interval(speed)} ahead of {base.index[0]}"
+        if speed.includes(1.0):
+            text += " (no clear winner: the bracket includes 1)"
+    lead_ttt = _ttt_interval(rows.loc[lead])
+    close = [v for v in rows.index if v != lead and _ttt_interval(rows.loc[v]).overlaps(lead_ttt)]
+    if first["verdict"] == "tie" and first["runner_up"] not in close:
+        close.insert(0, first["runner_up"])
+    what = "range" if lead_ttt.kind == "range" else "interval"
+    if close:
+        text += f"; {', '.join(close)} within its {what}"
+    elif first["runner_up"] is not None:
+        text += (f"; {first['runner_up']} next, taking {ranking.margin_text(first)} as long "
+                 f"({first['verdict']}{': ranges, not intervals' if what == 'range' else ''})")
+    return text + "."
+
+
+def _ttt_interval(row: pd.Series) -> intervals.Interval:
+    """A table row's time to target as an Interval."""
+    return intervals.Interval(row["ttt_median_s"], row["ttt_low_s"], row["ttt_high_s"],
+                              int(row["seeds"]), row["ttt_interval"])
+
+
+def _speed_interval(row: pd.Series) -> intervals.Interval:
+    """A table row's speed-up over the baseline as an Interval."""
+    return intervals.Interval(row["speedup_median"], row["speedup_low"], row["speedup_high"],
+                              int(row["seeds"]), row["speedup_interval"])
+
+
+def table_text(result: Comparison) -> str:
+    """The ranked table as aligned text: time to target and speed-up, each with its bracket."""
+    speed_head = f"speed-up vs {metrics.BASELINE}"
+    lines = [f"{'rank':<5}{'method':<32}{'time to target':<26}{speed_head:<30}seeds reached"]
+    for i, (_, row) in enumerate(result.table.iterrows(), start=1):
+        time_text = metrics.format_time_interval(_ttt_interval(row))
+        speed_text = metrics.format_speedup_interval(_speed_interval(row))
+        lines.append(f"{i:<5}{row['variant']:<32}{time_text:<26}{speed_text:<30}"
+                     f"{row['reached']}/{row['seeds']}")
+    return "\n".join(lines)
+
+
+def _record(result: Comparison) -> dict:
+    """The comparison as JSON: network, target and its rule, the table, sentence, assumptions."""
+    def clean(value: object) -> object:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None if math.isnan(value) else "inf"
+        return value.item() if hasattr(value, "item") else value
+
+    def rows(frame: pd.DataFrame) -> list[dict]:
+        return [{k: clean(v) for k, v in r.items()} for r in frame.to_dict("records")]
+
+    return {"network": result.network, "target_val_loss": result.target,
+            "target_rule": result.target_rule, "sentence": result.sentence,
+            "ranking": rows(result.table), "runs": rows(result.runs),
+            "first": {k: clean(v) for k, v in result.first.to_dict().items()},
+            "assumptions": result.assumptions}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `flexbench compare`."""
+    parser.add_argument("runs", nargs="+",
+                        help="run folders (`flexbench run`) or sweep folders (`flexbench sweep`: "
+                        "every training unit)")
+    add_replay_arguments(parser)
+    parser.add_argument("--target", type=float,
+                        help="target validation loss (default: a sweep folder's own target, "
+                        "else hsdp-adamw's median final val_loss + 2%%)")
+    parser.add_argument("--out", action="append", default=None, metavar="FILE",
+                        help="write the comparison to FILE (.json or .csv: the ranked table); "
+                        "repeatable")
+
+
+def _check_outs(args: argparse.Namespace) -> list[Path]:
+    """The --out files, checked before anything is replayed (ConfigError, one sentence)."""
+    outs = []
+    for out in args.out or ():
+        if Path(out).suffix not in OUT_SUFFIXES:
+            raise ConfigError(f"--out {out!r} must end in .json or .csv.")
+        outs.append(check_output_file(out, what="--out", reads=args.runs))
+    return outs
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `flexbench compare`."""
+    outs = _check_outs(args)
+    result = compare(args)
+    print(f"time to val_loss <= {result.target:.4f} on {result.network} "
+          f"({len(result.runs)} runs replayed):")
+    print(table_text(result))
+    print(result.sentence)
+    for line in result.assumptions:
+        print(f"  {line}")
+    for out in outs:
+        if out.suffix == ".csv":
+            write_atomic(out, result.table.to_csv(index=False))
+        else:
+            write_atomic(out, json.dumps(_record(result), indent=2) + "\n")
+        print(f"-> {out}")
+    return 0

@@ -1,0 +1,300 @@
+"""Where methods trade places: who is first in each (bandwidth, latency) cell of a sweep, and the
+bandwidth at which each method overtakes hsdp-adamw.
+
+    flexbench report results/quick   # -> figures/crossover_map.{png,svg}, a table in summary.md
+
+The map colours each grid cell by the method first to the target (`ranking.winners`), writes
+the margin over the runner-up, and hatches the cells where the brackets do not separate the
+two. The crossover bandwidth is found per seed pair (method seed s against baseline seed s):
+between the two grid bandwidths where their times change order, the two units are replayed at
+extra bandwidths with `flexbench simulate`'s replay (`experiments.replay.simulate`) and the
+point where log(t_method / t_baseline) = 0 is found by regula falsi (Illinois) on log bandwidth,
+to `RTOL`. Its bracket over seed pairs is `intervals.median_interval`'s (the range at 2 seeds).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from experiments.report import intervals, metrics, ranking
+
+__all__ = ["FTOL", "RTOL", "Crossing", "crossover_bandwidth", "crossover_markdown",
+           "crossover_table", "crossings", "plot_crossover_map"]
+
+RTOL = 0.005  # relative bandwidth tolerance of a crossover: 0.5%, far inside any seed spread
+FTOL = 1e-4  # or: the two times to target within 0.01% of each other
+_MAX_EVALS = 40
+
+# bandwidth (bytes/s) -> time to target (s)
+TimeAt = Callable[[float], float]
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """A bandwidth where a method's time to target equals the baseline's, and its side."""
+
+    bandwidth: float
+    """bytes/s."""
+    faster: str
+    """"below" (the method is faster at lower bandwidths) or "above"."""
+
+
+def _gap(method: TimeAt, baseline: TimeAt) -> Callable[[float], float]:
+    """log(t_method / t_baseline) at log bandwidth x: < 0 where the method is faster."""
+    def gap(x: float) -> float:
+        bw = math.exp(x)
+        return math.log(method(bw) / baseline(bw))
+
+    return gap
+
+
+def crossover_bandwidth(method: TimeAt, baseline: TimeAt, low: float, high: float, *,
+                        rtol: float = RTOL, ftol: float = FTOL,
+                        ends: tuple[float, float] | None = None) -> float:
+    """The bandwidth in [low, high] (bytes/s) where the two times to target are equal.
+
+    Found to `rtol` in bandwidth, or where the two times differ by less than `ftol` (relative).
+    NaN when they do not change order between `low` and `high`. `ends` are the gaps
+    log(t_method / t_baseline) at low and high when already known (a sweep's grid points).
+    """
+    gap = _gap(method, baseline)
+    a, b = math.log(low), math.log(high)
+    fa, fb = ends if ends is not None else (gap(a), gap(b))
+    if fa == 0.0 or fb == 0.0:
+        return low if fa == 0.0 else high
+    if not (np.isfinite(fa) and np.isfinite(fb)) or (fa > 0) == (fb > 0):
+        return math.nan
+    moved = 0  # Illinois: the end that stayed twice in a row has its weight halved
+    for _ in range(_MAX_EVALS):
+        x = (a * fb - b * fa) / (fb - fa)
+        if b - a <= math.log1p(rtol):
+            return math.exp(x)
+        fx = gap(x)
+        if abs(fx) <= ftol:
+            return math.exp(x)
+        if (fx > 0) == (fb > 0):
+            b, fb = x, fx
+            fa, moved = (fa / 2 if moved == 1 else fa), 1
+        else:
+            a, fa = x, fx
+            fb, moved = (fb / 2 if moved == -1 else fb), -1
+    return math.exp((a * fb - b * fa) / (fb - fa))
+
+
+def crossings(grid: list[float], method: TimeAt, baseline: TimeAt, *,
+              known: tuple[list[float], list[float]] | None = None,
+              rtol: float = RTOL) -> list[Crossing]:
+    """Every crossover between consecutive `grid` bandwidths (sorted), lowest first.
+
+    `known` gives the two times at the grid points when already computed (else they are)."""
+    grid = sorted(grid)
+    t_method, t_base = known if known is not None else (
+        [method(bw) for bw in grid], [baseline(bw) for bw in grid])
+    gaps = [math.log(m / b) if 0 < m < math.inf and 0 < b < math.inf else math.nan
+            for m, b in zip(t_method, t_base, strict=True)]
+    found = []
+    for i in range(len(grid) - 1):
+        lo, hi = gaps[i], gaps[i + 1]
+        if not (np.isfinite(lo) and np.isfinite(hi)) or (lo < 0) == (hi < 0):
+            continue
+        bw = crossover_bandwidth(method, baseline, grid[i], grid[i + 1], rtol=rtol,
+                                 ends=(lo, hi))
+        found.append(Crossing(bw, "below" if lo < 0 else "above"))
+    return found
+
+
+def _unit_time(run_dir: Path, latency: str, target: float) -> TimeAt:
+    """A sweep unit's time to target at any bandwidth, by replaying it (memoised per bandwidth)."""
+    from experiments.replay.simulate import read_run, simulate_run
+    from netsim.units import format_bandwidth
+
+    run = read_run(run_dir)
+    evals = run.steps.loc[run.steps["val_loss"].notna(), ["step", "val_loss"]]
+    memo: dict[float, float] = {}
+
+    def time_at(bw: float) -> float:
+        if bw not in memo:
+            frame = simulate_run(run, inter_bw=format_bandwidth(bw), inter_lat=latency).frame
+            points = evals.merge(frame[["step", "time_s"]], on="step")
+            memo[bw] = metrics.time_to_target(points["time_s"], points["val_loss"], target)
+        return memo[bw]
+
+    return time_at
+
+
+def crossover_table(res: Any) -> pd.DataFrame:  # res: figures.Results (it imports this)
+    """Per variant and grid latency: the bandwidth where it overtakes the baseline, over seeds.
+
+    One row per (variant, latency) with a crossing on any seed pair: `faster` (below, above, or
+    mixed when seed pairs disagree), the median crossover (bytes/s) with its bracket over the
+    seed pairs that cross, and how many of the paired seeds cross inside the grid. Pairs whose
+    units cannot be replayed are listed in `table.attrs["skipped"]`.
+    """
+    sim = res.runs[(res.runs["source"] == "sim") & res.runs["on_grid"]
+                   & (res.runs["kind"] == "train")]
+    rows: list[dict] = []
+    skipped: list[str] = []
+    for (variant, lat), here in sim.groupby(["variant", "inter_lat"], sort=False):
+        if here["method"].iloc[0] == metrics.BASELINE:
+            continue
+        base = _baseline_of(sim, here)
+        base = base[base["inter_lat"] == lat]
+        found: list[Crossing] = []
+        seeds = sorted(set(here["seed"]) & set(base["seed"]))
+        for seed in seeds:
+            try:
+                found += _seed_crossings(res, here[here["seed"] == seed],
+                                         base[base["seed"] == seed])
+            except ValueError as err:  # a unit the model cannot replay: said, not guessed
+                skipped.append(f"{variant} seed {seed} at {lat}: {err}")
+        if found:
+            rows.append(_row(variant, lat, found, len(seeds)))
+    table = pd.DataFrame(rows, columns=["variant", "inter_lat", "faster", "crossover_bps",
+                                        "low_bps", "high_bps", "interval", "crossing", "pairs"])
+    table.attrs["skipped"] = skipped
+    return table
+
+
+def _baseline_of(sim: pd.DataFrame, here: pd.DataFrame) -> pd.DataFrame:
+    """The baseline runs `here` is scored against: those of its baseline cluster, if named."""
+    base = sim[sim["method"] == metrics.BASELINE]
+    if "baseline_cluster" not in sim.columns:
+        return base
+    return base[base["cluster"].isin(set(here["baseline_cluster"].dropna()))]
+
+
+def _seed_crossings(res: Any, mine: pd.DataFrame, theirs: pd.DataFrame) -> list[Crossing]:
+    """The first crossing of one seed pair at one latency (none when they never swap)."""
+    mine, theirs = mine.sort_values("inter_bw_bps"), theirs.sort_values("inter_bw_bps")
+    if list(mine["inter_bw_bps"]) != list(theirs["inter_bw_bps"]) or len(mine) < 2:
+        return []
+    target = float(mine["target_val_loss"].iloc[0])
+    if math.isnan(target) or (mine["status"] != "done").any() or (theirs["status"] != "done").any():
+        return []
+    lat = str(mine["inter_lat"].iloc[0])
+    unit_time = [_unit_time(res.path / "units" / str(u), lat, target)
+                 for u in (mine["unit"].iloc[0], theirs["unit"].iloc[0])]
+    found = crossings(list(mine["inter_bw_bps"]), *unit_time,
+                      known=(list(mine["time_to_target_s"]), list(theirs["time_to_target_s"])))
+    return found[:1]
+
+
+def _row(variant: str, lat: str, found: list[Crossing], pairs: int) -> dict:
+    """A crossover_table row from the crossings of the seed pairs that cross."""
+    sides = {c.faster for c in found}
+    span = intervals.median_interval([c.bandwidth for c in found])
+    return {"variant": variant, "inter_lat": lat,
+            "faster": sides.pop() if len(sides) == 1 else "mixed",
+            "crossover_bps": span.median, "low_bps": span.low, "high_bps": span.high,
+            "interval": span.kind, "crossing": len(found), "pairs": pairs}
+
+
+def _bits(bytes_per_s: float) -> str:
+    """A bandwidth in bytes/s as bit/s text with three significant digits."""
+    from netsim.units import format_bandwidth
+
+    if not math.isfinite(bytes_per_s):
+        return "-"
+    return format_bandwidth(float(f"{bytes_per_s * 8:.3g}") / 8)
+
+
+def _crossover_text(row) -> str:
+    """'699Mbit [363Mbit–1.04Gbit]': a crossover_table row's bandwidth and its bracket."""
+    span = intervals.Interval(row.crossover_bps, row.low_bps, row.high_bps, row.crossing,
+                              row.interval)
+    return _bits(span.median) + span.bracket(_bits)
+
+
+def crossover_markdown(table: pd.DataFrame) -> str:
+    """The crossover table in Markdown, or a sentence when no method swaps places in the grid."""
+    skipped = "".join(f"\n- not replayed: {s}" for s in table.attrs.get("skipped", []))
+    if table.empty:
+        return (f"No method changes places with {metrics.BASELINE} between the grid's "
+                f"bandwidths.{skipped}")
+    shown = pd.DataFrame({
+        "latency": table["inter_lat"],
+        f"faster than {metrics.BASELINE}": [f"{side} the crossover" for side in table["faster"]],
+        "crossover bandwidth": [_crossover_text(row) for row in table.itertuples()],
+        "seed pairs crossing in the grid": [f"{c}/{p}" for c, p in
+                                            zip(table["crossing"], table["pairs"], strict=True)],
+    })
+    shown.index = table["variant"]
+    note = (f"Per seed pair (method seed s, {metrics.BASELINE} seed s): both units replayed "
+            f"between the grid points where they change order, the crossover found to "
+            f"{RTOL:.1%} in bandwidth; a pair that does not cross keeps its order across the "
+            f"whole grid. {intervals.interval_note(set(table['interval']))}")
+    return metrics.markdown_table(shown, index_name="method") + "\n\n" + note + skipped
+
+
+def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
+    """Who is first in each bandwidth x latency cell (hatched: a tie), with the crossovers.
+
+    One panel per baseline cluster when the sweep scores against several (each its own target).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    sim = res.runs[(res.runs["source"] == "sim") & res.runs["on_grid"]]
+    cohorts = (list(dict.fromkeys(sim["baseline_cluster"].dropna()))
+               if "baseline_cluster" in sim.columns else [])
+    panels = [(c, sim[sim["baseline_cluster"] == c]) for c in cohorts] if len(cohorts) > 1 \
+        else [(None, sim)]
+    bws = sorted(set(sim["inter_bw_bps"]))
+    lats = sorted(set(sim["inter_lat_s"]))
+    width, height = 2.4 * max(len(bws), 2) + 0.8, 1.1 * max(len(lats), 2) + 1.2
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 2.0, height),
+                             squeeze=False)
+    palette = res.palette()
+    shown: dict[str, None] = {}
+    for ax, (cohort, runs) in zip(axes[0], panels, strict=True):
+        first = ranking.winners(runs, by=("inter_bw_bps", "inter_lat_s"))
+        _draw_cells(ax, first, bws, lats, palette)
+        shown.update(dict.fromkeys(first["first"]))
+        if cohort is not None:
+            ax.set_title(f"{cohort} cluster (its own target)", fontsize=9)
+    handles = [Patch(facecolor=palette[v], alpha=0.55, label=v) for v in shown]
+    handles.append(Patch(facecolor="white", hatch="//", edgecolor="grey", label="tie"))
+    axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    if table is not None and len(table):
+        lines = [f"{row.variant} against {metrics.BASELINE} at {row.inter_lat}: faster "
+                 f"{row.faster} {_crossover_text(row)}"
+                 f" ({row.crossing}/{row.pairs} seed pairs cross in the grid)"
+                 for row in table.itertuples()]
+        fig.text(0.01, -0.02, "\n".join(lines), ha="left", va="top", fontsize=7)
+    fig.suptitle(f"{res.name}: first to val_loss {metrics.target_text(res.runs)} per cell "
+                 "(runner-up's time / first's; hatched: a tie)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_cells(ax, first: pd.DataFrame, bws: list[float], lats: list[float],
+                palette: dict) -> None:
+    """One panel of the map: a coloured cell per (bandwidth, latency) with its winner's text."""
+    from matplotlib.patches import Rectangle
+
+    for _, row in first.iterrows():
+        x, y = bws.index(row["inter_bw_bps"]), lats.index(row["inter_lat_s"])
+        tie = row["verdict"] == "tie"
+        ax.add_patch(Rectangle((x, y), 1, 1, facecolor=palette.get(row["first"], "white"),
+                               alpha=0.55, hatch="//" if tie else None, edgecolor="white"))
+        runner_up = f"\nvs {_short(row['runner_up'])}" if row["runner_up"] else ""
+        ax.text(x + 0.5, y + 0.5, f"{_short(row['first'])}\n{ranking.margin_text(row)}"
+                f"{runner_up}\n{row['verdict']}", ha="center", va="center", fontsize=6.5,
+                wrap=True)
+    ax.set(xlim=(0, len(bws)), ylim=(0, len(lats)), xlabel="inter-node bandwidth",
+           ylabel="inter-node latency")
+    ax.set_xticks([i + 0.5 for i in range(len(bws))], [_bits(b) for b in bws])
+    ax.set_yticks([i + 0.5 for i in range(len(lats))], [f"{v * 1e3:g}ms" for v in lats])
+
+
+def _short(variant: str) -> str:
+    """'demo[chunking=flat,topk=4]' -> 'demo[flat,4]': a cell has little room."""
+    return re.sub(r"\w+=", "", variant)

@@ -1,0 +1,136 @@
+"""`flexbench compare`: its prediction at a grid point is the sweep's table; its refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments import cli
+from experiments.replay import compare
+from experiments.report import metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = ROOT / "results" / "quick"
+pytestmark = pytest.mark.skipif(not (QUICK / "runs.parquet").exists(),
+                                reason="needs the committed results/quick sweep")
+
+
+def _compare(*argv: str) -> compare.Comparison:
+    args = cli.build_parser(["compare", *argv]).parse_args(["compare", *argv])
+    return compare.compare(args)
+
+
+@pytest.mark.timeout(120)
+def test_at_a_grid_point_compare_equals_the_sweeps_table(capsys: pytest.CaptureFixture) -> None:
+    result = _compare(str(QUICK), "--inter-bw", "100Mbit", "--inter-lat", "20ms")
+    runs = pd.read_parquet(QUICK / "runs.parquet")
+    sim = runs[(runs["source"] == "sim") & (runs["network"] == "100Mbit / 20ms")]
+    mine = result.runs.set_index(["variant", "seed"])["time_to_target_s"]
+    theirs = sim.set_index(["variant", "seed"])["time_to_target_s"]
+    assert len(mine) == len(theirs) == 8
+    pd.testing.assert_series_equal(mine.sort_index(), theirs.sort_index(), rtol=1e-12,
+                                   check_names=False)
+    assert result.target == pytest.approx(sim["target_val_loss"].iloc[0], rel=1e-12)
+    # The same numbers make the same table as the sweep's summary.
+    table = metrics.speedups(sim, by=("network",)).set_index("variant")
+    ranked = result.table.set_index("variant")
+    for column in ("ttt_median_s", "ttt_low_s", "ttt_high_s", "speedup_median", "speedup_low",
+                   "speedup_high"):
+        pd.testing.assert_series_equal(ranked[column].sort_index(), table[column].sort_index(),
+                                       rtol=1e-12)
+    # Ranked fastest first; the sentence names the first and its speed-up with its bracket.
+    assert list(result.table["ttt_median_s"]) == sorted(result.table["ttt_median_s"])
+    first = result.table.iloc[0]
+    assert result.sentence.startswith(f"{first['variant']} first, "
+                                      f"{first['speedup_median']:.2f}× [")
+    assert any("range (min–max), not an interval" in a for a in result.assumptions)
+
+
+def _copy_runs(tmp_path: Path, *units: str) -> list[Path]:
+    copies = []
+    for unit in units:
+        copies.append(tmp_path / unit)
+        shutil.copytree(QUICK / "units" / unit, copies[-1])
+    return copies
+
+
+def _edit_run(path: Path, **changes: object) -> None:
+    meta = json.loads((path / "run.json").read_text())
+    for key, value in changes.items():
+        if key == "workload":
+            meta["config"]["workload"] = value
+        else:
+            meta[key] = value
+    (path / "run.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.timeout(120)
+def test_a_diverged_run_is_a_miss_named_in_the_output(tmp_path: Path) -> None:
+    runs = _copy_runs(tmp_path, "hsdp-adamw-s0", "hsdp-adamw-s1", "flexdemo-s0", "flexdemo-s1")
+    _edit_run(runs[3], status="diverged")
+    result = _compare(*map(str, runs), "--inter-bw", "10Mbit", "--inter-lat", "1ms")
+    flex = result.runs[result.runs["variant"] == "flexdemo"].set_index("seed")
+    assert flex.loc[1, "time_to_target_s"] == math.inf and flex.loc[0, "reached"]
+    # Its median over two seeds is inf: it ranks last, though it is 7x faster on seed 0 here.
+    assert list(result.table["variant"]) == ["hsdp-adamw", "flexdemo"]
+    assert any("flexdemo-s1 diverged" in a and "miss (inf)" in a for a in result.assumptions)
+    # No sweep and no --target: the baseline's rule, said.
+    finals = [json.loads((r / "run.json").read_text())["final_val_loss"] for r in runs[:2]]
+    assert result.target == pytest.approx(statistics.median(finals) * 1.02)
+    assert "median final val_loss over its 2 run(s) + 2%" in result.target_rule
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["bad-bandwidth", "bad-latency", "workloads", "not-a-run",
+                                  "same-seed", "out-suffix", "no-target"])
+def test_compare_refuses_in_one_sentence_and_writes_nothing(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    runs = _copy_runs(tmp_path, "hsdp-adamw-s0", "flexdemo-s0")
+    net = ["--inter-bw", "200Mbit", "--inter-lat", "30ms"]
+    out = tmp_path / "out" / "cmp.json"
+    extra: list[str] = []
+    if case == "bad-bandwidth":
+        net[1] = "200Mbitz"
+    elif case == "bad-latency":
+        net[3] = "thirty"
+    elif case == "workloads":
+        _edit_run(runs[1], workload="lm-small")
+    elif case == "not-a-run":
+        (tmp_path / "empty").mkdir()
+        runs.append(tmp_path / "empty")
+    elif case == "same-seed":
+        runs.append(tmp_path / "again")
+        shutil.copytree(runs[0], runs[-1])
+    elif case == "out-suffix":
+        out = tmp_path / "out" / "cmp.txt"
+    elif case == "no-target":
+        runs = runs[1:]
+    status = cli.main(["compare", *map(str, runs), *net, "--out", str(out), *extra])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err.startswith("flexbench compare: error: ") and len(err.splitlines()) == 1
+    assert not out.exists() and not out.parent.exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_sweep_unit_is_a_miss_not_dropped(tmp_path: Path) -> None:
+    copy = tmp_path / "quick"
+    shutil.copytree(QUICK, copy, ignore=shutil.ignore_patterns("figures", "sim"))
+    runs = pd.read_parquet(copy / "runs.parquet")
+    runs.loc[runs["unit"] == "diloco-s1", "status"] = "failed"
+    runs.to_parquet(copy / "runs.parquet")
+    shutil.rmtree(copy / "units" / "diloco-s1")
+    result = _compare(str(copy), "--inter-bw", "10Mbit", "--inter-lat", "1ms")
+    diloco = result.runs[result.runs["variant"] == "diloco"].set_index("seed")
+    assert diloco.loc[1, "time_to_target_s"] == math.inf and diloco.loc[0, "reached"]
+    # Fastest on seed 0 by far, yet its median over two seeds is a miss: it ranks last.
+    assert result.table["variant"].iloc[-1] == "diloco"
+    assert any("diloco-s1: failed in the sweep: counted as a miss (inf)" in a
+               for a in result.assumptions)
