@@ -225,20 +225,7 @@ def simulate_run(
     """
     run = run if isinstance(run, RecordedRun) else read_run(run)
     target = run.config.replace(**{k: v for k, v in network.items() if v is not None})
-    if target.inter_bw is None:
-        raise ConfigError("a replay needs the target's inter-node bandwidth; give inter_bw "
-                          "(--inter-bw), such as 1Gbit.")
-    if run.config.nodes == 1 and target.nodes > 1:
-        raise ConfigError(f"{str(run.path)!r} was recorded on 1 node: it has no inter-node "
-                          f"traffic to replay on {target.nodes} nodes; replay a recording of 2 "
-                          "or more nodes.")
-    if overlap == "fsdp2" and not has_unit_marks(run.trace):
-        raise ConfigError(f"--overlap fsdp2 needs FSDP2 backward marks, and {str(run.path)!r} "
-                          f"has none ({_no_marks_reason(run)}); use --overlap recorded.")
-    if phase_seconds is not None and not has_backward_marks(run.trace):
-        raise ConfigError(f"a compute profile replaces each step phase's compute, and "
-                          f"{str(run.path)!r} has no backward marks to split its steps at "
-                          "(recorded before runs marked them); record it again.")
+    _check_replay(run, target, overlap, phase_seconds)
     topology = target.topology()
     if calibration is not None:
         topology = calibration.topology(topology)
@@ -261,6 +248,25 @@ def simulate_run(
         graphs=tuple(graphs) if replay.p2p_degrees else (), payload_rules=rules,
         compute_rules=shape.notes,
     )  # fmt: skip
+
+
+def _check_replay(run: RecordedRun, target: RunConfig, overlap: str,
+                  phase_seconds: tuple[float, float] | None) -> None:
+    """ConfigError (one sentence) for a replay the recording cannot answer."""
+    if target.inter_bw is None:
+        raise ConfigError("a replay needs the target's inter-node bandwidth; give inter_bw "
+                          "(--inter-bw), such as 1Gbit.")
+    if run.config.nodes == 1 and target.nodes > 1:
+        raise ConfigError(f"{str(run.path)!r} was recorded on 1 node: it has no inter-node "
+                          f"traffic to replay on {target.nodes} nodes; replay a recording of 2 "
+                          "or more nodes.")
+    if overlap == "fsdp2" and not has_unit_marks(run.trace):
+        raise ConfigError(f"--overlap fsdp2 needs FSDP2 backward marks, and {str(run.path)!r} "
+                          f"has none ({_no_marks_reason(run)}); use --overlap recorded.")
+    if phase_seconds is not None and not has_backward_marks(run.trace):
+        raise ConfigError(f"a compute profile replaces each step phase's compute, and "
+                          f"{str(run.path)!r} has no backward marks to split its steps at "
+                          "(recorded before runs marked them); record it again.")
 
 
 def _no_marks_reason(run: RecordedRun) -> str:

@@ -296,6 +296,22 @@ def _scaled_phases(programs: Programs, phases: PhaseCompute,
     return programs._replace(by_slot=by_slot)
 
 
+def _with_phases(programs: Programs, phase_seconds: tuple[float, float] | None,
+                 phase_scale: tuple[float, float] | None,
+                 ) -> tuple[Programs, PhaseCompute | None, str]:
+    """The programs with each phase's compute set (phase_seconds) or scaled (phase_scale), the
+    PhaseCompute behind it (None: neither given) and how, for the note."""
+    if phase_seconds is not None:
+        phases = PhaseCompute(phase_compute(programs), tuple(map(float, phase_seconds)))
+        return _scaled_phases(programs, phases), phases, "set by phase_seconds"
+    if phase_scale is not None:
+        measured = phase_compute(programs)
+        phases = PhaseCompute(measured, tuple(float(s) * m for s, m in
+                                              zip(phase_scale, measured, strict=True)))
+        return _scaled_phases(programs, phases, phase_scale), phases, "scaled by phase_scale"
+    return programs, None, ""
+
+
 def _check_steps_and_intra(n_steps: object, steps: object, intra: str) -> None:
     if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
         raise ValueError(f"steps {steps!r} must be a positive integer or None.")
@@ -367,18 +383,9 @@ def simulate(
     carries = _check_waits_in_their_step(df)
     _check_phase_seconds(phase_seconds, compute_scale, df)
     _check_phase_scale(phase_scale, phase_seconds, df)
-    phases, how = None, "set by phase_seconds"
     with _gc_paused():
         programs = build_programs(df, recorded, overlap)
-        if phase_seconds is not None:
-            phases = PhaseCompute(phase_compute(programs), tuple(map(float, phase_seconds)))
-        elif phase_scale is not None:
-            measured = phase_compute(programs)
-            phases = PhaseCompute(measured, tuple(float(s) * m for s, m in
-                                                  zip(phase_scale, measured, strict=True)))
-            how = "scaled by phase_scale"
-        if phases is not None:
-            programs = _scaled_phases(programs, phases, phase_scale)
+        programs, phases, how = _with_phases(programs, phase_seconds, phase_scale)
         n_steps = programs.n_steps if steps is None else steps
         _check_steps_and_intra(n_steps, steps, intra)
         p2p = any(spec.scope == "p2p" for spec in programs.specs)
