@@ -13,6 +13,12 @@ stands for all of its nodes, and the cost grows with the degree, not with the no
 Nodes of one compute speed form one class whatever their links: the slowest of their links paces
 every op of theirs exactly (`Cluster._node_classes`), so 10^4 nodes, each with a link of its
 own, cost what 10^4 alike do.
+
+On sites (`Topology.sites`) a class is a (site, speed) pair, its NICs at the site's inside link,
+and every site has an uplink and a downlink shared by its nodes' flows. A collective across
+several sites runs its `netsim.sites.hierarchical_plan`: phase by phase, every site's latency
+and then its flows on its classes' NICs, its uplink and its downlink; a phase ends with the
+slowest site. One site is the flat model on the site's inside link.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from netsim.costs import (
 )
 from netsim.model.programs import Compute, Issue, Item, OpSpec, Wait
 from netsim.model.shared_link import SharedLink
+from netsim.sites import SITE_OPS, SitePhase, hierarchical_plan
 from netsim.topology import Link, Topology
 
 __all__ = ["Cluster", "Delay", "Exchange", "InterOp", "IntraOp", "StreamOp", "Step", "Degrees"]
@@ -133,8 +140,14 @@ class Cluster:
         self.node_egress_bytes = 0.0  # bytes out of the first class's node, for reporting
         # (op, algorithm run, group size, one rank per node) -> message sizes, for reporting.
         self.choices: dict[tuple[str, str, int, bool], set[int]] = defaultdict(set)
-        # Class c runs at speed classes[c] and its NICs at links[c] (sorted by speed).
-        self.classes, self.links = self._node_classes(topology, self._class_per_link)
+        # Class c runs at speed classes[c] and its NICs at links[c] (sorted by speed), in site
+        # class_site[c] (0 without sites).
+        if topology.sites is None:
+            self.classes, self.links = self._node_classes(topology, self._class_per_link)
+            self.class_site = [0] * len(self.classes)
+        else:
+            self.classes, self.links, self.class_site = self._site_classes(topology)
+        self._init_sites(specs)
         # Every inter-node op spans all nodes here: it pays the largest latency of any of them.
         self.path = topology.inter_link()
         g = topology.accelerators_per_node
@@ -179,6 +192,34 @@ class Cluster:
         keys = sorted(kinds)  # by speed first, so uniform links keep the old class order
         return [key[0] for key in keys], [kinds[key] for key in keys]
 
+    @staticmethod
+    def _site_classes(topology: Topology) -> tuple[list[float], list[Link], list[int]]:
+        """One class per (site, node speed), its NICs at the site's inside link."""
+        sites = topology.sites
+        site_of = sites.site_of()
+        keys = sorted({(site_of[k], speed) for k, speed in enumerate(topology.node_speed)})
+        return ([speed for _, speed in keys], [sites.sites[s].intra for s, _ in keys],
+                [s for s, _ in keys])
+
+    def _init_sites(self, specs: list[OpSpec]) -> None:
+        """Uplinks and downlinks of several sites, and the refusal of ops they cannot place."""
+        sites = self.topo.sites
+        self.hierarchical = sites is not None and len(sites.sites) > 1
+        self._plans: dict[tuple[str, int], tuple[SitePhase, ...]] = {}
+        if not self.hierarchical:
+            return
+        self.uplinks = [SharedLink(self.env, site.uplink) for site in sites.sites]
+        self.downlinks = [SharedLink(self.env, site.downlink) for site in sites.sites]
+        self.site_members = [[c for c, s in enumerate(self.class_site) if s == site]
+                             for site in range(len(sites.sites))]
+        for spec in specs:
+            if spec.inter and (spec.scope != "replicate" or spec.op not in SITE_OPS):
+                raise ValueError(
+                    f"the site model replays collectives of one rank per node over all nodes "
+                    f"({', '.join(SITE_OPS)}); this trace has a {spec.op} over a {spec.scope} "
+                    "group, which it cannot place on sites."
+                )
+
     # -- compiling programs for the target topology -------------------------------------------
     def _group_size(self, spec: OpSpec) -> int:
         t, r = self.topo, self.recorded
@@ -203,14 +244,19 @@ class Cluster:
             p = self._group_size(spec)
             rooted = spec.op in ("gather", "scatter")
             algorithm = spec.algorithm or default_algorithm(spec.op)
-            if spec.inter:
+            if spec.inter and self.hierarchical:
+                algorithm = "hierarchical"
+                self.choices[(spec.op, algorithm, p, True)].add(spec.nbytes)
+            elif spec.inter:
                 # Intra-node ops keep the recorded algorithm: the choice matters across nodes.
                 algorithm = choose_algorithm(
                     spec.op, p, spec.nbytes, self.path, algorithm, self.algorithm,
                     one_per_node=spec.scope == "replicate",
                 )  # fmt: skip
                 self.choices[(spec.op, algorithm, p, spec.scope == "replicate")].add(spec.nbytes)
-            volume = collective_volume(spec.op, p, spec.nbytes, algorithm, is_root=rooted)
+            volume = collective_volume(spec.op, p, spec.nbytes,
+                                       spec.algorithm if spec.inter and self.hierarchical
+                                       else algorithm, is_root=rooted)
             self._volumes[spec_id] = (p, volume)
         return self._volumes[spec_id]
 
@@ -410,6 +456,10 @@ class Cluster:
     def _collective(
         self, spec: OpSpec, volume: CollectiveVolume, j: int, done: simpy.Event
     ) -> Generator:
+        if self.hierarchical:
+            yield from self._across_sites(spec, j)
+            done.succeed()
+            return
         yield self.env.timeout(volume.latency_steps * self.path.latency)
         nbytes = volume.paced_bytes
         # Each class moves its bytes through its own NICs; the op ends with the slowest, so a
@@ -431,6 +481,25 @@ class Cluster:
                 flows.append(self._ingress(c, j, spec).transfer(flow_bytes))
         yield self.env.all_of(flows)
         done.succeed()
+
+    def _across_sites(self, spec: OpSpec, j: int) -> Generator:
+        """A collective over several sites, phase by phase; a phase ends with its slowest site."""
+        key = (spec.op, spec.nbytes)
+        if key not in self._plans:
+            self._plans[key] = hierarchical_plan(spec.op, spec.nbytes, self.topo.sites)
+        for phase in self._plans[key]:
+            self.node_egress_bytes += phase.nic_bytes[self.class_site[0]]
+            yield self.env.all_of([self.env.process(self._site_phase(phase, s, j))
+                                   for s in range(len(self.site_members))])
+
+    def _site_phase(self, phase: SitePhase, s: int, j: int) -> Generator:
+        """Site s's part of a phase: its latency, then its NIC, uplink and downlink flows."""
+        if phase.latency_s[s] > 0:
+            yield self.env.timeout(phase.latency_s[s])
+        flows = [self._nic(c, j).transfer(phase.nic_bytes[s]) for c in self.site_members[s]]
+        flows.append(self.uplinks[s].transfer(phase.up_bytes[s]))
+        flows.append(self.downlinks[s].transfer(phase.down_bytes[s]))
+        yield self.env.all_of(flows)
 
     def _collective_bytes(self, spec: OpSpec, nbytes: float) -> list[float]:
         """Bytes each class's NIC carries for a collective (as booked on the egress side)."""

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from netsim.costs import ALGORITHM_CHOICES, P2P_OPS
 from netsim.model.cluster import Cluster, Degrees
 from netsim.model.programs import OVERLAPS, PHASES, Compute, Programs, build_programs, phase_compute
+from netsim.sites import hierarchy_line
 from netsim.topology import Topology
 from netsim.trace import (
     BACKWARD,
@@ -373,7 +374,8 @@ def simulate(
         note=_model_note(payloads) + (" " + P2P_NOTE if p2p else "")
         + (" " + OVERLAP_NOTE if overlap == "fsdp2" else "")
         + (" " + CARRY_NOTE if carries else "")
-        + (" " + _phase_note(phases) if phases is not None else ""),
+        + (" " + _phase_note(phases) if phases is not None else "")
+        + (" " + hierarchy_line(topology.sites) + "." if topology.sites is not None else ""),
         algorithms=tuple(
             AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
             for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
