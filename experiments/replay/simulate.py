@@ -4,6 +4,12 @@
     flexbench simulate runs/flex --inter-bw 10Gbit --nodes 64 --gpus-per-node 8 --steps 100 \\
         --compute-scale 0.05 --out h100.csv
     flexbench simulate runs/flex --inter-bw 1Gbit --node-link 1=100Mbit,20ms --out slow-site.csv
+    flexbench simulate runs/flex --topology experiments/configs/sites.toml --gpus-per-node 8 \
+        --compute-scale 0.05 --out sites.csv
+
+`--topology F.toml` replays on sites (netsim.sites: nodes, a shared uplink and downlink per
+site, links inside, RTTs between sites) instead of --inter-bw/--inter-lat/--node-link; the node
+count is the file's, and collectives across sites run hierarchically (the assumption printed).
 
 For synchronous schemes the loss at step t does not depend on the network, so the run's loss
 curve placed on the simulated time axis predicts the time to reach a target loss.
@@ -49,7 +55,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.config import RunConfig
+from experiments.config import RunConfig, load_site_file
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.replay.compute_profile import ComputeProfile, load_profile
@@ -69,6 +75,7 @@ from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import Replay, algorithm_summary, has_backward_marks, has_unit_marks, simulate
 from netsim.model.programs import OVERLAPS
+from netsim.sites import hierarchy_line
 from netsim.units import format_bandwidth
 
 log = logging.getLogger(__name__)
@@ -216,8 +223,12 @@ def simulate_run(
     a recording without "backward" marks refuses it with a ConfigError.
     """
     run = run if isinstance(run, RecordedRun) else read_run(run)
-    target = run.config.replace(**{k: v for k, v in network.items() if v is not None})
-    if target.inter_bw is None:
+    given = {k: v for k, v in network.items() if v is not None}
+    if given.get("topology_file") is not None:
+        # The sites set every link between nodes: the run's own recorded ones are not kept.
+        given = {"inter_bw": None, "inter_lat": "0ms", "node_links": [], **given}
+    target = run.config.replace(**given)
+    if target.inter_bw is None and target.topology_file is None:
         raise ConfigError("a replay needs the target's inter-node bandwidth; give inter_bw "
                           "(--inter-bw), such as 1Gbit.")
     if run.config.nodes == 1 and target.nodes > 1:
@@ -283,8 +294,13 @@ def loss_on_time_axis(steps: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench simulate`."""
     parser.add_argument("run_dir", help="a folder written by `flexbench run`")
-    parser.add_argument("--inter-bw", required=True, help="inter-node bandwidth, e.g. 1Gbit")
-    parser.add_argument("--inter-lat", default="0ms", help="inter-node latency, e.g. 20ms")
+    parser.add_argument("--inter-bw", help="inter-node bandwidth, e.g. 1Gbit (or --topology)")
+    parser.add_argument("--inter-lat", default=None, help="inter-node latency, e.g. 20ms "
+                        "(default 0ms)")
+    parser.add_argument("--topology", default=None, metavar="FILE",
+                        help="a TOML file of sites (uplink, downlink, links inside, RTT matrix; "
+                        "experiments/configs/sites.toml) instead of --inter-bw/--inter-lat/"
+                        "--node-link; the node count is the file's")
     parser.add_argument("--nodes", type=int, help="nodes to simulate (default: the run's)")
     parser.add_argument("--gpus-per-node", type=int, help="ranks per node (default: the run's)")
     parser.add_argument("--steps", type=int, help="steps to simulate (default: the run's; at "
@@ -351,6 +367,8 @@ def main(args: argparse.Namespace) -> int:
     run = read_run(args.run_dir)
     if profile is not None:
         profile.check_fits(run.config, args.compute_profile)
+    if args.topology is not None and args.nodes is None:
+        args.nodes = load_site_file(args.topology).nodes
     curve = _loss_curve(args, run, rule)
     sidecar = check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar",
                                 reads=[args.run_dir, *(args.loss_from or ())]) \
@@ -359,7 +377,8 @@ def main(args: argparse.Namespace) -> int:
     intra = _intra_mode(args, profile)
     overlap = _overlap_mode(args, run, profile)
     replay = simulate_run(
-        run, inter_bw=args.inter_bw, inter_lat=args.inter_lat, nodes=args.nodes,
+        run, inter_bw=args.inter_bw, nodes=args.nodes, topology_file=args.topology,
+        inter_lat=args.inter_lat or ("0ms" if args.topology is None else None),
         gpus_per_node=args.gpus_per_node, node_links=args.node_link,
         steps=args.steps if args.steps is not None else curve.steps_needed(),
         compute_scale=scale, intra=intra, algorithm=args.algorithm, calibration=calibration,
@@ -389,6 +408,13 @@ def _loss_curve(args: argparse.Namespace, run: RecordedRun, rule: LossScaling) -
 def _check_arguments(args: argparse.Namespace) -> Path:
     """The --out file, after checking the numeric flags (ConfigError, one sentence)."""
     out = check_output_file(args.out, what="--out", reads=[args.run_dir, *(args.loss_from or ())])
+    if (args.inter_bw is None) == (args.topology is None):
+        raise ConfigError("give the target's network as --inter-bw (with --inter-lat, "
+                          "--node-link) or as --topology FILE of sites, one of the two.")
+    if args.topology is not None and (args.inter_lat is not None or args.node_link):
+        flag = "--inter-lat" if args.inter_lat is not None else "--node-link"
+        raise ConfigError(f"--topology sets every link between nodes; {flag} has no place "
+                          "beside it (drop one of them).")
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
         raise ConfigError(f"--target must be a finite loss > 0, got {args.target}.")
     for name in ("nodes", "gpus_per_node", "steps"):
@@ -508,7 +534,7 @@ def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, int
         payloads = f"payloads {verb} {replay.topology.accelerators_per_node} ranks per node (below)"
     lines = _profile_lines(profile, replay) if profile else [_compute_line(args, run, scale)]
     lines += [f"intra-node: {intra_line}",
-              f"inter-node: modeled on the {args.inter_bw}, {args.inter_lat} links; {payloads}"]
+              f"inter-node: modeled on {_network(args)}; {payloads}"]
     lines += [f"  {rule}" for rule in replay.payload_rules]
     return lines + [_overlap_line(args, run, replay.overlap, _declares_hardware(args, profile))]
 
@@ -536,16 +562,25 @@ def _print_replay(args: argparse.Namespace, run: RecordedRun, replay: Replay, ou
                  f"{slowest.latency * 1e3:g}ms"]
     print(f"simulated {len(frame)} steps of {run.config.method} on "
           f"{topology.nodes} nodes x {topology.accelerators_per_node} "
-          f"at {args.inter_bw}, {args.inter_lat}"
+          f"{'on' if args.topology else 'at'} {_network(args)}"
           f"{' (node links ' + ', '.join(links) + ')' if links else ''}: total "
           f"{frame['time_s'].iloc[-1]:.2f} s, median step "
           f"{frame['step_time_s'].median() * 1e3:.1f} ms -> {out}")
-    for line in [*replay.graphs, *algorithm_summary(replay.algorithms)]:
+    sites = ([*topology.sites.describe(), hierarchy_line(topology.sites)]
+             if topology.sites is not None else [])
+    for line in [*sites, *replay.graphs, *algorithm_summary(replay.algorithms)]:
         print(f"  {line}")
     if calibration is not None:
         print(f"  links {calibration.describe()}")
     if replay.note:
         log.info("model: %s", replay.note)
+
+
+def _network(args: argparse.Namespace) -> str:
+    """The target network as the flags gave it, in a few words."""
+    if args.topology is not None:
+        return f"the sites of {args.topology}"
+    return f"{args.inter_bw}, {args.inter_lat or '0ms'}"
 
 
 def _print_time_to_target(target: float | None, curve: LossCurve, replay: Replay,
