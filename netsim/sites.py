@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from netsim.topology import Link
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
 
 __all__ = ["Site", "Sites", "SitePhase", "SITE_OPS", "hierarchical_plan", "plan_time",
@@ -48,8 +47,10 @@ class Site:
     """Bytes/s out of the site, shared by all of its nodes' traffic to other sites."""
     downlink: float
     """Bytes/s into the site, shared likewise."""
-    intra: Link
-    """Each node's link to the other nodes of the site (bandwidth, one-way latency)."""
+    intra_bw: float
+    """Bytes/s of each node's link to the other nodes of the site."""
+    intra_lat: float
+    """One-way seconds between two nodes of the site."""
 
 
 @dataclass(frozen=True)
@@ -102,20 +103,20 @@ class Sites:
             return 0.0
         return max(self.rtt[s][(s + 1) % count] / 2 for s in range(count))
 
-    def inter_link(self) -> Link:
-        """The whole as one link: one site is its own intra link, several the slowest uplink or
-        downlink at the ring's latency (what a flat view of the network would see)."""
+    def flat_view(self) -> tuple[float, float]:
+        """The whole as one link's (bytes/s, seconds): one site its inside link, several the
+        slowest uplink or downlink at the ring's latency (what a flat view would see)."""
         if len(self.sites) == 1:
-            return self.sites[0].intra
-        rate = min(min(site.uplink, site.downlink) for site in self.sites)
-        return Link(rate, self.ring_latency())
+            return self.sites[0].intra_bw, self.sites[0].intra_lat
+        return (min(min(site.uplink, site.downlink) for site in self.sites),
+                self.ring_latency())
 
     def describe(self) -> list[str]:
         """One line per site, then the round-trip times, in human units."""
         lines = [
             f"site {site.name}: {len(site.nodes)} nodes, uplink {format_bandwidth(site.uplink)}, "
             f"downlink {format_bandwidth(site.downlink)}, inside "
-            f"{format_bandwidth(site.intra.bandwidth)}, {site.intra.latency * 1e6:g} us"
+            f"{format_bandwidth(site.intra_bw)}, {site.intra_lat * 1e6:g} us"
             for site in self.sites
         ]
         for a in range(len(self.sites)):
@@ -183,9 +184,10 @@ def _parse_site(table: object, index: int, first: int) -> Site:
         raise ValueError(f"site {index} name {name!r} must be a non-empty string.")
     uplink = _parsed(name, "uplink", parse_bandwidth, table["uplink"])
     downlink = _parsed(name, "downlink", parse_bandwidth, table.get("downlink", table["uplink"]))
-    intra = Link(_parsed(name, "intra_bw", parse_bandwidth, table["intra_bw"]),
-                 _parsed(name, "intra_lat", parse_latency, table.get("intra_lat", 0.0)))
-    return Site(name, _site_nodes(table["nodes"], name, first), uplink, downlink, intra)
+    intra_bw = _parsed(name, "intra_bw", parse_bandwidth, table["intra_bw"])
+    intra_lat = _parsed(name, "intra_lat", parse_latency, table.get("intra_lat", 0.0))
+    return Site(name, _site_nodes(table["nodes"], name, first), uplink, downlink, intra_bw,
+                intra_lat)
 
 
 def parse_sites(data: Mapping) -> Sites:
@@ -264,7 +266,7 @@ def hierarchical_plan(op: str, nbytes: float, sites: Sites) -> tuple[SitePhase, 
     count = len(sites.sites)
     sizes = [len(site.nodes) for site in sites.sites]
     total = sum(sizes)
-    lat = [site.intra.latency for site in sites.sites]
+    lat = [site.intra_lat for site in sites.sites]
     ring = sites.ring_latency()
     n = 0.0 if op == "barrier" else float(nbytes)
     if op == "all_gather":
@@ -291,7 +293,7 @@ def plan_time(plan: Sequence[SitePhase], sites: Sites) -> float:
     total = 0.0
     for phase in plan:
         total += max(
-            phase.latency_s[s] + max(phase.nic_bytes[s] / site.intra.bandwidth,
+            phase.latency_s[s] + max(phase.nic_bytes[s] / site.intra_bw,
                                      phase.up_bytes[s] / site.uplink,
                                      phase.down_bytes[s] / site.downlink)
             for s, site in enumerate(sites.sites)

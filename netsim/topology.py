@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
+from netsim.sites import Sites
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_node_link
-
-if TYPE_CHECKING:
-    from netsim.sites import Sites
 
 __all__ = ["Link", "Topology", "NIC_MODES", "ring_nic_share", "parse_node_links"]
 
@@ -117,7 +114,7 @@ class Topology:
     collective across nodes runs at the pace of its slowest member link and pays the largest
     member latency per hop (`link_for`). `sites` (netsim.sites.Sites) groups the nodes into
     sites with links of their own inside, a shared uplink each and round-trip times between them;
-    `inter` is then the sites' flat view (`Sites.inter_link`) and node_links are not allowed.
+    `inter` is then the sites' flat view (`Sites.flat_view`) and node_links are not allowed.
     """
 
     nodes: int
@@ -207,7 +204,7 @@ class Topology:
                  node_speed: Sequence[float] | None = None) -> Topology:
         """A topology of the sites' nodes; its inter link is the sites' flat view."""
         return cls(nodes=sites.nodes, accelerators_per_node=per_node, intra=intra,
-                   inter=sites.inter_link(), nic=nic,
+                   inter=Link(*sites.flat_view()), nic=nic,
                    node_speed=tuple(node_speed) if node_speed else (), sites=sites)
 
     @property

@@ -223,11 +223,7 @@ def simulate_run(
     a recording without "backward" marks refuses it with a ConfigError.
     """
     run = run if isinstance(run, RecordedRun) else read_run(run)
-    given = {k: v for k, v in network.items() if v is not None}
-    if given.get("topology_file") is not None:
-        # The sites set every link between nodes: the run's own recorded ones are not kept.
-        given = {"inter_bw": None, "inter_lat": "0ms", "node_links": [], **given}
-    target = run.config.replace(**given)
+    target = run.config.replace(**_target_network(network))
     if target.inter_bw is None and target.topology_file is None:
         raise ConfigError("a replay needs the target's inter-node bandwidth; give inter_bw "
                           "(--inter-bw), such as 1Gbit.")
@@ -258,6 +254,15 @@ def simulate_run(
         replay, frame=replay.frame.assign(step=range(1, len(replay.frame) + 1)), note=note,
         graphs=tuple(graphs) if replay.p2p_degrees else (), payload_rules=rules,
     )  # fmt: skip
+
+
+def _target_network(network: dict[str, Any]) -> dict[str, Any]:
+    """The settings a replay changes: those given; with a site file, no recorded links kept."""
+    given = {k: v for k, v in network.items() if v is not None}
+    if given.get("topology_file") is not None:
+        # The sites set every link between nodes: the run's own recorded ones are not kept.
+        given = {"inter_bw": None, "inter_lat": "0ms", "node_links": [], **given}
+    return given
 
 
 def _no_marks_reason(run: RecordedRun) -> str:
@@ -408,13 +413,7 @@ def _loss_curve(args: argparse.Namespace, run: RecordedRun, rule: LossScaling) -
 def _check_arguments(args: argparse.Namespace) -> Path:
     """The --out file, after checking the numeric flags (ConfigError, one sentence)."""
     out = check_output_file(args.out, what="--out", reads=[args.run_dir, *(args.loss_from or ())])
-    if (args.inter_bw is None) == (args.topology is None):
-        raise ConfigError("give the target's network as --inter-bw (with --inter-lat, "
-                          "--node-link) or as --topology FILE of sites, one of the two.")
-    if args.topology is not None and (args.inter_lat is not None or args.node_link):
-        flag = "--inter-lat" if args.inter_lat is not None else "--node-link"
-        raise ConfigError(f"--topology sets every link between nodes; {flag} has no place "
-                          "beside it (drop one of them).")
+    _check_network(args)
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
         raise ConfigError(f"--target must be a finite loss > 0, got {args.target}.")
     for name in ("nodes", "gpus_per_node", "steps"):
@@ -430,6 +429,17 @@ def _check_arguments(args: argparse.Namespace) -> Path:
         if value is not None and not value > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}.")
     return out
+
+
+def _check_network(args: argparse.Namespace) -> None:
+    """One target network: --inter-bw (with --inter-lat, --node-link) or --topology."""
+    if (args.inter_bw is None) == (args.topology is None):
+        raise ConfigError("give the target's network as --inter-bw (with --inter-lat, "
+                          "--node-link) or as --topology FILE of sites, one of the two.")
+    if args.topology is not None and (args.inter_lat is not None or args.node_link):
+        flag = "--inter-lat" if args.inter_lat is not None else "--node-link"
+        raise ConfigError(f"--topology sets every link between nodes; {flag} has no place "
+                          "beside it (drop one of them).")
 
 
 def _declares_hardware(args: argparse.Namespace, profile: ComputeProfile | None = None) -> bool:

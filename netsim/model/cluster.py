@@ -198,8 +198,8 @@ class Cluster:
         sites = topology.sites
         site_of = sites.site_of()
         keys = sorted({(site_of[k], speed) for k, speed in enumerate(topology.node_speed)})
-        return ([speed for _, speed in keys], [sites.sites[s].intra for s, _ in keys],
-                [s for s, _ in keys])
+        inside = [Link(site.intra_bw, site.intra_lat) for site in sites.sites]
+        return [speed for _, speed in keys], [inside[s] for s, _ in keys], [s for s, _ in keys]
 
     def _init_sites(self, specs: list[OpSpec]) -> None:
         """Uplinks and downlinks of several sites, and the refusal of ops they cannot place."""

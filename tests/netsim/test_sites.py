@@ -122,7 +122,7 @@ def test_the_example_site_file_parses_to_bytes_and_seconds():
     assert [len(site.nodes) for site in sites.sites] == [8, 8]
     assert sites.site_of() == [0] * 8 + [1] * 8
     assert sites.sites[1].uplink == pytest.approx(5e9 / 8)
-    assert sites.sites[0].intra.bandwidth == pytest.approx(100e9 / 8)
+    assert sites.sites[0].intra_bw == pytest.approx(100e9 / 8)
     assert sites.rtt[0][1] == pytest.approx(0.040)
     assert sites.ring_latency() == pytest.approx(0.020)
 

@@ -1,0 +1,90 @@
+"""`--topology F.toml`: a site file becomes the run's network in RunConfig.topology(); flexbench
+simulate replays on it, prints the sites and the hierarchical assumption, and refuses bad files
+and clashing flags with one sentence and exit 2, writing nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from experiments.config import RunConfig
+from experiments.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED = ROOT / "results" / "quick" / "units" / "hsdp-adamw-s0"
+SITES = ROOT / "experiments" / "configs" / "sites.toml"
+
+GOOD = """
+[[site]]
+name = "a"
+nodes = 2
+uplink = "1Gbit"
+intra_bw = "10Gbit"
+
+[[site]]
+name = "b"
+nodes = [2, 3]
+uplink = "1Gbit"
+downlink = "2Gbit"
+intra_bw = "10Gbit"
+
+[rtt]
+matrix = [["0ms", "{rtt}"], ["40ms", "0ms"]]
+"""
+
+
+def test_a_site_file_is_the_runs_network_built_in_one_place(tmp_path):
+    path = tmp_path / "sites.toml"
+    path.write_text(GOOD.format(rtt="40ms"))
+    topo = RunConfig(nodes=4, gpus_per_node=2, topology_file=str(path)).topology()
+    assert topo.sites is not None and topo.sites.site_of() == [0, 0, 1, 1]
+    assert topo.sites.sites[1].downlink == pytest.approx(2e9 / 8)
+    assert topo.inter.bandwidth == pytest.approx(1e9 / 8)  # the slowest uplink or downlink
+    with pytest.raises(ConfigError, match="holds 4 nodes but nodes is 3; give nodes = 4"):
+        RunConfig(nodes=3, topology_file=str(path)).topology()
+    with pytest.raises(ConfigError, match="leave out inter_bw, inter_lat and node_links"):
+        RunConfig(nodes=4, inter_bw="1Gbit", topology_file=str(path)).topology()
+    with pytest.raises(ConfigError, match="cannot shape a run by sites yet"):
+        RunConfig(nodes=4, topology_file=str(path), shaping="wall").validate()
+
+
+def test_simulate_on_the_example_sites_prints_them_and_the_assumption(tmp_path, capsys):
+    out = tmp_path / "sim.csv"
+    assert main(["simulate", str(RECORDED), "--topology", str(SITES), "--gpus-per-node", "8",
+                 "--steps", "3", "--compute-scale", "0.05", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"on 16 nodes x 8 on the sites of {SITES}" in printed
+    assert "site east: 8 nodes, uplink 5Gbit, downlink 5Gbit, inside 100Gbit, 5 us" in printed
+    assert "rtt east-west: 40 ms (one-way 20 ms)" in printed
+    assert "ring across 2 sites over their uplinks/downlinks" in printed
+    assert "all_reduce: hierarchical (16 nodes," in printed
+    assert out.exists()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("asymmetric", "the rtt matrix is not symmetric: 'a' to 'b' is 30 ms but back 40 ms."),
+    ("missing", "cannot be read"),
+    ("both", "give the target's network as --inter-bw"),
+    ("neither", "give the target's network as --inter-bw"),
+    ("latency", "--inter-lat has no place beside it"),
+    ("nodes", "holds 4 nodes but nodes is 5; give nodes = 4."),
+])
+def test_bad_topologies_exit_2_in_one_sentence_and_write_nothing(tmp_path, capsys, case,
+                                                                 message):
+    site_file = tmp_path / "sites.toml"
+    site_file.write_text(GOOD.format(rtt="30ms" if case == "asymmetric" else "40ms"))
+    out = tmp_path / "out" / "sim.csv"
+    out.parent.mkdir()
+    network = {"asymmetric": ["--topology", str(site_file)],
+               "missing": ["--topology", str(tmp_path / "none.toml")],
+               "both": ["--topology", str(site_file), "--inter-bw", "1Gbit"],
+               "neither": [],
+               "latency": ["--topology", str(site_file), "--inter-lat", "5ms"],
+               "nodes": ["--topology", str(site_file), "--nodes", "5"]}[case]
+    assert main(["simulate", str(RECORDED), *network, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flexbench simulate: error: ") and message in err
+    assert err.count("\n") == 1
+    assert list(out.parent.iterdir()) == []
