@@ -3,6 +3,7 @@
 import pytest
 
 from netsim import Link, Topology, simulate
+from netsim.model.cluster import Cluster
 from netsim.sites import hierarchical_plan, load_sites, parse_sites, plan_time
 from netsim.units import parse_bandwidth
 from tests.netsim.test_model import make_trace
@@ -169,3 +170,22 @@ def test_a_trace_the_site_model_cannot_place_is_refused():
         simulate(trace, Topology.on_sites(sites, 1, Link("100GB/s")))
     with pytest.raises(ValueError, match="sites hold 2 nodes but the topology has 3"):
         Topology(3, 1, Link("100GB/s"), Link("1Gbit"), sites=sites)
+
+
+def test_ten_thousand_nodes_on_three_sites_replay_as_six_processes_per_position():
+    # A model process per (site, speed): 10^4 nodes of two speeds on 3 sites are 6 classes, so
+    # the replay costs what 6 nodes do; the step still equals the plan's closed form.
+    sites = parse_sites({"site": [_site("a", 4000), _site("b", 3000, uplink="2Gbit"),
+                                  _site("c", 3000, intra_lat="10us")],
+                         "rtt": _rtt(["0ms", "80ms", "150ms"], ["80ms", "0ms", "200ms"],
+                                     ["150ms", "200ms", "0ms"])})
+    speeds = [0.5 if k % 7 == 0 else 1.0 for k in range(10_000)]
+    topo = Topology.on_sites(sites, 1, Link("100GB/s"), node_speed=speeds)
+    classes, links, site_of = Cluster._site_classes(topo)
+    assert (classes, site_of) == ([0.5, 1.0] * 3, [0, 0, 1, 1, 2, 2])
+    assert [link.bandwidth for link in links] == [10e9 / 8] * 6
+    trace = make_trace(Topology.from_strings(2, 1, "1Gbit"), steps=2, compute=0.1,
+                       ops=(("all_reduce", "ring", N_BYTES),))
+    got = simulate(trace, topo).frame["step_time_s"].tolist()
+    op = plan_time(hierarchical_plan("all_reduce", N_BYTES, sites), sites)
+    assert got == pytest.approx([0.1 / 0.5 + op] * 2, rel=1e-9)  # the slow nodes pace it
