@@ -154,7 +154,8 @@ class RunSettings:
     topology_file: str | None = field(default=None, metadata={"flag": "--topology"})
     """A TOML file of sites (netsim.sites: nodes, uplink, downlink, links inside, RTTs) that sets
     the links between nodes instead of inter_bw, inter_lat and node_links; nodes must be the
-    file's. Replays only: shaping a run by sites is not built."""
+    file's. Shaping wall and virtual run collectives across sites hierarchically; kernel
+    shaping by sites is not built."""
     intra_bw: str = "100GB/s"
     """Intra-node bandwidth, used by the cost model (intra links are not shaped)."""
     intra_lat: str = "5us"
@@ -252,11 +253,11 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
             raise ConfigError(problem)
 
     def _check_shaping(self) -> None:
-        """Shaping needs a bandwidth; kernel shaping runs gloo ranks in namespaces."""
-        if self.shaping != "off" and self.topology_file is not None:
-            raise ConfigError(f"shaping={self.shaping!r} cannot shape a run by sites yet "
-                              "(topology_file); run with shaping off, or shape it by inter_bw.")
-        if self.shaping != "off" and self.inter_bw is None:
+        """Shaping needs a bandwidth or sites; kernel shaping runs gloo ranks in namespaces."""
+        if self.shaping == "kernel" and self.topology_file is not None:
+            raise ConfigError("shaping='kernel' cannot shape a run by sites yet (topology_file); "
+                              "use shaping wall or virtual, or kernel with inter_bw.")
+        if self.shaping != "off" and self.inter_bw is None and self.topology_file is None:
             raise ConfigError(f"shaping={self.shaping!r} needs an inter-node bandwidth (inter_bw).")
         if self.shaping == "kernel" and self.backend == "nccl":
             raise ConfigError("shaping='kernel' runs gloo ranks over the namespaces' links; use "

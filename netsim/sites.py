@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
 
-__all__ = ["Site", "Sites", "SitePhase", "SITE_OPS", "hierarchical_plan", "plan_time",
+__all__ = ["Site", "Sites", "SitePhase", "SITE_OPS", "hierarchical_plan", "plan_time", "phase_time",
            "parse_sites", "load_sites", "hierarchy_line"]
 
 # Ops a collective across sites is replayed for (gloo's reduce-scatter is an all-reduce).
@@ -288,17 +288,18 @@ def hierarchical_plan(op: str, nbytes: float, sites: Sites) -> tuple[SitePhase, 
     return inside, across, inside
 
 
+def phase_time(phase: SitePhase, s: int, sites: Sites) -> float:
+    """Seconds of site s's part of a phase run alone: its latency, then its busiest link."""
+    site = sites.sites[s]
+    return phase.latency_s[s] + max(phase.nic_bytes[s] / site.intra_bw,
+                                    phase.up_bytes[s] / site.uplink,
+                                    phase.down_bytes[s] / site.downlink)
+
+
 def plan_time(plan: Sequence[SitePhase], sites: Sites) -> float:
     """Seconds of a plan run alone: each phase ends with its slowest site, on its busiest link."""
-    total = 0.0
-    for phase in plan:
-        total += max(
-            phase.latency_s[s] + max(phase.nic_bytes[s] / site.intra_bw,
-                                     phase.up_bytes[s] / site.uplink,
-                                     phase.down_bytes[s] / site.downlink)
-            for s, site in enumerate(sites.sites)
-        )  # fmt: skip
-    return total
+    return sum(max(phase_time(phase, s, sites) for s in range(len(sites.sites)))
+               for phase in plan)
 
 
 def hierarchy_line(sites: Sites) -> str:

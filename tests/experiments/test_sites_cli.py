@@ -47,7 +47,8 @@ def test_a_site_file_is_the_runs_network_built_in_one_place(tmp_path):
     with pytest.raises(ConfigError, match="leave out inter_bw, inter_lat and node_links"):
         RunConfig(nodes=4, inter_bw="1Gbit", topology_file=str(path)).topology()
     with pytest.raises(ConfigError, match="cannot shape a run by sites yet"):
-        RunConfig(nodes=4, topology_file=str(path), shaping="wall").validate()
+        RunConfig(nodes=4, topology_file=str(path), shaping="kernel").validate()
+    RunConfig(nodes=4, topology_file=str(path), shaping="virtual").validate()  # wall, virtual: ok
 
 
 def test_simulate_on_the_example_sites_prints_them_and_the_assumption(tmp_path, capsys):
