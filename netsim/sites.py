@@ -24,6 +24,7 @@ import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
 
@@ -51,6 +52,13 @@ class Site:
     """Bytes/s of each node's link to the other nodes of the site."""
     intra_lat: float
     """One-way seconds between two nodes of the site."""
+
+    def __post_init__(self) -> None:
+        # Frozen: rates and times given as numbers or human strings are kept in bytes/s and s.
+        for key, parse in (("uplink", parse_bandwidth), ("downlink", parse_bandwidth),
+                           ("intra_bw", parse_bandwidth), ("intra_lat", parse_latency)):
+            object.__setattr__(self, key, _parsed(self.name, key, parse, getattr(self, key)))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
 
 
 @dataclass(frozen=True)
@@ -89,12 +97,20 @@ class Sites:
         return sum(len(site.nodes) for site in self.sites)
 
     def site_of(self) -> list[int]:
-        """The site index of each node, indexed by node."""
+        """The site index of each node, indexed by node (a copy of the one built once)."""
+        return list(self._site_of)
+
+    def site_index(self, node: int) -> int:
+        """The index of the site node `node` is in."""
+        return self._site_of[node]
+
+    @cached_property
+    def _site_of(self) -> tuple[int, ...]:
         out = [0] * self.nodes
         for s, site in enumerate(self.sites):
             for node in site.nodes:
                 out[node] = s
-        return out
+        return tuple(out)
 
     def ring_latency(self) -> float:
         """One-way latency a lock-step ring over the sites (file order) waits each step."""
@@ -134,6 +150,11 @@ def _check_rtt(rtt: Sequence[Sequence[float]], names: list[str]) -> None:
         raise ValueError(f"the rtt matrix must be square with one row and column per site "
                          f"({count}x{count}); got {len(rtt)} rows of lengths {lengths}.")
     for a in range(count):
+        bad = [v for v in rtt[a] if not isinstance(v, (int, float)) or isinstance(v, bool)
+               or not 0 <= v < float("inf")]
+        if bad:
+            raise ValueError(f"the rtt matrix's row of site {names[a]!r} holds {bad[0]!r}; give "
+                             "zero or positive finite seconds.")
         if rtt[a][a] != 0:
             raise ValueError(f"the rtt matrix's diagonal must be 0 (inside a site the latency is "
                              f"intra_lat); site {names[a]!r} has {rtt[a][a] * 1e3:g} ms.")
@@ -182,12 +203,10 @@ def _parse_site(table: object, index: int, first: int) -> Site:
     name = table["name"]
     if not isinstance(name, str) or not name:
         raise ValueError(f"site {index} name {name!r} must be a non-empty string.")
-    uplink = _parsed(name, "uplink", parse_bandwidth, table["uplink"])
-    downlink = _parsed(name, "downlink", parse_bandwidth, table.get("downlink", table["uplink"]))
-    intra_bw = _parsed(name, "intra_bw", parse_bandwidth, table["intra_bw"])
-    intra_lat = _parsed(name, "intra_lat", parse_latency, table.get("intra_lat", 0.0))
-    return Site(name, _site_nodes(table["nodes"], name, first), uplink, downlink, intra_bw,
-                intra_lat)
+    # Site parses the rates and times (named by site and key when one does not parse).
+    return Site(name, _site_nodes(table["nodes"], name, first), table["uplink"],
+                table.get("downlink", table["uplink"]), table["intra_bw"],
+                table.get("intra_lat", 0.0))
 
 
 def parse_sites(data: Mapping) -> Sites:

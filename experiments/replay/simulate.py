@@ -436,6 +436,9 @@ def _check_network(args: argparse.Namespace) -> None:
     if (args.inter_bw is None) == (args.topology is None):
         raise ConfigError("give the target's network as --inter-bw (with --inter-lat, "
                           "--node-link) or as --topology FILE of sites, one of the two.")
+    if args.topology is not None and args.calibration is not None:
+        raise ConfigError("--calibration fits flat inter-node links; replaying --topology's "
+                          "sites with it is not built (drop one of them).")
     if args.topology is not None and (args.inter_lat is not None or args.node_link):
         flag = "--inter-lat" if args.inter_lat is not None else "--node-link"
         raise ConfigError(f"--topology sets every link between nodes; {flag} has no place "

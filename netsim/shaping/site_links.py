@@ -25,7 +25,7 @@ def site_finish(shaper: ShaperState, node: int, nic: Timeline, begin: float, op:
     alone, queued (FIFO, the same total as fair sharing) behind concurrent ones.
     """
     sites = shaper.topology.sites
-    s = sites.site_of()[node]
+    s = sites.site_index(node)
     site = sites.sites[s]
     share = 1.0 / len(site.nodes)
     links = shaper.timeline(("site", s), f"site{s}")

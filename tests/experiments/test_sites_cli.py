@@ -71,6 +71,7 @@ def test_simulate_on_the_example_sites_prints_them_and_the_assumption(tmp_path, 
     ("neither", "give the target's network as --inter-bw"),
     ("latency", "--inter-lat has no place beside it"),
     ("nodes", "holds 4 nodes but nodes is 5; give nodes = 4."),
+    ("calibration", "--calibration fits flat inter-node links"),
 ])
 def test_bad_topologies_exit_2_in_one_sentence_and_write_nothing(tmp_path, capsys, case,
                                                                  message):
@@ -83,7 +84,9 @@ def test_bad_topologies_exit_2_in_one_sentence_and_write_nothing(tmp_path, capsy
                "both": ["--topology", str(site_file), "--inter-bw", "1Gbit"],
                "neither": [],
                "latency": ["--topology", str(site_file), "--inter-lat", "5ms"],
-               "nodes": ["--topology", str(site_file), "--nodes", "5"]}[case]
+               "nodes": ["--topology", str(site_file), "--nodes", "5"],
+               "calibration": ["--topology", str(site_file), "--calibration",
+                               str(tmp_path / "cal.json")]}[case]
     assert main(["simulate", str(RECORDED), *network, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("flexbench simulate: error: ") and message in err

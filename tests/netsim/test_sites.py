@@ -4,7 +4,7 @@ import pytest
 
 from netsim import Link, Topology, simulate
 from netsim.model.cluster import Cluster
-from netsim.sites import hierarchical_plan, load_sites, parse_sites, plan_time
+from netsim.sites import Site, Sites, hierarchical_plan, load_sites, parse_sites, plan_time
 from netsim.units import parse_bandwidth
 from tests.netsim.test_model import make_trace
 
@@ -189,3 +189,25 @@ def test_ten_thousand_nodes_on_three_sites_replay_as_six_processes_per_position(
     got = simulate(trace, topo).frame["step_time_s"].tolist()
     op = plan_time(hierarchical_plan("all_reduce", N_BYTES, sites), sites)
     assert got == pytest.approx([0.1 / 0.5 + op] * 2, rel=1e-9)  # the slow nodes pace it
+
+
+def test_sites_built_in_python_are_checked_like_a_file():
+    site = Site("a", [0, 1], "1Gbit", 250e6, "10Gbit", "5us")
+    assert (site.nodes, site.uplink, site.downlink) == ((0, 1), 125e6, 250e6)
+    assert site.intra_lat == pytest.approx(5e-6)
+    with pytest.raises(ValueError, match="site 'a' uplink: bandwidth"):
+        Site("a", [0], "fast", "1Gbit", "10Gbit", 0.0)
+    with pytest.raises(ValueError, match="holds -0.01; give zero or positive finite seconds"):
+        Sites((site, Site("b", [2], "1Gbit", "1Gbit", "1Gbit", 0.0)),
+              ((0.0, -0.01), (-0.01, 0.0)))
+    sites = Sites((site,), ((0.0,),))
+    assert sites.site_index(1) == 0 and sites.flat_view() == (10e9 / 8, site.intra_lat)
+
+
+def test_a_calibration_refuses_sites_rather_than_drop_them():
+    from netsim.calibration import Calibration
+
+    sites = parse_sites({"site": [_site("a", 1), _site("b", 1)], "rtt": TWO_RTT})
+    calibration = Calibration(shaping="wall", goodput=0.9, per_message_s=0.0)
+    with pytest.raises(ValueError, match="replaying sites with one is not built"):
+        calibration.topology(Topology.on_sites(sites, 1, Link("100GB/s")))
