@@ -154,8 +154,8 @@ class RunSettings:
     topology_file: str | None = field(default=None, metadata={"flag": "--topology"})
     """A TOML file of sites (netsim.sites: nodes, uplink, downlink, links inside, RTTs) that sets
     the links between nodes instead of inter_bw, inter_lat and node_links; nodes must be the
-    file's. Shaping wall and virtual run collectives across sites hierarchically; kernel
-    shaping by sites is not built."""
+    file's. Shaping wall and virtual model collectives across sites hierarchically; kernel
+    shaping lays the sites' rates (uplink, downlink, inside) and refuses their latencies."""
     intra_bw: str = "100GB/s"
     """Intra-node bandwidth, used by the cost model (intra links are not shaped)."""
     intra_lat: str = "5us"
@@ -254,9 +254,6 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
 
     def _check_shaping(self) -> None:
         """Shaping needs a bandwidth or sites; kernel shaping runs gloo ranks in namespaces."""
-        if self.shaping == "kernel" and self.topology_file is not None:
-            raise ConfigError("shaping='kernel' cannot shape a run by sites yet (topology_file); "
-                              "use shaping wall or virtual, or kernel with inter_bw.")
         if self.shaping != "off" and self.inter_bw is None and self.topology_file is None:
             raise ConfigError(f"shaping={self.shaping!r} needs an inter-node bandwidth (inter_bw).")
         if self.shaping == "kernel" and self.backend == "nccl":

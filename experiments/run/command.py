@@ -105,6 +105,11 @@ def _print_site_shaping(cfg: RunConfig) -> None:
     """What shaping on sites assumed (nothing without a site file or without shaping)."""
     if cfg.topology_file is None or cfg.shaping == "off":
         return
+    if cfg.shaping == "kernel":
+        print(f"shaped on the sites of {cfg.topology_file} (kernel): tbf at each site's uplink, "
+              "downlink and inside rate; the collectives are gloo's own (a flat ring over all "
+              "nodes, not hierarchical), while a replay of this run assumes hierarchical ones")
+        return
     sites = cfg.topology().sites
     print(f"shaped on the sites of {cfg.topology_file} ({cfg.shaping}): {hierarchy_line(sites)}; "
           "other groups and messages on the sites' flat view (the slowest uplink or downlink at "

@@ -11,6 +11,8 @@ import pytest
 from experiments.cli import main
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
+from experiments.run import kernel as kernel_launch
+from netsim.kernel import KernelShapingError
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "results" / "quick" / "units" / "hsdp-adamw-s0"
@@ -46,9 +48,26 @@ def test_a_site_file_is_the_runs_network_built_in_one_place(tmp_path):
         RunConfig(nodes=3, topology_file=str(path)).topology()
     with pytest.raises(ConfigError, match="leave out inter_bw, inter_lat and node_links"):
         RunConfig(nodes=4, inter_bw="1Gbit", topology_file=str(path)).topology()
-    with pytest.raises(ConfigError, match="cannot shape a run by sites yet"):
-        RunConfig(nodes=4, topology_file=str(path), shaping="kernel").validate()
-    RunConfig(nodes=4, topology_file=str(path), shaping="virtual").validate()  # wall, virtual: ok
+    for shaping in ("wall", "virtual", "kernel"):
+        RunConfig(nodes=4, topology_file=str(path), shaping=shaping).validate()
+
+
+def test_kernel_shaping_lays_site_rates_and_refuses_their_latency(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_launch, "check_privileges", lambda: None)
+    path = tmp_path / "sites.toml"
+    path.write_text(GOOD.format(rtt="40ms"))
+    topo = RunConfig(nodes=4, topology_file=str(path), shaping="kernel").topology()
+    with pytest.raises(KernelShapingError, match="lays their rates only, and the site file "
+                                                 "gives an rtt of 40 ms"):
+        kernel_launch.kernel_settings(topo)
+    path.write_text(GOOD.format(rtt="40ms").replace("40ms", "0ms"))
+    topo = RunConfig(nodes=4, topology_file=str(path), shaping="kernel").topology()
+    settings = kernel_launch.kernel_settings(topo)
+    nodes = kernel_launch.kernel_node_settings(topo, settings)
+    assert {k: s.rate_bps for k, s in nodes.items()} == {k: 10e9 / 8 for k in range(4)}
+    sites = kernel_launch.kernel_sites(topo, settings)
+    assert [(s.nodes, s.up.rate_bps, s.down.rate_bps) for s in sites] == [
+        ((0, 1), 1e9 / 8, 1e9 / 8), ((2, 3), 1e9 / 8, 2e9 / 8)]
 
 
 def test_simulate_on_the_example_sites_prints_them_and_the_assumption(tmp_path, capsys):
