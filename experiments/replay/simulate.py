@@ -4,7 +4,7 @@
     flexbench simulate runs/flex --inter-bw 10Gbit --nodes 64 --gpus-per-node 8 --steps 100 \\
         --compute-scale 0.05 --out h100.csv
     flexbench simulate runs/flex --inter-bw 1Gbit --node-link 1=100Mbit,20ms --out slow-site.csv
-    flexbench simulate runs/flex --topology experiments/configs/sites.toml --gpus-per-node 8 \
+    flexbench simulate runs/flex --topology experiments/configs/sites.toml --gpus-per-node 8 \\
         --compute-scale 0.05 --out sites.csv
 
 `--topology F.toml` replays on sites (netsim.sites: nodes, a shared uplink and downlink per
@@ -259,6 +259,8 @@ def simulate_run(
 def _target_network(network: dict[str, Any]) -> dict[str, Any]:
     """The settings a replay changes: those given; with a site file, no recorded links kept."""
     given = {k: v for k, v in network.items() if v is not None}
+    if given.get("inter_bw") is not None and "topology_file" not in given:
+        given["topology_file"] = None  # a flat target: a run recorded on sites leaves them
     if given.get("topology_file") is not None:
         # The sites set every link between nodes: the run's own recorded ones are not kept.
         given = {"inter_bw": None, "inter_lat": "0ms", "node_links": [], **given}

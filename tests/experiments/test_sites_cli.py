@@ -4,6 +4,7 @@ and clashing flags with one sentence and exit 2, writing nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from experiments.cli import main
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
+from experiments.replay.simulate import read_run, simulate_run
 from experiments.run import kernel as kernel_launch
 from netsim.kernel import KernelShapingError
 
@@ -111,3 +113,15 @@ def test_bad_topologies_exit_2_in_one_sentence_and_write_nothing(tmp_path, capsy
     assert err.startswith("flexbench simulate: error: ") and message in err
     assert err.count("\n") == 1
     assert list(out.parent.iterdir()) == []
+
+
+def test_a_run_recorded_on_sites_replays_flat_when_given_a_bandwidth(tmp_path):
+    path = tmp_path / "sites.toml"
+    path.write_text(GOOD.format(rtt="40ms"))
+    run = read_run(RECORDED)
+    on_sites = dataclasses.replace(run, config=run.config.replace(topology_file=str(path),
+                                                                  nodes=4))
+    again = simulate_run(on_sites, steps=2)  # nothing given: its own sites replay
+    assert again.topology.sites is not None and again.topology.nodes == 4
+    flat = simulate_run(on_sites, inter_bw="1Gbit", nodes=2, steps=2)
+    assert flat.topology.sites is None and flat.topology.inter.bandwidth == pytest.approx(1.25e8)
