@@ -125,3 +125,12 @@ def test_a_run_recorded_on_sites_replays_flat_when_given_a_bandwidth(tmp_path):
     assert again.topology.sites is not None and again.topology.nodes == 4
     flat = simulate_run(on_sites, inter_bw="1Gbit", nodes=2, steps=2)
     assert flat.topology.sites is None and flat.topology.inter.bandwidth == pytest.approx(1.25e8)
+
+
+def test_a_sweep_refuses_a_site_file_in_its_run_table(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(ROOT / "experiments/configs/quick.toml"), "--out", str(out),
+                 "--set", f"run.topology_file={SITES}"]) == 2
+    err = capsys.readouterr().err
+    assert "sites are not built into sweeps" in err and err.count("\n") == 1
+    assert not out.exists()
