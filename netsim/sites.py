@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -31,7 +31,8 @@ from typing import NamedTuple
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
 
 __all__ = ["Site", "Sites", "SitePhase", "SITE_OPS", "hierarchical_plan", "plan_time", "phase_time",
-           "parse_sites", "load_sites", "hierarchy_line"]
+           "parse_sites", "load_sites", "hierarchy_line", "SiteRound", "gossip_round",
+           "gossip_line"]
 
 # Ops a collective across sites is replayed for (gloo's reduce-scatter is an all-reduce).
 SITE_OPS = ("all_reduce", "all_gather", "barrier")
@@ -332,3 +333,42 @@ def hierarchy_line(sites: Sites) -> str:
             "ms a step, the ring's largest), in-site ring all-gather; all-gather = in-site ring, "
             "ring of site blocks across sites, in-site ring of the remote blocks; each site's "
             "uplink and downlink processor-shared by its nodes' concurrent flows")
+
+
+class SiteRound(NamedTuple):
+    """One round of point-to-point messages (gossip) on sites, per site."""
+
+    peers: tuple[int, ...]
+    """Messages the busiest node of the site sends (and receives) in the round."""
+    remote: tuple[int, ...]
+    """Messages that leave the site in the round, all its nodes together (as many arrive)."""
+    latency_s: tuple[float, ...]
+    """One-way latency of the site's slowest message: to its farthest peer site, else inside."""
+
+
+def gossip_round(sites: Sites, peers_of: Callable[[int], Iterable[int]]) -> SiteRound:
+    """A round on sites from every node's peers (`peers_of(node)`, an undirected graph)."""
+    site_of = sites._site_of
+    count = len(sites.sites)
+    busiest, remote = [0] * count, [0] * count
+    latency = [site.intra_lat if len(site.nodes) > 1 else 0.0 for site in sites.sites]
+    for node in range(sites.nodes):
+        s = site_of[node]
+        found = list(peers_of(node))
+        busiest[s] = max(busiest[s], len(found))
+        for peer in found:
+            far = site_of[peer]
+            if far != s:
+                remote[s] += 1
+                latency[s] = max(latency[s], sites.rtt[s][far] / 2)
+    return SiteRound(tuple(busiest), tuple(remote), tuple(latency))
+
+
+def gossip_line(sites: Sites, first: SiteRound) -> str:
+    """The assumption a gossip replay on sites makes, with its first round's figures."""
+    return (f"gossip on {len(sites.sites)} sites: the graph's nodes numbered site by site; a "
+            f"message to a peer in another site crosses both sites' uplink/downlink (first "
+            f"round: {sum(first.remote):,} messages cross sites, the busiest node sends "
+            f"{max(first.peers)}); each site's messages end one latency (to its farthest peer "
+            "site) after its flows; the busiest node of a site stands for all its nodes (an "
+            "upper bound where they differ)")

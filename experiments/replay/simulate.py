@@ -69,21 +69,21 @@ from experiments.replay.loss_curve import (
 )
 from experiments.replay.reshard import reshard_trace, run_layout
 from experiments.report.metrics import time_to_target
-from flexdemo.graphs import degree_of, graph_problem, period
+from flexdemo.graphs import degree_of, graph_problem, peers, period
 from flexdemo.methods import RECORDS
 from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import Replay, algorithm_summary, has_backward_marks, has_unit_marks, simulate
 from netsim.model.programs import OVERLAPS
-from netsim.sites import hierarchy_line
+from netsim.sites import SiteRound, Sites, gossip_line, gossip_round, hierarchy_line
 from netsim.units import format_bandwidth
 
 log = logging.getLogger(__name__)
 
 MAX_STEPS = 1_000_000  # a replayed step costs ~0.1-1 ms of model time: this is minutes already
 
-__all__ = ["RecordedRun", "simulate_run", "read_run", "gossip_degrees", "loss_on_time_axis",
-           "configure", "main"]
+__all__ = ["RecordedRun", "simulate_run", "read_run", "gossip_degrees", "gossip_site_rounds",
+           "loss_on_time_axis", "configure", "main"]
 
 # The intra-node link a declared accelerator profile is modeled on when the run set none: the
 # RunConfig default, an NVLink-class link (per-GPU bus bandwidth of ~100 GB/s, a few us a message).
@@ -159,17 +159,10 @@ def gossip_degrees(
     run recorded one (method ada; empty entries fall back to the setting). (None, []) for runs
     of other methods. ConfigError (one sentence) if a graph cannot be built on `nodes` nodes.
     """
-    cfg = meta["config"]
-    method = cfg.get("method")
+    method = meta["config"].get("method")
     if method not in GOSSIP_METHODS:
         return None, []
-    default = cfg.get("graph") or "ring"
-    by_step: dict[int, str] = {}
-    if "graph" in steps.columns:
-        by_step = {int(step): str(graph) for step, graph in zip(steps["step"], steps["graph"],
-                                                                 strict=True)
-                   if isinstance(graph, str) and graph}
-    used = sorted(set(by_step.values()) | ({default} if len(by_step) < len(steps) else set()))
+    graph_at, used = _graphs_of(meta, steps)
     for graph in used:
         problem = graph_problem(graph, nodes)
         if problem is not None:
@@ -177,7 +170,7 @@ def gossip_degrees(
                               f"{problem}")
 
     def degrees(step: int, round_: int) -> int:
-        return _busiest_degree(by_step.get(step, default), nodes, round_)
+        return _busiest_degree(graph_at(step), nodes, round_)
 
     lines = []
     for graph in used:
@@ -187,6 +180,40 @@ def gossip_degrees(
                  if graph == "one-peer-exponential" else "")
         lines.append(f"{method} graph {graph} rebuilt on {nodes} nodes: degree {degree}{extra}")
     return degrees, lines
+
+
+def _graphs_of(meta: dict, steps: pd.DataFrame) -> tuple[Callable[[int], str], list[str]]:
+    """A gossip run's graph per step (steps.parquet's `graph` column where recorded, else the
+    run's `graph` setting), and the graphs used."""
+    default = meta["config"].get("graph") or "ring"
+    by_step: dict[int, str] = {}
+    if "graph" in steps.columns:
+        by_step = {int(step): str(graph) for step, graph in zip(steps["step"], steps["graph"],
+                                                                 strict=True)
+                   if isinstance(graph, str) and graph}
+    used = sorted(set(by_step.values()) | ({default} if len(by_step) < len(steps) else set()))
+    return (lambda step: by_step.get(step, default)), used
+
+
+def gossip_site_rounds(meta: dict, steps: pd.DataFrame, sites: Sites | None,
+                       ) -> tuple[Callable[[int, int], SiteRound] | None, list[str]]:
+    """A gossip run's graph rebuilt on several sites' nodes, numbered site by site: each
+    site's messages per (step, round), and a line saying so; (None, []) otherwise."""
+    if (meta["config"].get("method") not in GOSSIP_METHODS or sites is None
+            or len(sites.sites) < 2):
+        return None, []
+    graph_at, _ = _graphs_of(meta, steps)
+
+    @lru_cache(maxsize=4096)
+    def on_sites(graph: str, round_: int) -> SiteRound:
+        return gossip_round(sites, lambda node: peers(graph, sites.nodes, node, round_))
+
+    def site_rounds(step: int, round_: int) -> SiteRound:
+        graph = graph_at(step)
+        return on_sites(graph, round_ % period(graph, sites.nodes))
+
+    first = site_rounds(int(steps["step"].iloc[0]) if len(steps) else 1, 0)
+    return site_rounds, [gossip_line(sites, first)]
 
 
 def simulate_run(
@@ -242,17 +269,18 @@ def simulate_run(
     if calibration is not None:
         topology = calibration.topology(topology)
     degrees, graphs = gossip_degrees(run.meta, run.steps, topology.nodes)
+    site_rounds, site_lines = gossip_site_rounds(run.meta, run.steps, topology.sites)
     trace, rules = _resharded(run, target)
     replay = simulate(
         trace, topology, steps=steps, compute_scale=compute_scale, intra=intra,
         algorithm=algorithm, degrees=degrees,
         payloads=_payload_clause(run, rules), overlap=overlap, progress=progress,
-        phase_seconds=phase_seconds,
+        phase_seconds=phase_seconds, site_rounds=site_rounds,
     )  # fmt: skip
     note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
     return dataclasses.replace(
         replay, frame=replay.frame.assign(step=range(1, len(replay.frame) + 1)), note=note,
-        graphs=tuple(graphs) if replay.p2p_degrees else (), payload_rules=rules,
+        graphs=tuple(graphs + site_lines) if replay.p2p_degrees else (), payload_rules=rules,
     )  # fmt: skip
 
 

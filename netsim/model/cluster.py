@@ -38,13 +38,15 @@ from netsim.costs import (
 )
 from netsim.model.programs import Compute, Issue, Item, OpSpec, Wait
 from netsim.model.shared_link import SharedLink
-from netsim.sites import SITE_OPS, SitePhase, hierarchical_plan
+from netsim.sites import SITE_OPS, SitePhase, SiteRound, hierarchical_plan
 from netsim.topology import Link, Topology
 
 __all__ = ["Cluster", "Delay", "Exchange", "InterOp", "IntraOp", "StreamOp", "Step", "Degrees"]
 
 # (recorded step number, gossip round on the target) -> peers per node: the graph rebuilt.
 Degrees = Callable[[int, int], int]
+# The same on sites: each site's busiest node's peers, messages leaving it, latency.
+SiteRounds = Callable[[int, int], SiteRound]
 
 
 class Delay(NamedTuple):
@@ -121,8 +123,10 @@ class Cluster:
         degrees: Degrees | None = None,
         step_numbers: list[int] | None = None,
         carried: dict[int, int] | None = None,
+        site_rounds: SiteRounds | None = None,
     ) -> None:
         self.env = simpy.Environment()
+        self.site_rounds = site_rounds
         self.topo = topology
         self.recorded = recorded
         self.specs = specs
@@ -136,6 +140,7 @@ class Cluster:
         self.carried = carried or {}
         self.on_step: Callable[[], None] | None = None
         self._degree_cache: dict[tuple[int, int], int] = {}
+        self._round_cache: dict[tuple[int, int], SiteRound] = {}
         self.p2p_degrees: set[int] = set()  # peers per node in the rounds replayed, for reporting
         self.node_egress_bytes = 0.0  # bytes out of the first class's node, for reporting
         # (op, algorithm run, group size, one rank per node) -> message sizes, for reporting.
@@ -213,6 +218,13 @@ class Cluster:
         self.site_members = [[c for c, s in enumerate(self.class_site) if s == site]
                              for site in range(len(sites.sites))]
         for spec in specs:
+            if spec.scope == "p2p" and self.site_rounds is not None:
+                continue  # gossip's messages: a round per site (`_site_exchange`)
+            if spec.scope == "p2p":
+                raise ValueError("the trace has point-to-point messages (gossip), whose peers on "
+                                 "sites are unknown; pass site_rounds= (each site's messages "
+                                 "per round, netsim.sites.gossip_round), as flexbench simulate "
+                                 "does from the run's graph.")
             if spec.inter and (spec.scope != "replicate" or spec.op not in SITE_OPS):
                 raise ValueError(
                     f"the site model replays collectives of one rank per node over all nodes "
@@ -523,6 +535,8 @@ class Cluster:
     def _launch_p2p(self, item: Exchange, j: int, round_: int, counters: dict) -> simpy.Event:
         """Start a round of messages; with several node classes they meet, so the slowest paces."""
         _op, step, sent, received, sends, recvs = item
+        if self.hierarchical:
+            return self._launch_site_p2p(item, j, round_, counters)
         if self.degrees is not None:
             degree = self._degree(step, round_)
             sends, recvs = (degree if sends else 0), (degree if recvs else 0)
@@ -531,6 +545,48 @@ class Cluster:
         if entry[0] == len(self.classes):
             self.env.process(self._exchange(sends, sent, recvs, received, j, entry[1]))
         return entry[1]
+
+    def _launch_site_p2p(self, item: Exchange, j: int, round_: int,
+                         counters: dict) -> simpy.Event:
+        """A round of messages on sites: the classes meet, then every site's part at once."""
+        key = (self.step_numbers[item.step], round_)
+        if key not in self._round_cache:
+            self._round_cache[key] = self.site_rounds(*key)
+        info = self._round_cache[key]
+        self.p2p_degrees.add(max(info.peers))
+        entry = self._meet(("p2p", j), len(self.classes), counters)
+        if entry[0] == len(self.classes):
+            sent = item.sent if item.sends else 0.0
+            received = item.received if item.recvs else 0.0
+            self.node_egress_bytes += info.peers[self.class_site[0]] * sent
+            self.env.process(self._site_exchange(info, sent, received, j, entry[1]))
+        return entry[1]
+
+    def _site_exchange(self, info: SiteRound, sent: float, received: float, j: int,
+                       done: simpy.Event) -> Generator:
+        """Every site's messages at once; the round ends with the last site's."""
+        yield self.env.all_of([self.env.process(self._site_messages(info, s, sent, received, j))
+                               for s in range(len(self.site_members))])
+        done.succeed()
+
+    def _site_messages(self, info: SiteRound, s: int, sent: float, received: float,
+                       j: int) -> Generator:
+        """Site s's part of a round: its busiest node's messages on its classes' NICs, the
+        site's remote ones on its uplink and downlink (one weighted flow each), one latency."""
+        peers, remote = info.peers[s], info.remote[s]
+        flows = []
+        for c in self.site_members[s]:
+            if peers and sent:
+                flows.append(self._nic(c, j).transfer(peers * sent, peers))
+            if peers and received:
+                flows.append(self._ingress(c, j).transfer(peers * received, peers))
+        if remote and sent:
+            flows.append(self.uplinks[s].transfer(remote * sent, remote))
+        if remote and received:
+            flows.append(self.downlinks[s].transfer(remote * received, remote))
+        if flows:
+            yield self.env.all_of(flows)
+            yield self.env.timeout(info.latency_s[s])
 
     def _exchange(
         self, sends: int, sent: float, recvs: int, received: float, j: int, done: simpy.Event

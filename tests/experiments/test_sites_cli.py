@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from experiments.cli import main
@@ -134,3 +135,28 @@ def test_a_sweep_refuses_a_site_file_in_its_run_table(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "sites are not built into sweeps" in err and err.count("\n") == 1
     assert not out.exists()
+
+
+GOSSIP = ROOT / "results" / "decentralized" / "units"
+
+
+def test_gossip_replays_on_1024_nodes_in_four_sites_by_its_graph(tmp_path, capsys):
+    path = tmp_path / "sites.toml"
+    path.write_text("".join(f'[[site]]\nname = "{name}"\nnodes = 256\nuplink = "2Gbit"\n'
+                            'intra_bw = "100Gbit"\n\n' for name in "abcd")
+                    + "[rtt]\nmatrix = [" + ", ".join(
+                        "[" + ", ".join('"0ms"' if i == j else '"100ms"' for j in range(4)) + "]"
+                        for i in range(4)) + "]\n")
+    medians = {}
+    for graph in ("ring", "exponential"):
+        out = tmp_path / f"{graph}.csv"
+        run = GOSSIP / f"gossip-nodes=8_graph={graph}-s0"
+        assert main(["simulate", str(run), "--topology", str(path), "--steps", "3",
+                     "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        assert "on 1024 nodes x 1 on the sites of" in printed
+        assert "gossip on 4 sites: the graph's nodes numbered site by site" in printed
+        medians[graph] = pd.read_csv(out)["step_time_s"].median()
+    # The ring crosses sites on 8 edges, the exponential graph on thousands: the 2 Gbit/s
+    # uplinks make its step far longer.
+    assert medians["exponential"] > 10 * medians["ring"]

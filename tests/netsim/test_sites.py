@@ -2,10 +2,20 @@
 
 import pytest
 
+from flexdemo import graphs
 from netsim import Link, Topology, simulate
 from netsim.model.cluster import Cluster
-from netsim.sites import Site, Sites, hierarchical_plan, load_sites, parse_sites, plan_time
+from netsim.sites import (
+    Site,
+    Sites,
+    gossip_round,
+    hierarchical_plan,
+    load_sites,
+    parse_sites,
+    plan_time,
+)
 from netsim.units import parse_bandwidth
+from tests.netsim.test_gossip import COMPUTE, SHARD, gossip_trace
 from tests.netsim.test_model import make_trace
 
 N_BYTES = 2_000_000
@@ -211,3 +221,26 @@ def test_a_calibration_refuses_sites_rather_than_drop_them():
     calibration = Calibration(shaping="wall", goodput=0.9, per_message_s=0.0)
     with pytest.raises(ValueError, match="replaying sites with one is not built"):
         calibration.topology(Topology.on_sites(sites, 1, Link("100GB/s")))
+
+
+@pytest.mark.parametrize("graph, remote", [("ring", 2), ("complete", 16)])
+def test_a_gossip_round_on_sites_equals_its_closed_form(graph, remote):
+    # 8 nodes numbered site by site (a: 0-3, b: 4-7). Ring: 3-4 and 7-0 cross, 2 messages
+    # each way per site; complete: 4 x 4. The slower uplink (b's, 40 Mbit/s) paces the round.
+    sites = parse_sites({"site": [_site("a", 4, uplink="80Mbit", downlink="160Mbit"),
+                                  _site("b", 4, uplink="40Mbit", downlink="160Mbit")],
+                         "rtt": _rtt(["0ms", "30ms"], ["30ms", "0ms"])})
+
+    def rounds(step, r):
+        return gossip_round(sites, lambda k: graphs.peers(graph, 8, k, r))
+
+    assert rounds(1, 0).remote == (remote, remote)
+    replay = simulate(gossip_trace(4, "ring"), Topology.on_sites(sites, 1, Link("100GB/s")),
+                      site_rounds=rounds)
+    peers = len(graphs.peers(graph, 8, 0))
+    site_b = max(remote * SHARD / 5e6, remote * SHARD / 20e6, peers * SHARD / (10e9 / 8))
+    expected = COMPUTE + site_b + 0.015
+    assert replay.frame["step_time_s"].tolist() == pytest.approx([expected] * 3, rel=1e-9)
+    assert "messages cross sites" in replay.note
+    with pytest.raises(ValueError, match="pass site_rounds="):
+        simulate(gossip_trace(4, "ring"), Topology.on_sites(sites, 1, Link("100GB/s")))
