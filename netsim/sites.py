@@ -14,8 +14,9 @@ A site file (TOML) lists the sites in order, then the round-trip times between t
     matrix = [["0ms", "40ms"], ["40ms", "0ms"]]   # one row per site, in the order above
 
 The file is parsed once (`load_sites`) into bytes/s and seconds. A collective across sites runs
-as NCCL's and gloo's hierarchical algorithms do (`hierarchical_plan`): inside each site first,
-then across the sites over their uplinks and downlinks, then inside each site again.
+as hierarchical (NCCL-style) libraries run it (`hierarchical_plan`): inside each site first,
+then across the sites over their uplinks and downlinks, then inside each site again. A round of
+gossip's messages is priced per site from the graph's peers (`gossip_round`).
 """
 
 from __future__ import annotations
