@@ -28,9 +28,10 @@ from flexdemo.methods import METHODS, RECORDS, Method, method_record
 
 __all__ = ["KNOBS", "METHODS", "BACKENDS", "SCHEDULES", "SHAPING_MODES", "WORKLOADS",
            "ConfigError", "KnobSettings", "RunConfig", "RunSettings", "add_run_arguments",
-           "field_help", "parse_overrides", "run_arguments", "shared_for"]
+           "field_help", "load_site_file", "parse_overrides", "run_arguments", "shared_for"]
 
 if TYPE_CHECKING:
+    from netsim.sites import Sites
     from netsim.topology import Topology
 
 WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
@@ -150,6 +151,11 @@ class RunSettings:
     )
     """Nodes with a link of their own instead of inter_bw/inter_lat, each "NODE=BANDWIDTH[,LATENCY]"
     (e.g. "3=100Mbit,20ms"); the flag --node-link repeats, --set takes them joined by ";"."""
+    topology_file: str | None = field(default=None, metadata={"flag": "--topology"})
+    """A TOML file of sites (netsim.sites: nodes, uplink, downlink, links inside, RTTs) that sets
+    the links between nodes instead of inter_bw, inter_lat and node_links; nodes must be the
+    file's. Shaping wall and virtual model collectives across sites hierarchically; kernel
+    shaping lays the sites' rates (uplink, downlink, inside) and refuses their latencies."""
     intra_bw: str = "100GB/s"
     """Intra-node bandwidth, used by the cost model (intra links are not shaped)."""
     intra_lat: str = "5us"
@@ -247,8 +253,8 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
             raise ConfigError(problem)
 
     def _check_shaping(self) -> None:
-        """Shaping needs a bandwidth; kernel shaping runs gloo ranks in namespaces."""
-        if self.shaping != "off" and self.inter_bw is None:
+        """Shaping needs a bandwidth or sites; kernel shaping runs gloo ranks in namespaces."""
+        if self.shaping != "off" and self.inter_bw is None and self.topology_file is None:
             raise ConfigError(f"shaping={self.shaping!r} needs an inter-node bandwidth (inter_bw).")
         if self.shaping == "kernel" and self.backend == "nccl":
             raise ConfigError("shaping='kernel' runs gloo ranks over the namespaces' links; use "
@@ -280,6 +286,8 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
         """
         from netsim.topology import Topology
 
+        if self.topology_file is not None:
+            return self._site_topology()
         specs = self.node_links
         if not isinstance(specs, list) or not all(isinstance(x, str) for x in specs):
             raise ConfigError(f'node_links must be a list of "NODE=BANDWIDTH[,LATENCY]" strings, '
@@ -291,6 +299,24 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
                 intra_lat=self.intra_lat,
                 node_links=specs,
             )  # fmt: skip
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    def _site_topology(self) -> Topology:
+        """The topology of topology_file's sites (ConfigError, one sentence, if it cannot be)."""
+        from netsim.topology import Link, Topology
+
+        path = self.topology_file
+        if self.inter_bw is not None or self.node_links or self.inter_lat != "0ms":
+            raise ConfigError(f"topology_file {path!r} sets the links between nodes; leave out "
+                              "inter_bw, inter_lat and node_links (give one or the other).")
+        sites = load_site_file(path)
+        if sites.nodes != self.nodes:
+            raise ConfigError(f"topology_file {path!r} holds {sites.nodes} nodes but nodes is "
+                              f"{self.nodes}; give nodes = {sites.nodes}.")
+        try:
+            return Topology.on_sites(sites, self.gpus_per_node,
+                                     Link(self.intra_bw, self.intra_lat))
         except ValueError as err:
             raise ConfigError(str(err)) from None
 
@@ -321,6 +347,16 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed (string values coerced as from the CLI)."""
         return RunConfig.from_dict({**self.to_dict(), **changes})
+
+
+def load_site_file(path: str) -> Sites:
+    """netsim's Sites of a TOML site file, a bad one as one ConfigError sentence."""
+    from netsim.sites import load_sites
+
+    try:
+        return load_sites(path)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def shared_for(method: str, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -355,8 +391,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (
                                 help=docs.get(f.name))
             continue
         base = kind.split(" ")[0]
-        parser.add_argument(flag, dest=f.name, default=None, metavar=base.upper(),
-                            type=_CLI_TYPES.get(base, str), help=docs.get(f.name))
+        parser.add_argument(f.metadata.get("flag", flag), dest=f.name, default=None,
+                            metavar=base.upper(), type=_CLI_TYPES.get(base, str),
+                            help=docs.get(f.name))
 
 
 def run_arguments(args: argparse.Namespace) -> dict[str, Any]:

@@ -74,7 +74,14 @@ class Calibration:
         return Link(link.bandwidth * self.goodput, latency, jitter=link.jitter, loss=link.loss)
 
     def topology(self, topology: Topology) -> Topology:
-        """`topology` with every inter-node link calibrated (intra-node links are never shaped)."""
+        """`topology` with every inter-node link calibrated (intra-node links are never shaped).
+
+        ValueError for a topology of sites: a calibration fits one flat link, not a site's
+        uplink, downlink and inside links.
+        """
+        if topology.sites is not None:
+            raise ValueError("a calibration fits flat inter-node links; replaying sites with one "
+                             "is not built (drop the calibration or the sites).")
         links = {node: self.link(link) for node, link in topology.node_links}
         return Topology(topology.nodes, topology.accelerators_per_node, topology.intra,
                         self.link(topology.inter), nic=topology.nic,

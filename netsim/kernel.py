@@ -9,6 +9,12 @@ Layout of one run (`run_id` = creating pid + a random tag, so stale namespaces c
     fbk-<pid>-<tag>-n<k>  lo and eth0 (the other end of v<k>), address 10.77.0.<k+1>/24,
                           tbf on eth0's egress (out of node k); netem delay there where present
 
+Sites (`sites`, a list of `SiteTc`): the hub then holds one bridge s<i> per site, which its nodes'
+ports join, and a veth pair per site between its bridge (end u<i>) and br0 (end c<i>): tbf on
+u<i>'s egress is the site's uplink, on c<i>'s its downlink, each shared by all traffic between
+that site and the others (traffic inside a site never crosses them). Latency between sites is
+not laid (refused by the launcher).
+
 Both qdiscs of node k use node k's own settings (`node_settings`, else the run's): a packet from
 node a to node b passes a's rate and delay on the way out and b's rate on the way in, so a pair
 runs at the slower of the two rates and a ring at its slowest member's.
@@ -42,6 +48,7 @@ from netsim.processes import pid_alive
 
 __all__ = [
     "PREFIX", "INTERFACE", "MASTER_PORT", "KernelShapingError", "TcSettings", "KernelNetwork",
+    "SiteTc",
     "check_privileges", "has_netem", "clean_stale", "our_namespaces", "unavailable_reason",
     "stop",
 ]
@@ -101,6 +108,15 @@ class TcSettings:
                 "burst_bytes": self.burst_bytes, "limit_bytes": self.limit_bytes,
                 "netem_delay_s": self.delay_s or None, "mtu": self.mtu,
                 "where": f"egress of each node's {INTERFACE} and of its port on the hub bridge"}
+
+
+@dataclass(frozen=True)
+class SiteTc:
+    """A site of a kernel-shaped run: its nodes, and the tc settings of its uplink and downlink."""
+
+    nodes: tuple[int, ...]
+    up: TcSettings
+    down: TcSettings
 
 
 def _run(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
@@ -197,11 +213,19 @@ class KernelNetwork:
     """The namespaces, veth pairs, bridge and qdiscs of one run; `with` deletes them all."""
 
     def __init__(self, nodes: int, settings: TcSettings, run_id: str | None = None,
-                 node_settings: dict[int, TcSettings] | None = None) -> None:
+                 node_settings: dict[int, TcSettings] | None = None,
+                 sites: Sequence[SiteTc] = ()) -> None:
         """Plan (not yet make) a star of `nodes` namespaces around a hub bridge.
 
         node_settings: {node: TcSettings} for nodes whose link differs from `settings`.
+        sites: the nodes grouped into sites with a shared uplink and downlink each (module
+        docstring); every node in exactly one.
         """
+        self.sites = tuple(sites)
+        placed = sorted(k for site in self.sites for k in site.nodes)
+        if self.sites and placed != list(range(nodes)):
+            raise KernelShapingError(f"kernel shaping's sites must hold nodes 0..{nodes - 1} "
+                                     f"each once, got {placed}.")
         if nodes < 1:
             raise KernelShapingError(f"kernel shaping needs at least 1 node, got {nodes}.")
         self.node_settings = dict(node_settings or {})
@@ -209,7 +233,8 @@ class KernelNetwork:
         if outside:
             raise KernelShapingError(f"kernel shaping got settings for node {outside[0]}, "
                                      f"outside the run's nodes 0..{nodes - 1}.")
-        for each in (settings, *self.node_settings.values()):
+        links = [s for site in self.sites for s in (site.up, site.down)]
+        for each in (settings, *self.node_settings.values(), *links):
             if not each.rate_bps > 0:
                 raise KernelShapingError(f"kernel shaping needs a positive rate, got "
                                          f"{each.rate_bps} bytes/s.")
@@ -272,6 +297,8 @@ class KernelNetwork:
             self._add_namespace(self.hub)
             self._ip(self.hub, "link", "add", "br0", "type", "bridge")
             self._ip(self.hub, "link", "set", "br0", "up")
+            for s in range(len(self.sites)):
+                self._add_site(s)
             for node in range(self.nodes):
                 self._add_node(node)
         except BaseException:
@@ -284,6 +311,28 @@ class KernelNetwork:
         self._made.append(name)
         self._ip(name, "link", "set", "lo", "up")
 
+    def _bridge_of(self, node: int) -> str:
+        """The hub bridge node `node`'s port joins: its site's, or br0 without sites."""
+        for s, site in enumerate(self.sites):
+            if node in site.nodes:
+                return f"s{s}"
+        return "br0"
+
+    def _add_site(self, s: int) -> None:
+        """Site s's bridge, and its uplink (u<s>) and downlink (c<s>) to br0."""
+        bridge, up, down = f"s{s}", f"u{s}", f"c{s}"
+        self._ip(self.hub, "link", "add", bridge, "type", "bridge")
+        self._ip(self.hub, "link", "set", bridge, "up")
+        self._ip(self.hub, "link", "add", up, "type", "veth", "peer", "name", down)
+        gso = ["gso_max_size", str(self.settings.mtu), "gso_max_segs", "1"]
+        for dev, master in ((up, bridge), (down, "br0")):
+            self._ip(self.hub, "link", "set", dev, "master", master, "mtu",
+                     str(self.settings.mtu))
+            self._ip(self.hub, "link", "set", dev, *gso)
+            self._ip(self.hub, "link", "set", dev, "up")
+        self._shape(self.hub, up, self.sites[s].up, delay=False)
+        self._shape(self.hub, down, self.sites[s].down, delay=False)
+
     def _add_node(self, node: int) -> None:
         ns, port = self.namespace(node), f"v{node}"
         self._add_namespace(ns)
@@ -292,7 +341,8 @@ class KernelNetwork:
         self._ip(self.hub, "link", "add", port, "type", "veth", "peer", "name", INTERFACE,
                  "netns", ns)
         # One MTU on the whole bridge: ports of differing MTUs would drop jumbo frames.
-        self._ip(self.hub, "link", "set", port, "master", "br0", "mtu", str(self.settings.mtu))
+        self._ip(self.hub, "link", "set", port, "master", self._bridge_of(node), "mtu",
+                 str(self.settings.mtu))
         self._ip(self.hub, "link", "set", port, "up")
         self._ip(ns, "link", "set", INTERFACE, "mtu", str(self.settings.mtu))
         # No GSO super-packets: frames of one MTU keep the tbf bucket at one frame (burst_bytes).
@@ -325,14 +375,18 @@ class KernelNetwork:
         _run(["ip", "-n", ns, *args])
 
     def sent_bytes(self) -> dict[str, int]:
-        """Bytes each shaped qdisc has sent so far ("n<k>" out of node k, "v<k>" into it)."""
+        """Bytes each shaped qdisc has sent so far ("n<k>" out of node k, "v<k>" into it; with
+        sites "u<s>" out of site s, "c<s>" into it)."""
+        where = [(ns, dev, key) for node in range(self.nodes)
+                 for ns, dev, key in ((self.namespace(node), INTERFACE, f"n{node}"),
+                                      (self.hub, f"v{node}", f"v{node}"))]
+        where += [(self.hub, dev, dev) for s in range(len(self.sites))
+                  for dev in (f"u{s}", f"c{s}")]
         out = {}
-        for node in range(self.nodes):
-            for ns, dev, key in ((self.namespace(node), INTERFACE, f"n{node}"),
-                                 (self.hub, f"v{node}", f"v{node}")):
-                stats = _run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", dev]).stdout
-                found = re.search(r"Sent (\d+) bytes", stats)
-                out[key] = int(found.group(1)) if found else 0
+        for ns, dev, key in where:
+            stats = _run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", dev]).stdout
+            found = re.search(r"Sent (\d+) bytes", stats)
+            out[key] = int(found.group(1)) if found else 0
         return out
 
     def delete(self) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from netsim.sites import Sites
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency, parse_node_link
 
 __all__ = ["Link", "Topology", "NIC_MODES", "ring_nic_share", "parse_node_links"]
@@ -111,7 +112,9 @@ class Topology:
     nominal, 0.5 = a straggler whose compute takes twice as long). `node_links` gives some nodes
     a link of their own instead of `inter` (a {node: Link} mapping, stored as sorted pairs): a
     collective across nodes runs at the pace of its slowest member link and pays the largest
-    member latency per hop (`link_for`).
+    member latency per hop (`link_for`). `sites` (netsim.sites.Sites) groups the nodes into
+    sites with links of their own inside, a shared uplink each and round-trip times between them;
+    `inter` is then the sites' flat view (`Sites.flat_view`) and node_links are not allowed.
     """
 
     nodes: int
@@ -121,6 +124,7 @@ class Topology:
     nic: str = "per-node"
     node_speed: tuple[float, ...] = field(default=())
     node_links: NodeLinks = field(default=())
+    sites: Sites | None = None
 
     def __post_init__(self) -> None:
         for name in ("nodes", "accelerators_per_node"):
@@ -145,6 +149,17 @@ class Topology:
         object.__setattr__(self, "node_speed", tuple(float(s) for s in speeds))
         object.__setattr__(self, "node_links", _as_node_links(self.node_links or (), self.nodes,
                                                                  self.inter))
+        if self.sites is not None:
+            self._check_sites()
+
+    def _check_sites(self) -> None:
+        """ValueError unless the sites hold exactly this topology's nodes and no node links."""
+        if self.sites.nodes != self.nodes:
+            raise ValueError(f"the sites hold {self.sites.nodes} nodes but the topology has "
+                             f"{self.nodes}; give as many nodes as the sites hold.")
+        if self.node_links:
+            raise ValueError("node links and sites both set links between nodes; give one of "
+                             "them.")
 
     @classmethod
     def from_strings(
@@ -183,6 +198,14 @@ class Topology:
             node_speed=tuple(node_speed) if node_speed else (),
             node_links=parse_node_links(node_links, nodes, inter),
         )
+
+    @classmethod
+    def on_sites(cls, sites: Sites, per_node: int, intra: Link, nic: str = "per-node",
+                 node_speed: Sequence[float] | None = None) -> Topology:
+        """A topology of the sites' nodes; its inter link is the sites' flat view."""
+        return cls(nodes=sites.nodes, accelerators_per_node=per_node, intra=intra,
+                   inter=Link(*sites.flat_view()), nic=nic,
+                   node_speed=tuple(node_speed) if node_speed else (), sites=sites)
 
     @property
     def world_size(self) -> int:

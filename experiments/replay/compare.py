@@ -216,7 +216,8 @@ def compare(args: argparse.Namespace) -> Comparison:
     runs = [(c, read_run(c.path)) for c in candidates if c.status == "done"]
     _check_same_training(runs, args)
     target, rule = _target(args, sweep_target, runs)
-    network = f"{args.inter_bw} / {args.inter_lat}"
+    network = (f"the sites of {args.topology}" if args.topology is not None
+               else f"{args.inter_bw} / {args.inter_lat or '0ms'}")
     notes: dict[str, list[str]] = {}
     rows = []
     unfinished = [(c, None) for c in candidates if c.status != "done"]

@@ -4,6 +4,12 @@
     flexbench simulate runs/flex --inter-bw 10Gbit --nodes 64 --gpus-per-node 8 --steps 100 \\
         --compute-scale 0.05 --out h100.csv
     flexbench simulate runs/flex --inter-bw 1Gbit --node-link 1=100Mbit,20ms --out slow-site.csv
+    flexbench simulate runs/flex --topology experiments/configs/sites.toml --gpus-per-node 8 \\
+        --compute-scale 0.05 --out sites.csv
+
+`--topology F.toml` replays on sites (netsim.sites: nodes, a shared uplink and downlink per
+site, links inside, RTTs between sites) instead of --inter-bw/--inter-lat/--node-link; the node
+count is the file's, and collectives across sites run hierarchically (the assumption printed).
 
 For synchronous schemes the loss at step t does not depend on the network, so the run's loss
 curve placed on the simulated time axis predicts the time to reach a target loss.
@@ -49,7 +55,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.config import RunConfig
+from experiments.config import RunConfig, load_site_file
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.replay.compute_profile import ComputeProfile, load_profile
@@ -65,12 +71,13 @@ from experiments.replay.loss_curve import (
 )
 from experiments.replay.reshard import MISSING_INTRA, reshard_trace, run_layout
 from experiments.report.metrics import time_to_target
-from flexdemo.graphs import degree_of, graph_problem, period
+from flexdemo.graphs import degree_of, graph_problem, peers, period
 from flexdemo.methods import RECORDS
 from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model import Replay, algorithm_summary, has_backward_marks, has_unit_marks, simulate
 from netsim.model.programs import OVERLAPS
+from netsim.sites import SiteRound, Sites, gossip_line, gossip_round, hierarchy_line
 from netsim.topology import Topology
 from netsim.units import format_bandwidth, parse_node_link
 
@@ -79,8 +86,8 @@ log = logging.getLogger(__name__)
 MAX_STEPS = 1_000_000  # a replayed step costs ~0.1-1 ms of model time: this is minutes already
 
 __all__ = ["RecordedRun", "ReplaySettings", "add_replay_arguments", "check_replay_arguments",
-           "configure", "gossip_degrees", "loss_on_time_axis", "main", "read_run",
-           "replay_settings", "replay_with", "simulate_run"]
+           "configure", "gossip_degrees", "gossip_site_rounds", "loss_on_time_axis", "main",
+           "read_run", "replay_settings", "replay_with", "simulate_run"]
 
 # The intra-node link a declared accelerator profile is modeled on when the run set none: the
 # RunConfig default, an NVLink-class link (per-GPU bus bandwidth of ~100 GB/s, a few us a message).
@@ -156,17 +163,10 @@ def gossip_degrees(
     run recorded one (method ada; empty entries fall back to the setting). (None, []) for runs
     of other methods. ConfigError (one sentence) if a graph cannot be built on `nodes` nodes.
     """
-    cfg = meta["config"]
-    method = cfg.get("method")
+    method = meta["config"].get("method")
     if method not in GOSSIP_METHODS:
         return None, []
-    default = cfg.get("graph") or "ring"
-    by_step: dict[int, str] = {}
-    if "graph" in steps.columns:
-        by_step = {int(step): str(graph) for step, graph in zip(steps["step"], steps["graph"],
-                                                                 strict=True)
-                   if isinstance(graph, str) and graph}
-    used = sorted(set(by_step.values()) | ({default} if len(by_step) < len(steps) else set()))
+    graph_at, used = _graphs_of(meta, steps)
     for graph in used:
         problem = graph_problem(graph, nodes)
         if problem is not None:
@@ -174,7 +174,7 @@ def gossip_degrees(
                               f"{problem}")
 
     def degrees(step: int, round_: int) -> int:
-        return _busiest_degree(by_step.get(step, default), nodes, round_)
+        return _busiest_degree(graph_at(step), nodes, round_)
 
     lines = []
     for graph in used:
@@ -184,6 +184,40 @@ def gossip_degrees(
                  if graph == "one-peer-exponential" else "")
         lines.append(f"{method} graph {graph} rebuilt on {nodes} nodes: degree {degree}{extra}")
     return degrees, lines
+
+
+def _graphs_of(meta: dict, steps: pd.DataFrame) -> tuple[Callable[[int], str], list[str]]:
+    """A gossip run's graph per step (steps.parquet's `graph` column where recorded, else the
+    run's `graph` setting), and the graphs used."""
+    default = meta["config"].get("graph") or "ring"
+    by_step: dict[int, str] = {}
+    if "graph" in steps.columns:
+        by_step = {int(step): str(graph) for step, graph in zip(steps["step"], steps["graph"],
+                                                                 strict=True)
+                   if isinstance(graph, str) and graph}
+    used = sorted(set(by_step.values()) | ({default} if len(by_step) < len(steps) else set()))
+    return (lambda step: by_step.get(step, default)), used
+
+
+def gossip_site_rounds(meta: dict, steps: pd.DataFrame, sites: Sites | None,
+                       ) -> tuple[Callable[[int, int], SiteRound] | None, list[str]]:
+    """A gossip run's graph rebuilt on several sites' nodes, numbered site by site: each
+    site's messages per (step, round), and a line saying so; (None, []) otherwise."""
+    if (meta["config"].get("method") not in GOSSIP_METHODS or sites is None
+            or len(sites.sites) < 2):
+        return None, []
+    graph_at, _ = _graphs_of(meta, steps)
+
+    @lru_cache(maxsize=4096)
+    def on_sites(graph: str, round_: int) -> SiteRound:
+        return gossip_round(sites, lambda node: peers(graph, sites.nodes, node, round_))
+
+    def site_rounds(step: int, round_: int) -> SiteRound:
+        graph = graph_at(step)
+        return on_sites(graph, round_ % period(graph, sites.nodes))
+
+    first = site_rounds(int(steps["step"].iloc[0]) if len(steps) else 1, 0)
+    return site_rounds, [gossip_line(sites, first)]
 
 
 def simulate_run(
@@ -224,12 +258,13 @@ def simulate_run(
     Replay.compute_rules says what was assumed.
     """
     run = run if isinstance(run, RecordedRun) else read_run(run)
-    target = run.config.replace(**{k: v for k, v in network.items() if v is not None})
+    target = run.config.replace(**_target_network(network))
     _check_replay(run, target, overlap, phase_seconds)
     topology = target.topology()
     if calibration is not None:
         topology = calibration.topology(topology)
     degrees, graphs = gossip_degrees(run.meta, run.steps, topology.nodes)
+    site_rounds, site_lines = gossip_site_rounds(run.meta, run.steps, topology.sites)
     units = _units(run, target)
     trace, rules = _resharded(run, target, units, topology)
     shape = _shape_compute(run, target, units, phase_seconds, phases_at)
@@ -241,11 +276,12 @@ def simulate_run(
         payloads=_payload_clause(run, rules), overlap=overlap, progress=progress,
         phase_seconds=phase_seconds,
         phase_scale=shape.phase_scale if phase_seconds is None else None,
+        site_rounds=site_rounds,
     )  # fmt: skip
     note = replay.note if calibration is None else f"{replay.note} Links {calibration.describe()}."
     return dataclasses.replace(
         replay, frame=replay.frame.assign(step=range(1, len(replay.frame) + 1)), note=note,
-        graphs=tuple(graphs) if replay.p2p_degrees else (), payload_rules=rules,
+        graphs=tuple(graphs + site_lines) if replay.p2p_degrees else (), payload_rules=rules,
         compute_rules=shape.notes,
     )  # fmt: skip
 
@@ -253,7 +289,7 @@ def simulate_run(
 def _check_replay(run: RecordedRun, target: RunConfig, overlap: str,
                   phase_seconds: tuple[float, float] | None) -> None:
     """ConfigError (one sentence) for a replay the recording cannot answer."""
-    if target.inter_bw is None:
+    if target.inter_bw is None and target.topology_file is None:
         raise ConfigError("a replay needs the target's inter-node bandwidth; give inter_bw "
                           "(--inter-bw), such as 1Gbit.")
     if run.config.nodes == 1 and target.nodes > 1:
@@ -267,6 +303,17 @@ def _check_replay(run: RecordedRun, target: RunConfig, overlap: str,
         raise ConfigError(f"a compute profile replaces each step phase's compute, and "
                           f"{str(run.path)!r} has no backward marks to split its steps at "
                           "(recorded before runs marked them); record it again.")
+
+
+def _target_network(network: dict[str, Any]) -> dict[str, Any]:
+    """The settings a replay changes: those given; with a site file, no recorded links kept."""
+    given = {k: v for k, v in network.items() if v is not None}
+    if given.get("inter_bw") is not None and "topology_file" not in given:
+        given["topology_file"] = None  # a flat target: a run recorded on sites leaves them
+    if given.get("topology_file") is not None:
+        # The sites set every link between nodes: the run's own recorded ones are not kept.
+        given = {"inter_bw": None, "inter_lat": "0ms", "node_links": [], **given}
+    return given
 
 
 def _no_marks_reason(run: RecordedRun) -> str:
@@ -356,8 +403,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     """The target network, cluster, compute and loss-rule flags of a replay (simulate, compare)."""
-    parser.add_argument("--inter-bw", required=True, help="inter-node bandwidth, e.g. 1Gbit")
-    parser.add_argument("--inter-lat", default="0ms", help="inter-node latency, e.g. 20ms")
+    parser.add_argument("--inter-bw", help="inter-node bandwidth, e.g. 1Gbit (or --topology)")
+    parser.add_argument("--inter-lat", default=None, help="inter-node latency, e.g. 20ms "
+                        "(default 0ms)")
+    parser.add_argument("--topology", default=None, metavar="FILE",
+                        help="a TOML file of sites (uplink, downlink, links inside, RTT matrix; "
+                        "experiments/configs/sites.toml) instead of --inter-bw/--inter-lat/"
+                        "--node-link; the node count is the file's")
     parser.add_argument("--nodes", type=int, help="nodes to simulate (default: the run's)")
     parser.add_argument("--gpus-per-node", type=int, help="ranks per node (default: the run's)")
     speed = parser.add_mutually_exclusive_group()
@@ -409,6 +461,8 @@ def main(args: argparse.Namespace) -> int:
     out = _check_arguments(args)
     settings = replay_settings(args)
     run = read_run(args.run_dir)
+    if args.topology is not None and args.nodes is None:
+        args.nodes = load_site_file(args.topology).nodes
     curve = _loss_curve(args, run, settings.rule)
     sidecar = check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar",
                                 reads=[args.run_dir, *(args.loss_from or ())]) \
@@ -456,7 +510,8 @@ def replay_with(args: argparse.Namespace, run: RecordedRun, settings: ReplaySett
     intra = _intra_mode(args, profile)
     overlap = _overlap_mode(args, run, profile)
     replay = simulate_run(
-        run, inter_bw=args.inter_bw, inter_lat=args.inter_lat, nodes=args.nodes,
+        run, inter_bw=args.inter_bw, nodes=args.nodes, topology_file=args.topology,
+        inter_lat=args.inter_lat or ("0ms" if args.topology is None else None),
         gpus_per_node=args.gpus_per_node, node_links=args.node_link, steps=steps,
         compute_scale=scale, intra=intra, algorithm=args.algorithm,
         calibration=settings.calibration, intra_bw=args.intra_bw, intra_lat=args.intra_lat,
@@ -497,7 +552,9 @@ def check_replay_arguments(args: argparse.Namespace) -> None:
 
     The network strings are parsed here too (as RunConfig parses them, in the same words), so a
     bad one is refused before any run is read."""
-    RunConfig(inter_bw=args.inter_bw, inter_lat=args.inter_lat).topology()
+    _check_network(args)
+    if args.topology is None:
+        RunConfig(inter_bw=args.inter_bw, inter_lat=args.inter_lat or "0ms").topology()
     for spec in args.node_link or ():
         parse_node_link(spec)
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
@@ -510,6 +567,20 @@ def check_replay_arguments(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}.")
+
+
+def _check_network(args: argparse.Namespace) -> None:
+    """One target network: --inter-bw (with --inter-lat, --node-link) or --topology."""
+    if (args.inter_bw is None) == (args.topology is None):
+        raise ConfigError("give the target's network as --inter-bw (with --inter-lat, "
+                          "--node-link) or as --topology FILE of sites, one of the two.")
+    if args.topology is not None and args.calibration is not None:
+        raise ConfigError("--calibration fits flat inter-node links; replaying --topology's "
+                          "sites with it is not built (drop one of them).")
+    if args.topology is not None and (args.inter_lat is not None or args.node_link):
+        flag = "--inter-lat" if args.inter_lat is not None else "--node-link"
+        raise ConfigError(f"--topology sets every link between nodes; {flag} has no place "
+                          "beside it (drop one of them).")
 
 
 def _declares_hardware(args: argparse.Namespace, profile: ComputeProfile | None = None) -> bool:
@@ -616,7 +687,7 @@ def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, int
     lines = _profile_lines(profile, replay) if profile else [_compute_line(args, run, scale)]
     lines += [f"  {rule}" for rule in replay.compute_rules]
     lines += [f"intra-node: {intra_line}",
-              f"inter-node: modeled on the {args.inter_bw}, {args.inter_lat} links; {payloads}"]
+              f"inter-node: modeled on {_network(args)}; {payloads}"]
     lines += [f"  {rule}" for rule in replay.payload_rules]
     return lines + [_overlap_line(args, run, replay.overlap, _declares_hardware(args, profile))]
 
@@ -644,16 +715,25 @@ def _print_replay(args: argparse.Namespace, run: RecordedRun, replay: Replay, ou
                  f"{slowest.latency * 1e3:g}ms"]
     print(f"simulated {len(frame)} steps of {run.config.method} on "
           f"{topology.nodes} nodes x {topology.accelerators_per_node} "
-          f"at {args.inter_bw}, {args.inter_lat}"
+          f"{'on' if args.topology else 'at'} {_network(args)}"
           f"{' (node links ' + ', '.join(links) + ')' if links else ''}: total "
           f"{frame['time_s'].iloc[-1]:.2f} s, median step "
           f"{frame['step_time_s'].median() * 1e3:.1f} ms -> {out}")
-    for line in [*replay.graphs, *algorithm_summary(replay.algorithms)]:
+    sites = ([*topology.sites.describe(), hierarchy_line(topology.sites)]
+             if topology.sites is not None else [])
+    for line in [*sites, *replay.graphs, *algorithm_summary(replay.algorithms)]:
         print(f"  {line}")
     if calibration is not None:
         print(f"  links {calibration.describe()}")
     if replay.note:
         log.info("model: %s", replay.note)
+
+
+def _network(args: argparse.Namespace) -> str:
+    """The target network as the flags gave it, in a few words."""
+    if args.topology is not None:
+        return f"the sites of {args.topology}"
+    return f"{args.inter_bw}, {args.inter_lat or '0ms'}"
 
 
 def _print_time_to_target(target: float | None, curve: LossCurve, replay: Replay,

@@ -29,6 +29,7 @@ from experiments.errors import RunFailed
 from experiments.run.launch import check_timeout, launch
 from experiments.sweep.spec import TOP_KEYS
 from experiments.workloads import builtin_model
+from netsim.sites import hierarchy_line
 
 __all__ = ["check_against_model", "configure", "load_config", "main"]
 
@@ -100,6 +101,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
 
 
+def _print_site_shaping(cfg: RunConfig) -> None:
+    """What shaping on sites assumed (nothing without a site file or without shaping)."""
+    if cfg.topology_file is None or cfg.shaping == "off":
+        return
+    if cfg.shaping == "kernel":
+        print(f"shaped on the sites of {cfg.topology_file} (kernel): tbf at each site's uplink, "
+              "downlink and inside rate; the collectives are gloo's own (a flat ring over all "
+              "nodes, not hierarchical), while a replay of this run assumes hierarchical ones")
+        return
+    sites = cfg.topology().sites
+    print(f"shaped on the sites of {cfg.topology_file} ({cfg.shaping}): {hierarchy_line(sites)}; "
+          "other groups and messages on the sites' flat view (the slowest uplink or downlink at "
+          "the site ring's one-way latency)")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench run`."""
     check_timeout(args.timeout)
@@ -114,6 +130,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 writes and reports
+    _print_site_shaping(cfg)
     summary = json.loads((out / "run.json").read_text())
     if summary["status"] == "diverged":
         print(f"wrote {out}: the run diverged at step {summary['diverged_step']} (the loss "

@@ -41,6 +41,7 @@ from experiments.run.watchdog import RankStalled, Watchdog
 from netsim.kernel import (
     KernelNetwork,
     KernelShapingError,
+    SiteTc,
     TcSettings,
     check_privileges,
     has_netem,
@@ -48,7 +49,7 @@ from netsim.kernel import (
 )
 from netsim.topology import Topology
 
-__all__ = ["run_kernel", "kernel_settings", "kernel_node_settings"]
+__all__ = ["run_kernel", "kernel_settings", "kernel_node_settings", "kernel_sites"]
 
 _CONFIG = "kernel-config.json"
 _LAUNCHER_PID = "FLEXBENCH_KERNEL_LAUNCHER_PID"
@@ -57,6 +58,8 @@ _LAUNCHER_PID = "FLEXBENCH_KERNEL_LAUNCHER_PID"
 def kernel_settings(topology: Topology) -> TcSettings:
     """Check that this machine can shape `topology`'s links in the kernel; its tc settings."""
     check_privileges()
+    if topology.sites is not None:
+        _check_site_latency(topology)
     if topology.inter.latency and not has_netem():
         latency = f"{topology.inter.latency * 1e3:g}ms"
         raise KernelShapingError(
@@ -72,10 +75,36 @@ def kernel_settings(topology: Topology) -> TcSettings:
     return TcSettings(rate_bps=topology.inter.bandwidth, delay_s=topology.inter.latency)
 
 
+def _check_site_latency(topology: Topology) -> None:
+    """KernelShapingError for sites with latency: kernel shaping of sites lays rates only."""
+    sites = topology.sites
+    rtts = [v for row in sites.rtt for v in row if v]
+    inside = [site.name for site in sites.sites if site.intra_lat]
+    if rtts or inside:
+        what = (f"an rtt of {rtts[0] * 1e3:g} ms" if rtts
+                else f"site {inside[0]!r}'s intra_lat")
+        raise KernelShapingError(
+            f"kernel shaping of sites lays their rates only, and the site file gives {what}; "
+            "give rtt and intra_lat 0 with shaping 'kernel', or use shaping 'wall' for latency.")
+
+
 def kernel_node_settings(topology: Topology, settings: TcSettings) -> dict[int, TcSettings]:
-    """tc settings of the nodes with a link of their own (`node_links`); the run's MTU."""
+    """tc settings of the nodes with a link of their own (`node_links`, or every node of a
+    site at its site's inside rate); the run's MTU."""
+    if topology.sites is not None:
+        return {k: TcSettings(rate_bps=site.intra_bw, mtu=settings.mtu)
+                for site in topology.sites.sites for k in site.nodes}
     return {k: TcSettings(rate_bps=link.bandwidth, delay_s=link.latency, mtu=settings.mtu)
             for k, link in topology.node_links}
+
+
+def kernel_sites(topology: Topology, settings: TcSettings) -> list[SiteTc]:
+    """Each site's nodes and uplink and downlink tc settings (none without sites)."""
+    if topology.sites is None:
+        return []
+    return [SiteTc(site.nodes, TcSettings(rate_bps=site.uplink, mtu=settings.mtu),
+                   TcSettings(rate_bps=site.downlink, mtu=settings.mtu))
+            for site in topology.sites.sites]
 
 
 def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
@@ -84,7 +113,8 @@ def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     topology = cfg.topology()
     settings = kernel_settings(topology)  # before anything exists: a refusal leaves nothing behind
     folder.create()
-    net = KernelNetwork(cfg.nodes, settings, node_settings=kernel_node_settings(topology, settings))
+    net = KernelNetwork(cfg.nodes, settings, node_settings=kernel_node_settings(topology, settings),
+                        sites=kernel_sites(topology, settings))
     procs: list[subprocess.Popen] = []
     previous_handler = raise_on_sigterm()
     try:
@@ -96,6 +126,10 @@ def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
         kernel = {**settings.describe(), "nodes": cfg.nodes}
         if net.node_settings:
             kernel["node_links"] = net.describe_nodes()  # these nodes' own rate and delay
+        if net.sites:
+            kernel["sites"] = [{"nodes": list(site.nodes), "up_bit_s": int(site.up.rate_bps * 8),
+                                "down_bit_s": int(site.down.rate_bps * 8)}
+                               for site in net.sites]
         write_run(results, folder.build, extra={"shaping": "kernel", "kernel": kernel})
         return folder.commit()
     except RankStalled as err:

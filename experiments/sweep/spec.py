@@ -116,6 +116,10 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
     for key in UNIT_FIELDS:
         if key in run:
             raise ConfigError(f"run.{key} is set per unit by the sweep; put it in [grid] instead.")
+    if "topology_file" in run:
+        raise ConfigError("run.topology_file: a sweep scores its runs on the grid's inter_bw x "
+                          "inter_lat points, and sites are not built into sweeps; replay the "
+                          "sweep's runs with flexbench simulate --topology instead.")
     methods, networks, seeds, knobs = _grid(_table(raw, "grid"))
     target, fraction = _target(raw.get("target"))
     timeout = raw.get("timeout_s")

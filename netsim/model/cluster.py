@@ -13,6 +13,12 @@ stands for all of its nodes, and the cost grows with the degree, not with the no
 Nodes of one compute speed form one class whatever their links: the slowest of their links paces
 every op of theirs exactly (`Cluster._node_classes`), so 10^4 nodes, each with a link of its
 own, cost what 10^4 alike do.
+
+On sites (`Topology.sites`) a class is a (site, speed) pair, its NICs at the site's inside link,
+and every site has an uplink and a downlink shared by its nodes' flows. A collective across
+several sites runs its `netsim.sites.hierarchical_plan`: phase by phase, every site's latency
+and then its flows on its classes' NICs, its uplink and its downlink; a phase ends with the
+slowest site. One site is the flat model on the site's inside link.
 """
 
 from __future__ import annotations
@@ -32,12 +38,15 @@ from netsim.costs import (
 )
 from netsim.model.programs import Compute, Issue, Item, OpSpec, Wait
 from netsim.model.shared_link import SharedLink
+from netsim.sites import SITE_OPS, SitePhase, SiteRound, hierarchical_plan
 from netsim.topology import Link, Topology
 
 __all__ = ["Cluster", "Delay", "Exchange", "InterOp", "IntraOp", "StreamOp", "Step", "Degrees"]
 
 # (recorded step number, gossip round on the target) -> peers per node: the graph rebuilt.
 Degrees = Callable[[int, int], int]
+# The same on sites: each site's busiest node's peers, messages leaving it, latency.
+SiteRounds = Callable[[int, int], SiteRound]
 
 
 class Delay(NamedTuple):
@@ -114,8 +123,10 @@ class Cluster:
         degrees: Degrees | None = None,
         step_numbers: list[int] | None = None,
         carried: dict[int, int] | None = None,
+        site_rounds: SiteRounds | None = None,
     ) -> None:
         self.env = simpy.Environment()
+        self.site_rounds = site_rounds
         self.topo = topology
         self.recorded = recorded
         self.specs = specs
@@ -129,12 +140,19 @@ class Cluster:
         self.carried = carried or {}
         self.on_step: Callable[[], None] | None = None
         self._degree_cache: dict[tuple[int, int], int] = {}
+        self._round_cache: dict[tuple[int, int], SiteRound] = {}
         self.p2p_degrees: set[int] = set()  # peers per node in the rounds replayed, for reporting
         self.node_egress_bytes = 0.0  # bytes out of the first class's node, for reporting
         # (op, algorithm run, group size, one rank per node) -> message sizes, for reporting.
         self.choices: dict[tuple[str, str, int, bool], set[int]] = defaultdict(set)
-        # Class c runs at speed classes[c] and its NICs at links[c] (sorted by speed).
-        self.classes, self.links = self._node_classes(topology, self._class_per_link)
+        # Class c runs at speed classes[c] and its NICs at links[c] (sorted by speed), in site
+        # class_site[c] (0 without sites).
+        if topology.sites is None:
+            self.classes, self.links = self._node_classes(topology, self._class_per_link)
+            self.class_site = [0] * len(self.classes)
+        else:
+            self.classes, self.links, self.class_site = self._site_classes(topology)
+        self._init_sites(specs)
         # Every inter-node op spans all nodes here: it pays the largest latency of any of them.
         self.path = topology.inter_link()
         g = topology.accelerators_per_node
@@ -179,6 +197,41 @@ class Cluster:
         keys = sorted(kinds)  # by speed first, so uniform links keep the old class order
         return [key[0] for key in keys], [kinds[key] for key in keys]
 
+    @staticmethod
+    def _site_classes(topology: Topology) -> tuple[list[float], list[Link], list[int]]:
+        """One class per (site, node speed), its NICs at the site's inside link."""
+        sites = topology.sites
+        site_of = sites.site_of()
+        keys = sorted({(site_of[k], speed) for k, speed in enumerate(topology.node_speed)})
+        inside = [Link(site.intra_bw, site.intra_lat) for site in sites.sites]
+        return [speed for _, speed in keys], [inside[s] for s, _ in keys], [s for s, _ in keys]
+
+    def _init_sites(self, specs: list[OpSpec]) -> None:
+        """Uplinks and downlinks of several sites, and the refusal of ops they cannot place."""
+        sites = self.topo.sites
+        self.hierarchical = sites is not None and len(sites.sites) > 1
+        self._plans: dict[tuple[str, int], tuple[SitePhase, ...]] = {}
+        if not self.hierarchical:
+            return
+        self.uplinks = [SharedLink(self.env, site.uplink) for site in sites.sites]
+        self.downlinks = [SharedLink(self.env, site.downlink) for site in sites.sites]
+        self.site_members = [[c for c, s in enumerate(self.class_site) if s == site]
+                             for site in range(len(sites.sites))]
+        for spec in specs:
+            if spec.scope == "p2p" and self.site_rounds is not None:
+                continue  # gossip's messages: a round per site (`_site_exchange`)
+            if spec.scope == "p2p":
+                raise ValueError("the trace has point-to-point messages (gossip), whose peers on "
+                                 "sites are unknown; pass site_rounds= (each site's messages "
+                                 "per round, netsim.sites.gossip_round), as flexbench simulate "
+                                 "does from the run's graph.")
+            if spec.inter and (spec.scope != "replicate" or spec.op not in SITE_OPS):
+                raise ValueError(
+                    f"the site model replays collectives of one rank per node over all nodes "
+                    f"({', '.join(SITE_OPS)}); this trace has a {spec.op} over a {spec.scope} "
+                    "group, which it cannot place on sites."
+                )
+
     # -- compiling programs for the target topology -------------------------------------------
     def _group_size(self, spec: OpSpec) -> int:
         t, r = self.topo, self.recorded
@@ -203,14 +256,19 @@ class Cluster:
             p = self._group_size(spec)
             rooted = spec.op in ("gather", "scatter")
             algorithm = spec.algorithm or default_algorithm(spec.op)
-            if spec.inter:
+            if spec.inter and self.hierarchical:
+                algorithm = "hierarchical"
+                self.choices[(spec.op, algorithm, p, True)].add(spec.nbytes)
+            elif spec.inter:
                 # Intra-node ops keep the recorded algorithm: the choice matters across nodes.
                 algorithm = choose_algorithm(
                     spec.op, p, spec.nbytes, self.path, algorithm, self.algorithm,
                     one_per_node=spec.scope == "replicate",
                 )  # fmt: skip
                 self.choices[(spec.op, algorithm, p, spec.scope == "replicate")].add(spec.nbytes)
-            volume = collective_volume(spec.op, p, spec.nbytes, algorithm, is_root=rooted)
+            volume = collective_volume(spec.op, p, spec.nbytes,
+                                       spec.algorithm if spec.inter and self.hierarchical
+                                       else algorithm, is_root=rooted)
             self._volumes[spec_id] = (p, volume)
         return self._volumes[spec_id]
 
@@ -410,6 +468,10 @@ class Cluster:
     def _collective(
         self, spec: OpSpec, volume: CollectiveVolume, j: int, done: simpy.Event
     ) -> Generator:
+        if self.hierarchical:
+            yield from self._across_sites(spec, j)
+            done.succeed()
+            return
         yield self.env.timeout(volume.latency_steps * self.path.latency)
         nbytes = volume.paced_bytes
         # Each class moves its bytes through its own NICs; the op ends with the slowest, so a
@@ -431,6 +493,25 @@ class Cluster:
                 flows.append(self._ingress(c, j, spec).transfer(flow_bytes))
         yield self.env.all_of(flows)
         done.succeed()
+
+    def _across_sites(self, spec: OpSpec, j: int) -> Generator:
+        """A collective over several sites, phase by phase; a phase ends with its slowest site."""
+        key = (spec.op, spec.nbytes)
+        if key not in self._plans:
+            self._plans[key] = hierarchical_plan(spec.op, spec.nbytes, self.topo.sites)
+        for phase in self._plans[key]:
+            self.node_egress_bytes += phase.nic_bytes[self.class_site[0]]
+            yield self.env.all_of([self.env.process(self._site_phase(phase, s, j))
+                                   for s in range(len(self.site_members))])
+
+    def _site_phase(self, phase: SitePhase, s: int, j: int) -> Generator:
+        """Site s's part of a phase: its latency, then its NIC, uplink and downlink flows."""
+        if phase.latency_s[s] > 0:
+            yield self.env.timeout(phase.latency_s[s])
+        flows = [self._nic(c, j).transfer(phase.nic_bytes[s]) for c in self.site_members[s]]
+        flows.append(self.uplinks[s].transfer(phase.up_bytes[s]))
+        flows.append(self.downlinks[s].transfer(phase.down_bytes[s]))
+        yield self.env.all_of(flows)
 
     def _collective_bytes(self, spec: OpSpec, nbytes: float) -> list[float]:
         """Bytes each class's NIC carries for a collective (as booked on the egress side)."""
@@ -454,6 +535,8 @@ class Cluster:
     def _launch_p2p(self, item: Exchange, j: int, round_: int, counters: dict) -> simpy.Event:
         """Start a round of messages; with several node classes they meet, so the slowest paces."""
         _op, step, sent, received, sends, recvs = item
+        if self.hierarchical:
+            return self._launch_site_p2p(item, j, round_, counters)
         if self.degrees is not None:
             degree = self._degree(step, round_)
             sends, recvs = (degree if sends else 0), (degree if recvs else 0)
@@ -462,6 +545,48 @@ class Cluster:
         if entry[0] == len(self.classes):
             self.env.process(self._exchange(sends, sent, recvs, received, j, entry[1]))
         return entry[1]
+
+    def _launch_site_p2p(self, item: Exchange, j: int, round_: int,
+                         counters: dict) -> simpy.Event:
+        """A round of messages on sites: the classes meet, then every site's part at once."""
+        key = (self.step_numbers[item.step], round_)
+        if key not in self._round_cache:
+            self._round_cache[key] = self.site_rounds(*key)
+        info = self._round_cache[key]
+        self.p2p_degrees.add(max(info.peers))
+        entry = self._meet(("p2p", j), len(self.classes), counters)
+        if entry[0] == len(self.classes):
+            sent = item.sent if item.sends else 0.0
+            received = item.received if item.recvs else 0.0
+            self.node_egress_bytes += info.peers[self.class_site[0]] * sent
+            self.env.process(self._site_exchange(info, sent, received, j, entry[1]))
+        return entry[1]
+
+    def _site_exchange(self, info: SiteRound, sent: float, received: float, j: int,
+                       done: simpy.Event) -> Generator:
+        """Every site's messages at once; the round ends with the last site's."""
+        yield self.env.all_of([self.env.process(self._site_messages(info, s, sent, received, j))
+                               for s in range(len(self.site_members))])
+        done.succeed()
+
+    def _site_messages(self, info: SiteRound, s: int, sent: float, received: float,
+                       j: int) -> Generator:
+        """Site s's part of a round: its busiest node's messages on its classes' NICs, the
+        site's remote ones on its uplink and downlink (one weighted flow each), one latency."""
+        peers, remote = info.peers[s], info.remote[s]
+        flows = []
+        for c in self.site_members[s]:
+            if peers and sent:
+                flows.append(self._nic(c, j).transfer(peers * sent, peers))
+            if peers and received:
+                flows.append(self._ingress(c, j).transfer(peers * received, peers))
+        if remote and sent:
+            flows.append(self.uplinks[s].transfer(remote * sent, remote))
+        if remote and received:
+            flows.append(self.downlinks[s].transfer(remote * received, remote))
+        if flows:
+            yield self.env.all_of(flows)
+            yield self.env.timeout(info.latency_s[s])
 
     def _exchange(
         self, sends: int, sent: float, recvs: int, received: float, j: int, done: simpy.Event

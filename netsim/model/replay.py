@@ -14,8 +14,9 @@ import pandas as pd
 from tqdm import tqdm
 
 from netsim.costs import ALGORITHM_CHOICES, P2P_OPS
-from netsim.model.cluster import Cluster, Degrees
+from netsim.model.cluster import Cluster, Degrees, SiteRounds
 from netsim.model.programs import OVERLAPS, PHASES, Compute, Programs, build_programs, phase_compute
+from netsim.sites import gossip_line, hierarchy_line
 from netsim.topology import Topology
 from netsim.trace import (
     BACKWARD,
@@ -332,6 +333,7 @@ def simulate(
     progress: bool = False,
     phase_seconds: tuple[float, float] | None = None,
     phase_scale: tuple[float, float] | None = None,
+    site_rounds: SiteRounds | None = None,
 ) -> Replay:
     """Predict per-step times of a recorded run on `topology`, with the assumptions made (Replay).
 
@@ -368,6 +370,10 @@ def simulate(
         phase_scale: a factor per phase (PHASES order) multiplying its compute on top of
             compute_scale, such as the optimizer step's on a smaller shard; Replay.phases holds
             the recorded and scaled seconds (before compute_scale); needs the "backward" marks.
+        site_rounds: for traces with messages replayed on several sites (topology.sites), each
+            site's messages of a round, given (recorded step number, gossip round): a
+            netsim.sites.SiteRound, such as gossip_round(sites, the graph's peers); the note
+            adds gossip_line.
     """
     if not isinstance(topology, Topology):
         raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
@@ -389,16 +395,11 @@ def simulate(
         n_steps = programs.n_steps if steps is None else steps
         _check_steps_and_intra(n_steps, steps, intra)
         p2p = any(spec.scope == "p2p" for spec in programs.specs)
-        if p2p and degrees is None and topology.nodes != nodes:
-            raise ValueError(
-                f"the trace has point-to-point messages recorded on {nodes} nodes, whose peers on "
-                f"{topology.nodes} nodes are unknown; pass degrees= (peers per node there), as "
-                f"flexbench simulate does from the run's gossip graph."
-            )
+        _check_peers(p2p, degrees, nodes, topology)
         cluster = Cluster(
             topology, recorded, programs.by_slot, programs.specs, programs.n_steps,
             float(compute_scale), intra, algorithm, degrees, programs.step_numbers,
-            programs.carried,
+            programs.carried, site_rounds,
         )  # fmt: skip
     times = np.asarray(_run(cluster, int(n_steps), progress), dtype=float)
     frame = pd.DataFrame(
@@ -413,7 +414,8 @@ def simulate(
         note=_model_note(payloads) + (" " + P2P_NOTE if p2p else "")
         + (" " + OVERLAP_NOTE if overlap == "fsdp2" else "")
         + (" " + CARRY_NOTE if carries else "")
-        + (" " + _phase_note(phases, how, phase_scale) if phases is not None else ""),
+        + (" " + _phase_note(phases, how, phase_scale) if phases is not None else "")
+        + _sites_note(topology, site_rounds if p2p else None, programs.step_numbers[0]),
         algorithms=tuple(
             AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
             for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
@@ -421,6 +423,28 @@ def simulate(
         p2p_degrees=tuple(sorted(cluster.p2p_degrees)),
         node_egress_bytes=cluster.node_egress_bytes, overlap=overlap, phases=phases,
     )  # fmt: skip
+
+
+def _check_peers(p2p: bool, degrees: Degrees | None, nodes: int, topology: Topology) -> None:
+    """ValueError for messages replayed on another node count without the graph's degrees."""
+    on_sites = topology.sites is not None and len(topology.sites.sites) > 1
+    if p2p and degrees is None and topology.nodes != nodes and not on_sites:
+        raise ValueError(
+            f"the trace has point-to-point messages recorded on {nodes} nodes, whose peers on "
+            f"{topology.nodes} nodes are unknown; pass degrees= (peers per node there), as "
+            f"flexbench simulate does from the run's gossip graph."
+        )
+
+
+def _sites_note(topology: Topology, site_rounds: SiteRounds | None, first_step: int) -> str:
+    """The note's clauses for a replay on sites (collectives, and gossip's first round)."""
+    sites = topology.sites
+    if sites is None:
+        return ""
+    note = f" {hierarchy_line(sites)}."
+    if site_rounds is not None and len(sites.sites) > 1:
+        note += f" {gossip_line(sites, site_rounds(first_step, 0))}."
+    return note
 
 
 def _run(cluster: Cluster, n_steps: int, progress: bool) -> list[float]:

@@ -28,7 +28,9 @@ from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
 
 from netsim.costs import P2P_OPS, CollectiveVolume, collective_volume, default_algorithm
 from netsim.nic import Timeline, fair_share_finishes
+from netsim.shaping.site_links import site_finish
 from netsim.shaping.work import ShapedWork
+from netsim.sites import SITE_OPS
 from netsim.topology import Link, ring_nic_share
 
 if TYPE_CHECKING:
@@ -160,6 +162,11 @@ class ShapedProcessGroup(dist.ProcessGroup):
         # this node's own NIC timeline), which is exact when members carry alike loads.
         self._link: Link = topo.link_for(self._ranks)
         self._shaped = shaper.mode != "off" and (self._inter or shaper.shape_intra)
+        # On several sites a group of one rank per node over all nodes runs hierarchically
+        # (netsim.sites); other groups and messages see the sites' flat view, topo.inter.
+        sites = topo.sites
+        self._on_sites = (sites is not None and len(sites.sites) > 1 and self._inter
+                          and len(topo.nodes_of(self._ranks)) == len(self._ranks) == topo.nodes)
         self._nic_share = ring_nic_share(self._ranks, topo) if self._inter else 1.0
         self._rng = random.Random(f"{shaper.seed}:{self._global_rank}:{self._ranks}")
         self._unbooked: list[_Message] = []  # messages issued, not yet booked on a NIC
@@ -187,8 +194,12 @@ class ShapedProcessGroup(dist.ProcessGroup):
         node = topo.node_of(self._global_rank)
         return shaper.timeline(("nic", node), node)
 
-    def _model_finish(self, begin: float, volume: CollectiveVolume) -> float:
+    def _model_finish(self, begin: float, volume: CollectiveVolume, op: str = "",
+                      nbytes: float = 0.0) -> float:
         """Modeled completion time of a collective that starts at `begin`."""
+        if self._on_sites and op in SITE_OPS:
+            node = self._shaper.topology.node_of(self._global_rank)
+            return site_finish(self._shaper, node, self._timeline(), begin, op, nbytes)
         link = self._link
         latency = self._jittered(volume.latency_steps * link.latency, link, volume.latency_steps)
         share = self._nic_share
@@ -312,7 +323,8 @@ class ShapedProcessGroup(dist.ProcessGroup):
             arrival = torch.tensor([issued], dtype=torch.float64, device=device)
             sync = inner.allreduce([arrival], _max_options())
         works = _as_list(launch(inner))
-        finish = (lambda begin: self._model_finish(begin, volume)) if self._shaped else None
+        finish = ((lambda begin: self._model_finish(begin, volume, op, nbytes))
+                  if self._shaped else None)
         return ShapedWork(shaper, works, finish, row, issued, arrival, sync)
 
     # -- collectives: what each op is, what it counts, how the wrapped backend runs it ---------

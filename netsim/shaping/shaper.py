@@ -94,14 +94,17 @@ class Shaper:
                 self._token = mine
         return self._token
 
-    def timeline(self, key: tuple, shared_node: int | None) -> Timeline:
-        """The reservation timeline for `key`; file-backed when a node's processes share it."""
+    def timeline(self, key: tuple, shared_node: int | str | None) -> Timeline:
+        """The reservation timeline for `key`; file-backed when a node's processes share it (a
+        str names one that several nodes' processes share, such as a site's uplink)."""
         with self.lock:
             if key not in self._timelines:
                 path = None
                 if shared_node is not None:
                     token = self.run_token()
-                    name = f"{token}-{self.mode}{self.generation}-node{shared_node}.nic"
+                    label = (shared_node if isinstance(shared_node, str)
+                             else f"node{shared_node}")
+                    name = f"{token}-{self.mode}{self.generation}-{label}.nic"
                     path = self.run_dir.path(token) / name
                 self._timelines[key] = Timeline(path)
             return self._timelines[key]

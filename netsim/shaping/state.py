@@ -34,6 +34,7 @@ class ShaperState(Protocol):
         """Virtual mode: move the clock forward so that now() >= target."""
         ...
 
-    def timeline(self, key: tuple, shared_node: int | None) -> Timeline:
-        """The NIC reservation timeline for `key`; file-backed when a node's processes share it."""
+    def timeline(self, key: tuple, shared_node: int | str | None) -> Timeline:
+        """The NIC reservation timeline for `key`; file-backed when a node's processes share it
+        (a str names a file that processes of several nodes share, such as a site's uplink)."""
         ...
