@@ -1,6 +1,8 @@
 """validate-sim's shapes: parsing, the default of one core per rank, host contention, and the
 calibration it finds or makes for this machine."""
 
+import json
+
 import pytest
 
 from experiments.cli import main
@@ -87,3 +89,20 @@ def test_machine_calibration_skips_another_machines_and_makes_one(tmp_path, monk
     # The one it made is found the next time, without measuring again.
     _, again = machine_calibration("wall", search=[foreign])
     assert len(made) == 1 and again.startswith(f"found {cache_path('wall')}")
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_the_loopback_link_is_measured_once_per_machine_and_then_found(tmp_path, monkeypatch):
+    from experiments.replay.calibrate import loopback_link, machine_loopback
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    link, error = loopback_link(repeats=3)  # two real unshaped gloo ranks on loopback
+    assert link.bandwidth > 1e6 and link.latency >= 0.0 and error >= 0.0
+    measured, how = machine_loopback()
+    assert "measured now" in how and cache_path("loopback").is_file()
+    found, again = machine_loopback()
+    assert found == measured and f"found in {cache_path('loopback')}" in again
+    stale = json.loads(cache_path("loopback").read_text()) | {"machine": "elsewhere"}
+    cache_path("loopback").write_text(json.dumps(stale))
+    assert "measured now" in machine_loopback()[1]  # another machine's file is not this one's
