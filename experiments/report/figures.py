@@ -359,7 +359,8 @@ def plot_frontier(res: Results):
 
 
 def write_report(path: Path | str) -> list[Path]:
-    """Write every figure (PNG and SVG) into <path>/figures and the tables into summary.md."""
+    """Write every figure (PNG and SVG) into <path>/figures, the tables into summary.md, and
+    speedups.parquet again from runs.parquet."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
@@ -393,6 +394,12 @@ def write_report(path: Path | str) -> list[Path]:
         text += "\n" + graphs.graphs_markdown(res.runs)
     write_atomic(summary, text)
     written.append(summary)
+    # speedups.parquet is derived from runs.parquet alone: rewritten so that an older sweep's
+    # file carries the current columns (paired speed-ups with their brackets).
+    table = io.BytesIO()
+    metrics.sweep_speedups(res.runs).to_parquet(table, index=False)
+    write_atomic(res.path / "speedups.parquet", table.getvalue())
+    written.append(res.path / "speedups.parquet")
     return written
 
 

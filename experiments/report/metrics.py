@@ -42,6 +42,8 @@ __all__ = [
     "pivot",
     "speedups",
     "summary_markdown",
+    "SWEEP_SPEEDUP_KEYS",
+    "sweep_speedups",
     "target_text",
     "validation_table",
     "winners_markdown",
@@ -159,6 +161,15 @@ def speedups(
         })
     columns = [*keys, variant, "method", *SPEEDUP_COLUMNS]
     return pd.DataFrame(rows, columns=columns)
+
+
+# The keys of a sweep's speedups.parquet: one row per source, network point and variant.
+SWEEP_SPEEDUP_KEYS = ("source", "network", "inter_bw_bps", "inter_lat_s")
+
+
+def sweep_speedups(runs: pd.DataFrame) -> pd.DataFrame:
+    """A sweep's speedups.parquet, derived from its runs.parquet alone (no replay needed)."""
+    return speedups(runs, by=SWEEP_SPEEDUP_KEYS)
 
 
 def _key(values: object) -> tuple:

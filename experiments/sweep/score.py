@@ -8,7 +8,8 @@
     runs.parquet          one row per unit x network point x source ("sim" / "measured"), with
                           the unit's cluster, graph, graph degree and replica spread (`describe`)
     speedups.parquet      per variant, network point and source: time-to-target and speed-up
-                          over hsdp-adamw (median, min, max over seeds)
+                          over hsdp-adamw, paired by seed, with brackets (`metrics.speedups`;
+                          `flexbench report` rewrites it from runs.parquet)
     steps.parquet         every unit's per-step rows with their keys and time axes
 
 Every unit is replayed at its own recorded cluster shape (only the network point changes), so
@@ -89,8 +90,7 @@ def collect(
     write_atomic(out / "runs.parquet", parquet_bytes(runs))
     all_steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame()
     write_atomic(out / "steps.parquet", parquet_bytes(all_steps))
-    table = metrics.speedups(runs, by=("source", "network", "inter_bw_bps", "inter_lat_s"))
-    write_atomic(out / "speedups.parquet", parquet_bytes(table))
+    write_atomic(out / "speedups.parquet", parquet_bytes(metrics.sweep_speedups(runs)))
     return runs
 
 def _warn_unreached(runs: pd.DataFrame) -> None:
