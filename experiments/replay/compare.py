@@ -243,8 +243,8 @@ def compute_basis(args: argparse.Namespace,
         if args.step_compute is not None:
             return {}, (f"compute basis: declared {args.step_compute:.4g} s per step, every run "
                         "alike")
-        scaled = f" x{args.compute_scale:.4g} (declared)" if args.compute_scale else ""
-        return {}, ("compute basis: each run's own recorded compute" + scaled + " (the machine's "
+        scaled = f" x{args.compute_scale:.4g} (declared; " if args.compute_scale else " ("
+        return {}, ("compute basis: each run's own recorded compute" + scaled + "the machine's "
                     "load while it trained included; --same-compute puts the methods on one)")
     scaled = f", x{args.compute_scale:.4g} (declared)" if args.compute_scale else ""
     if mode == "all":

@@ -373,6 +373,8 @@ def format_time_interval(interval: intervals.Interval) -> str:
     def end(value: float) -> str:
         return "inf" if math.isinf(value) else format_seconds(value).removesuffix(" s")
 
+    if math.isinf(interval.low):  # every seed missed: 'not reached', no bracket of infinities
+        return format_seconds(interval.median)
     return format_seconds(interval.median) + interval.bracket(end)
 
 
