@@ -391,7 +391,7 @@ def write_report(path: Path | str) -> list[Path]:
     summary = res.path / "summary.md"
     text = f"## Sweep `{res.name}`\n\n{metrics.summary_markdown(res.runs)}"
     text += (f"\n### Where each method overtakes {metrics.BASELINE} (crossover bandwidth)\n\n"
-             f"{crossover.crossover_markdown(crossings)}\n")
+             f"{metrics.COMPUTE_BASIS}\n\n{crossover.crossover_markdown(crossings)}\n")
     if has_graphs:
         text += "\n" + graphs.graphs_markdown(res.runs)
     write_atomic(summary, text)
