@@ -42,6 +42,8 @@ def estimate_text(units: list[Unit], out: Path, reference: Path | None = None) -
     if reference is None:
         reference = out if any(out.glob("units/*/run.json")) else DEFAULT_REFERENCE
     pending = [u for u in units if unit_state(out, u) != "done"]
+    if not pending:
+        return f"every unit is done in {out}: a rerun trains nothing and only re-scores."
     rates = seconds_per_step(reference)
     total, guessed = 0.0, 0
     for unit in pending:

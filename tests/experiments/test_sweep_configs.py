@@ -100,3 +100,7 @@ def test_dry_run_estimate_is_steps_times_the_references_seconds_per_step(tmp_pat
     assert text.startswith(f"{len(units)} unit(s) to run, about {expected / 60:.0f} min")
     assert f"; {2 * len(cfg.seeds)} unit(s) of a method it lacks" in text  # demo and diloco
     assert "no estimate" in estimate_text(units, tmp_path / "out", tmp_path / "empty")
+    quick = Path(__file__).resolve().parents[2] / "results" / "quick"
+    if quick.is_dir():  # a finished sweep: nothing left to train
+        done = sweep.units_of(sweep.load_config(CONFIGS / "quick.toml"))
+        assert estimate_text(done, quick).startswith("every unit is done")
