@@ -236,6 +236,10 @@ def compute_basis(args: argparse.Namespace,
     """
     replayed = [(c, r) for c, r in runs if r.meta.get("status", "done") != "diverged"]
     mode = getattr(args, "same_compute", None)
+    for c, r in replayed if mode else ():
+        if not _recorded_compute(r) > 0:  # nothing to rescale: a basis would divide by zero
+            raise ConfigError(f"{str(c.path)!r} records no compute per step (median compute_s "
+                              f"{_recorded_compute(r)}); --same-compute cannot rescale it.")
     if mode is None:
         if args.compute_profile:
             return {}, (f"compute basis: the declared profile {args.compute_profile}, every run "
