@@ -236,20 +236,12 @@ def compute_basis(args: argparse.Namespace,
     """
     replayed = [(c, r) for c, r in runs if r.meta.get("status", "done") != "diverged"]
     mode = getattr(args, "same_compute", None)
-    for c, r in replayed if mode else ():
+    if mode is None:
+        return {}, _declared_basis(args)
+    for c, r in replayed:
         if not _recorded_compute(r) > 0:  # nothing to rescale: a basis would divide by zero
             raise ConfigError(f"{str(c.path)!r} records no compute per step (median compute_s "
                               f"{_recorded_compute(r)}); --same-compute cannot rescale it.")
-    if mode is None:
-        if args.compute_profile:
-            return {}, (f"compute basis: the declared profile {args.compute_profile}, every run "
-                        "alike")
-        if args.step_compute is not None:
-            return {}, (f"compute basis: declared {args.step_compute:.4g} s per step, every run "
-                        "alike")
-        scaled = f" x{args.compute_scale:.4g} (declared; " if args.compute_scale else " ("
-        return {}, ("compute basis: each run's own recorded compute" + scaled + "the machine's "
-                    "load while it trained included; --same-compute puts the methods on one)")
     scaled = f", x{args.compute_scale:.4g} (declared)" if args.compute_scale else ""
     if mode == "all":
         value = float(pd.Series([_recorded_compute(r) for _, r in replayed]).median())
@@ -266,6 +258,17 @@ def compute_basis(args: argparse.Namespace,
     return values, (f"compute basis: each method's median recorded compute per step over its "
                     f"seeds ({listed}){scaled}, every seed replayed at it; intra-node "
                     "collectives as recorded")
+
+
+def _declared_basis(args: argparse.Namespace) -> str:
+    """The basis sentence without --same-compute: each run's own compute, or a declared one."""
+    if args.compute_profile:
+        return f"compute basis: the declared profile {args.compute_profile}, every run alike"
+    if args.step_compute is not None:
+        return f"compute basis: declared {args.step_compute:.4g} s per step, every run alike"
+    scaled = f" x{args.compute_scale:.4g} (declared; " if args.compute_scale else " ("
+    return ("compute basis: each run's own recorded compute" + scaled + "the machine's load "
+            "while it trained included; --same-compute puts the methods on one)")
 
 
 def _check_same_compute(args: argparse.Namespace) -> None:
