@@ -16,6 +16,14 @@ table.
 
 The target: --target; else a sweep folder's own target; else derived from the hsdp-adamw runs
 given by the sweeps' default rule (their median final val_loss + 2%), and the output says which.
+The compute basis, printed beside the table: by default each run replays its own recorded
+compute, so machine load while one unit trained enters its time. `--same-compute method` replays
+every seed of a method at that method's median recorded compute per step over its seeds;
+`--same-compute all` replays every run at one compute per step (the median over all runs: the
+network alone decides, the methods' own compute differences are dropped too). The recorded
+compute is scaled uniformly (its intra-node collectives stay as recorded). A declared
+--compute-profile or --step-compute already puts every run on one basis.
+
 A run that diverged (run.json status "diverged") is a miss: its time to target is inf, as in a
 sweep's table, and the output names it. Refused (one sentence, exit 2, nothing written): bad
 network or flag values, runs of different workloads, runs recorded on different cluster shapes
@@ -48,12 +56,16 @@ from experiments.replay.simulate import (
 )
 from experiments.report import intervals, metrics, ranking
 
-__all__ = ["Candidate", "Comparison", "compare", "configure", "find_candidates", "main"]
+__all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "compare", "compute_basis", "configure",
+           "find_candidates", "main"]
 
 OUT_SUFFIXES = (".json", ".csv")
 AS_RECORDED = ("compute, intra-node collectives, payloads and their order as recorded (the "
                "recording machine); only the inter-node links are modeled")
+ON_BASIS = ("intra-node collectives, payloads and their order as recorded, compute on the "
+            "basis above; only the inter-node links are modeled")
 LOSS_AS_RECORDED = "loss curve: each run's own per step, at its recorded cluster shape and batch"
+SAME_COMPUTE = ("method", "all")
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,8 @@ class Comparison:
     """`ranking.winners` of `runs`: first, runner-up, margin, verdict."""
     sentence: str
     assumptions: list[str]
+    compute_basis: str
+    """Which compute the replayed times use (each run's own, a method's median, one for all)."""
 
 
 def find_candidates(paths: list[Path]) -> tuple[list[Candidate], float | None]:
@@ -190,7 +204,7 @@ def _grouped(notes: dict[str, list[str]]) -> list[str]:
 
 
 def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: ReplaySettings,
-                    target: float, notes: list[str]) -> float:
+                    target: float, notes: list[str], compute_s: float | None = None) -> float:
     """One run replayed on the flags' network: its time to target (inf for a miss).
 
     The replay's basis, loss curve and model notes are added to `notes`."""
@@ -200,22 +214,84 @@ def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: Replay
         gpus_per_node=args.gpus_per_node or run.config.gpus_per_node, rule=settings.rule)
     if curve.refusal is not None:
         raise ConfigError(f"no time to target for {str(run.path)!r}: {curve.refusal}")
-    replay, basis = replay_with(args, run, settings, steps=curve.steps_needed())
-    notes += [*(basis or [AS_RECORDED]), *replay.graphs,
+    replay, basis = replay_with(args, run, settings, steps=curve.steps_needed(),
+                                compute_s=compute_s)
+    notes += [*(basis or [AS_RECORDED if compute_s is None else ON_BASIS]), *replay.graphs,
               curve.summary() if curve.stated else LOSS_AS_RECORDED]
     notes += [f"model: {replay.note}"] if replay.note else []
     points = curve.on_time_axis(replay.frame)
     return metrics.time_to_target(points["time_s"], points["val_loss"], target)
 
 
+def _recorded_compute(run: RecordedRun) -> float:
+    """A run's median recorded compute per step (outside inter-node calls), seconds."""
+    return float(run.steps["compute_s"].median())
+
+
+def compute_basis(args: argparse.Namespace,
+                  runs: list[tuple[Candidate, RecordedRun]]) -> tuple[dict[str, float], str]:
+    """Per variant, the compute per step its runs replay at ({}: each run's own), and the basis.
+
+    Diverged runs are misses, never replayed: their compute does not enter a median.
+    """
+    replayed = [(c, r) for c, r in runs if r.meta.get("status", "done") != "diverged"]
+    mode = getattr(args, "same_compute", None)
+    if mode is None:
+        return {}, _declared_basis(args)
+    for c, r in replayed:
+        if not _recorded_compute(r) > 0:  # nothing to rescale: a basis would divide by zero
+            raise ConfigError(f"{str(c.path)!r} records no compute per step (median compute_s "
+                              f"{_recorded_compute(r)}); --same-compute cannot rescale it.")
+    scaled = f", x{args.compute_scale:.4g} (declared)" if args.compute_scale else ""
+    if mode == "all":
+        value = float(pd.Series([_recorded_compute(r) for _, r in replayed]).median())
+        return ({c.variant: value for c, _ in replayed},
+                f"compute basis: one compute per step for every run, {value:.4g} s (the median "
+                f"over all {len(replayed)} runs' recorded medians){scaled}: the network alone "
+                "decides, the methods' own compute differences dropped too; intra-node "
+                "collectives as recorded")
+    per: dict[str, list[float]] = {}
+    for c, r in replayed:
+        per.setdefault(c.variant, []).append(_recorded_compute(r))
+    values = {v: float(pd.Series(x).median()) for v, x in per.items()}
+    listed = ", ".join(f"{v} {x:.4g} s" for v, x in values.items())
+    return values, (f"compute basis: each method's median recorded compute per step over its "
+                    f"seeds ({listed}){scaled}, every seed replayed at it; intra-node "
+                    "collectives as recorded")
+
+
+def _declared_basis(args: argparse.Namespace) -> str:
+    """The basis sentence without --same-compute: each run's own compute, or a declared one."""
+    if args.compute_profile:
+        return f"compute basis: the declared profile {args.compute_profile}, every run alike"
+    if args.step_compute is not None:
+        return f"compute basis: declared {args.step_compute:.4g} s per step, every run alike"
+    scaled = f" x{args.compute_scale:.4g} (declared; " if args.compute_scale else " ("
+    return ("compute basis: each run's own recorded compute" + scaled + "the machine's load "
+            "while it trained included; --same-compute puts the methods on one)")
+
+
+def _check_same_compute(args: argparse.Namespace) -> None:
+    """ConfigError for --same-compute beside a declared compute (that is one basis already)."""
+    if getattr(args, "same_compute", None) is None:
+        return
+    for flag, value in (("--compute-profile", args.compute_profile),
+                        ("--step-compute", args.step_compute)):
+        if value is not None:
+            raise ConfigError(f"--same-compute {args.same_compute} rescales the recorded compute, "
+                              f"and {flag} already sets every run's; give one of the two.")
+
+
 def compare(args: argparse.Namespace) -> Comparison:
     """Replay every run on the flags' network and rank the methods (ConfigError if refused)."""
     check_replay_arguments(args)
+    _check_same_compute(args)
     candidates, sweep_target = find_candidates([Path(p) for p in args.runs])
     settings = replay_settings(args)
     runs = [(c, read_run(c.path)) for c in candidates if c.status == "done"]
     _check_same_training(runs, args)
     target, rule = _target(args, sweep_target, runs)
+    bases, basis_text = compute_basis(args, runs)
     network = (f"the sites of {args.topology}" if args.topology is not None
                else f"{args.inter_bw} / {args.inter_lat or '0ms'}")
     notes: dict[str, list[str]] = {}
@@ -233,7 +309,7 @@ def compare(args: argparse.Namespace) -> Comparison:
         else:
             # The replay's rules are the same for every seed of a method: its first run's shown.
             ttt = _time_to_target(args, run, settings, target,
-                                  [] if c.variant in shown else mine)
+                                  [] if c.variant in shown else mine, bases.get(c.variant))
             shown.add(c.variant)
         rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
                      "network": network, "time_to_target_s": ttt,
@@ -249,7 +325,7 @@ def compare(args: argparse.Namespace) -> Comparison:
     assumptions = [f"target val_loss {target:.4f}: {rule}", *_grouped(notes),
                    intervals.interval_note(kinds)]
     return Comparison(network, target, rule, frame, table, first,
-                      _sentence(table, first), [a for a in assumptions if a])
+                      _sentence(table, first), [a for a in assumptions if a], basis_text)
 
 
 def _sentence(table: pd.DataFrame, first: pd.Series) -> str:
@@ -293,11 +369,12 @@ def _speed_interval(row: pd.Series) -> intervals.Interval:
 def table_text(result: Comparison) -> str:
     """The ranked table as aligned text: time to target and speed-up, each with its bracket."""
     speed_head = f"speed-up vs {metrics.BASELINE}"
-    lines = [f"{'rank':<5}{'method':<32}{'time to target':<26}{speed_head:<30}seeds reached"]
+    width = max([32, *(len(v) + 2 for v in result.table["variant"])])  # long knob lists fit
+    lines = [f"{'rank':<5}{'method':<{width}}{'time to target':<26}{speed_head:<30}seeds reached"]
     for i, (_, row) in enumerate(result.table.iterrows(), start=1):
         time_text = metrics.format_time_interval(_ttt_interval(row))
         speed_text = metrics.format_speedup_interval(_speed_interval(row))
-        lines.append(f"{i:<5}{row['variant']:<32}{time_text:<26}{speed_text:<30}"
+        lines.append(f"{i:<5}{row['variant']:<{width}}{time_text:<26}{speed_text:<30}"
                      f"{row['reached']}/{row['seeds']}")
     return "\n".join(lines)
 
@@ -313,7 +390,8 @@ def _record(result: Comparison) -> dict:
         return [{k: clean(v) for k, v in r.items()} for r in frame.to_dict("records")]
 
     return {"network": result.network, "target_val_loss": result.target,
-            "target_rule": result.target_rule, "sentence": result.sentence,
+            "target_rule": result.target_rule, "compute_basis": result.compute_basis,
+            "sentence": result.sentence,
             "ranking": rows(result.table), "runs": rows(result.runs),
             "first": {k: clean(v) for k, v in result.first.to_dict().items()},
             "assumptions": result.assumptions}
@@ -325,6 +403,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="run folders (`flexbench run`) or sweep folders (`flexbench sweep`: "
                         "every training unit)")
     add_replay_arguments(parser)
+    parser.add_argument("--same-compute", choices=SAME_COMPUTE, default=None,
+                        help="replay on one compute basis: each method's median recorded compute "
+                        "per step over its seeds (method), or one for every run (all); default: "
+                        "each run's own")
     parser.add_argument("--target", type=float,
                         help="target validation loss (default: a sweep folder's own target, "
                         "else hsdp-adamw's median final val_loss + 2%%)")
@@ -349,13 +431,15 @@ def main(args: argparse.Namespace) -> int:
     result = compare(args)
     print(f"time to val_loss <= {result.target:.4f} on {result.network} "
           f"({len(result.runs)} runs replayed):")
+    print(result.compute_basis)
     print(table_text(result))
     print(result.sentence)
     for line in result.assumptions:
         print(f"  {line}")
     for out in outs:
         if out.suffix == ".csv":
-            write_atomic(out, result.table.to_csv(index=False))
+            write_atomic(out, result.table.assign(compute_basis=result.compute_basis)
+                         .to_csv(index=False))
         else:
             write_atomic(out, json.dumps(_record(result), indent=2) + "\n")
         print(f"-> {out}")

@@ -497,16 +497,22 @@ def replay_settings(args: argparse.Namespace) -> ReplaySettings:
 
 
 def replay_with(args: argparse.Namespace, run: RecordedRun, settings: ReplaySettings, *,
-                steps: int | None = None, progress: bool = False) -> tuple[Replay, list[str]]:
+                steps: int | None = None, progress: bool = False,
+                compute_s: float | None = None) -> tuple[Replay, list[str]]:
     """`run` replayed on the network and hardware the flags describe, and its basis lines.
 
     The basis lines say per part (compute, intra-node, inter-node, overlap) what was measured
-    and what modeled; none when everything is as recorded.
+    and what modeled; none when everything is as recorded. `compute_s` (compare's
+    --same-compute) rescales the recorded compute so that its median per step is that many
+    seconds, on the recording's CPU (no other hardware declared); the caller says so.
     """
     profile = settings.profile
     if profile is not None:
         profile.check_fits(run.config, args.compute_profile)
-    scale = _compute_scale(args, run.steps)
+    declared = _compute_scale(args, run.steps)
+    scale = declared
+    if compute_s is not None:
+        scale *= compute_s / float(run.steps["compute_s"].median())
     intra = _intra_mode(args, profile)
     overlap = _overlap_mode(args, run, profile)
     replay = simulate_run(
@@ -519,9 +525,9 @@ def replay_with(args: argparse.Namespace, run: RecordedRun, settings: ReplaySett
         phase_seconds=profile.phase_seconds if profile else None,
         phases_at=profile.gpus_per_node if profile else None,
     )  # fmt: skip
-    if scale != 1.0:
-        log.info("compute scaled by %.4g relative to the recording machine", scale)
-    return replay, _basis_lines(args, run, replay, intra, scale, profile)
+    if declared != 1.0:
+        log.info("compute scaled by %.4g relative to the recording machine", declared)
+    return replay, _basis_lines(args, run, replay, intra, declared, profile)
 
 
 def _loss_curve(args: argparse.Namespace, run: RecordedRun, rule: LossScaling) -> LossCurve:

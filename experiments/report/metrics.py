@@ -29,8 +29,10 @@ SPEEDUP_COLUMNS = ["ttt_median_s", "ttt_min_s", "ttt_max_s", "ttt_low_s", "ttt_h
 
 __all__ = [
     "BASELINE",
+    "COMPUTE_BASIS",
     "SPEEDUP_COLUMNS",
     "TARGET_MARGIN",
+    "VALIDATION_NOTE",
     "baseline_target_at",
     "pareto_front",
     "default_target",
@@ -42,6 +44,8 @@ __all__ = [
     "pivot",
     "speedups",
     "summary_markdown",
+    "SWEEP_SPEEDUP_KEYS",
+    "sweep_speedups",
     "target_text",
     "validation_table",
     "winners_markdown",
@@ -161,6 +165,28 @@ def speedups(
     return pd.DataFrame(rows, columns=columns)
 
 
+# What every simulated time of a sweep stands on, printed beside each of its tables.
+COMPUTE_BASIS = ("Compute basis: each unit's own recorded compute (the machine's load while it "
+                 "trained included); `flexbench compare SWEEP --inter-bw BW --inter-lat LAT "
+                 "--same-compute method` replays every method on one basis.")
+
+# Printed under a sweep's validation table: what its two ratios can and cannot tell apart.
+VALIDATION_NOTE = (
+    "Each shaped run was made minutes after its recording, unpinned, on the same machine: "
+    "\"simulated / measured\" replays the recording's compute, so a compute drift between the "
+    "two runs enters it with any model error; \"own compute\" replays the shaped run with its "
+    "own compute and the links modeled (the network model alone, as `flexbench validate-sim`'s "
+    "network_error_pct).")
+
+# The keys of a sweep's speedups.parquet: one row per source, network point and variant.
+SWEEP_SPEEDUP_KEYS = ("source", "network", "inter_bw_bps", "inter_lat_s")
+
+
+def sweep_speedups(runs: pd.DataFrame) -> pd.DataFrame:
+    """A sweep's speedups.parquet, derived from its runs.parquet alone (no replay needed)."""
+    return speedups(runs, by=SWEEP_SPEEDUP_KEYS)
+
+
 def _key(values: object) -> tuple:
     """A group key with missing values spelled alike (NaN never equals NaN in a dict)."""
     values = values if isinstance(values, tuple) else (values,)
@@ -245,6 +271,7 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     if not measured.empty:
         parts.append("### Cost model vs wall-shaped real runs\n")
         parts.append(markdown_table(validation_table(runs), index_name="run") + "\n")
+        parts.append(VALIDATION_NOTE + "\n")
     per_variant = runs.drop_duplicates(subset=["variant", "seed"]).groupby(
         "variant", sort=False
     )[["inter_bytes_per_step", "inter_calls_per_step", "intra_bytes_per_step"]].median()
@@ -304,8 +331,10 @@ def _time_to_target_section(sim: pd.DataFrame, target: str) -> list[str]:
         f"speed-up vs {BASELINE}, paired by seed, median [bracket])\n",
         f"{intervals.interval_note(kinds)} \"no clear winner\": the speed-up's bracket "
         "includes 1.\n",
+        COMPUTE_BASIS + "\n",
         markdown_table(pivot(table, "cell"), index_name="method") + "\n",
         "### First to the target at each network point\n",
+        COMPUTE_BASIS + "\n",
         winners_markdown(first, key=first.columns[0]) + "\n",
     ]
 
@@ -344,6 +373,8 @@ def format_time_interval(interval: intervals.Interval) -> str:
     def end(value: float) -> str:
         return "inf" if math.isinf(value) else format_seconds(value).removesuffix(" s")
 
+    if math.isinf(interval.low):  # every seed missed: 'not reached', no bracket of infinities
+        return format_seconds(interval.median)
     return format_seconds(interval.median) + interval.bracket(end)
 
 
@@ -354,8 +385,32 @@ def format_speedup_interval(interval: intervals.Interval) -> str:
     return format_speedup(interval.median, interval.low, interval.high)
 
 
+def _ratio(top: float, bottom: float) -> str:
+    """'0.97', or '-' where either side is missing."""
+    if any(v is None or math.isnan(v) for v in (top, bottom)) or not bottom:
+        return "-"
+    return f"{top / bottom:.2f}"
+
+
+def _own_cells(m: pd.Series) -> dict[str, str]:
+    """The own-compute columns of one measured row (none when it was not replayed)."""
+    if "own_compute_final_s" not in m or math.isnan(m["own_compute_final_s"]):
+        return {}
+    rec, shaped = m["recording_compute_s"], m["shaped_compute_s"]
+    drift = "-" if math.isnan(rec) or math.isnan(shaped) else \
+        f"{rec * 1e3:.0f} → {shaped * 1e3:.0f} ms"
+    return {"compute/step: recording → shaped run": drift,
+            "own compute, simulated total": format_seconds(m["own_compute_final_s"]),
+            "own compute: simulated / measured": _ratio(m["own_compute_final_s"],
+                                                        m["final_time_s"])}
+
+
 def validation_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Measured (wall-shaped) runs next to the simulation of the same run at the same point."""
+    """Measured (wall-shaped) runs next to the simulation of the same run at the same point.
+
+    "simulated / measured" replays the recording's compute; the own-compute columns (when
+    `own_compute` filled them) replay the shaped run's own and show both runs' compute per step.
+    """
     keys = ["variant", "seed", "network"]
     measured = runs[runs["source"] == "measured"].set_index(keys)
     sim = runs[runs["source"] == "sim"].set_index(keys)
@@ -365,14 +420,14 @@ def validation_table(runs: pd.DataFrame) -> pd.DataFrame:
         if isinstance(s, pd.DataFrame):
             s = s.iloc[0]
         sim_final = math.nan if s is None else s["final_time_s"]
-        sim_ttt = math.nan if s is None else s["time_to_target_s"]
-        ratio = sim_final / m["final_time_s"] if m["final_time_s"] else math.nan
         rows.append({
             "run": f"{key[0]} seed {key[1]} @ {key[2]}",
             "measured time to target": format_seconds(m["time_to_target_s"]),
-            "simulated time to target": format_seconds(sim_ttt),
+            "simulated time to target": format_seconds(
+                math.nan if s is None else s["time_to_target_s"]),
             "measured total": format_seconds(m["final_time_s"]),
             "simulated total": format_seconds(sim_final),
-            "simulated / measured": "-" if math.isnan(ratio) else f"{ratio:.2f}",
+            "simulated / measured": _ratio(sim_final, m["final_time_s"]),
+            **_own_cells(m),
         })
     return pd.DataFrame(rows).set_index("run") if rows else pd.DataFrame()

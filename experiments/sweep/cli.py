@@ -13,6 +13,7 @@ from pathlib import Path
 
 from experiments.io import check_output_folder
 from experiments.report import metrics
+from experiments.sweep.estimate import estimate_text
 from experiments.sweep.executors import EXECUTORS
 from experiments.sweep.plan import load_config, units_of
 from experiments.sweep.runner import run_sweep
@@ -35,7 +36,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="drop every cached simulated time axis and replay again (caches "
                         "are keyed by the run, the link and the model's code: never needed "
                         "for correctness)")
-    parser.add_argument("--dry-run", action="store_true", help="list the units and stop")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the units, their number and an estimated time, and stop")
+    parser.add_argument("--estimate-from", type=Path, default=None, metavar="DIR",
+                        help="sweep folder whose runs time the estimate (default: --out when it "
+                        "holds runs, else results/quick)")
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench sweep`."""
@@ -48,6 +53,7 @@ def main(args: argparse.Namespace) -> int:
             where = "" if u.network is None else f" @ {u.network.label} (wall)"
             print(f"{u.kind:8s} {u.id}{where}")
         print(f"{len(units)} units, {len(cfg.networks)} network points -> {out}")
+        print(estimate_text(units, out, args.estimate_from))
         return 0
     runs = run_sweep(cfg, out, executor=args.executor, retry_failed=args.retry_failed,
                      resimulate=args.resimulate)

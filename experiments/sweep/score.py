@@ -6,9 +6,11 @@
                           retrained unit, another point with a like label or a changed model
                           never reads a stale axis
     runs.parquet          one row per unit x network point x source ("sim" / "measured"), with
-                          the unit's cluster, graph, graph degree and replica spread (`describe`)
+                          the unit's cluster, graph, graph degree and replica spread (`describe`);
+                          a measured row also its own-compute replay (`report.validation`)
     speedups.parquet      per variant, network point and source: time-to-target and speed-up
-                          over hsdp-adamw (median, min, max over seeds)
+                          over hsdp-adamw, paired by seed, with brackets (`metrics.speedups`;
+                          `flexbench report` rewrites it from runs.parquet)
     steps.parquet         every unit's per-step rows with their keys and time axes
 
 Every unit is replayed at its own recorded cluster shape (only the network point changes), so
@@ -36,7 +38,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments.io import run_digest, write_atomic
-from experiments.report import metrics
+from experiments.report import metrics, validation
 from experiments.sweep.describe import run_columns, unit_columns
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.spec import NetworkPoint, SweepConfig
@@ -83,14 +85,20 @@ def collect(
         rows.append(row)
         if steps is not None:
             step_frames.append(steps)
-    runs = pd.DataFrame(rows)
+    checks = {u.id: u for u in units if u.kind == "validate"}
+
+    def own_axis(run_dir: Path, **_: str) -> pd.DataFrame:
+        """A validate unit replayed with its own compute at its own point (cached alike)."""
+        unit = checks[Path(run_dir).name]
+        return _simulated_axis(out, unit, unit.network, simulate)
+
+    runs = validation.own_compute(out, pd.DataFrame(rows), own_axis)
     runs["sweep"] = cfg.name
     _warn_unreached(runs)
     write_atomic(out / "runs.parquet", parquet_bytes(runs))
     all_steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame()
     write_atomic(out / "steps.parquet", parquet_bytes(all_steps))
-    table = metrics.speedups(runs, by=("source", "network", "inter_bw_bps", "inter_lat_s"))
-    write_atomic(out / "speedups.parquet", parquet_bytes(table))
+    write_atomic(out / "speedups.parquet", parquet_bytes(metrics.sweep_speedups(runs)))
     return runs
 
 def _warn_unreached(runs: pd.DataFrame) -> None:

@@ -88,7 +88,7 @@ def test_a_diverged_run_is_a_miss_named_in_the_output(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", ["bad-bandwidth", "bad-latency", "workloads", "not-a-run",
-                                  "same-seed", "out-suffix", "no-target"])
+                                  "same-seed", "out-suffix", "no-target", "two-bases"])
 def test_compare_refuses_in_one_sentence_and_writes_nothing(
     case: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -112,6 +112,8 @@ def test_compare_refuses_in_one_sentence_and_writes_nothing(
         out = tmp_path / "out" / "cmp.txt"
     elif case == "no-target":
         runs = runs[1:]
+    elif case == "two-bases":  # --same-compute rescales recorded compute; --step-compute sets it
+        extra = ["--same-compute", "method", "--step-compute", "0.01"]
     status = cli.main(["compare", *map(str, runs), *net, "--out", str(out), *extra])
     err = capsys.readouterr().err.strip()
     assert status == 2
@@ -134,3 +136,71 @@ def test_a_failed_sweep_unit_is_a_miss_not_dropped(tmp_path: Path) -> None:
     assert result.table["variant"].iloc[-1] == "diloco"
     assert any("diloco-s1: failed in the sweep: counted as a miss (inf)" in a
                for a in result.assumptions)
+
+
+DECENTRALIZED = ROOT / "results" / "decentralized" / "units" / "hsdp-adamw-nodes=4-s0"
+
+
+def _slowed_copy(tmp_path: Path, name: str, factor: float, **config: object) -> Path:
+    """The 4x1 hsdp-adamw recording (one rank per node: no intra-node collective) with every
+    recorded time x `factor`: the same run on a machine that computed `factor` times slower."""
+    path = tmp_path / name
+    shutil.copytree(DECENTRALIZED, path)
+    trace = pd.read_parquet(path / "trace.parquet")
+    trace[["start_s", "wait_s", "end_s"]] *= factor
+    trace.to_parquet(path / "trace.parquet", index=False)
+    steps = pd.read_parquet(path / "steps.parquet")
+    steps[["wall_time_s", "compute_s", "comm_s"]] *= factor
+    steps.to_parquet(path / "steps.parquet", index=False)
+    meta = json.loads((path / "run.json").read_text())
+    meta["config"].update(config)
+    (path / "run.json").write_text(json.dumps(meta))
+    return path
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not DECENTRALIZED.is_dir(), reason="needs results/decentralized")
+def test_a_pair_differing_only_in_compute_ranks_equal_on_one_basis(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    fast = _slowed_copy(tmp_path, "fast", 1.0)
+    slow = _slowed_copy(tmp_path, "slow", 1.5, method="diloco")  # another method's label
+    net = ["--inter-bw", "100Mbit", "--inter-lat", "10ms", "--target", "2.9"]
+    own = _compare(str(fast), str(slow), *net)
+    times = own.runs.set_index("variant")["time_to_target_s"]
+    assert times["diloco"] > 1.05 * times["hsdp-adamw"]  # the load alone decides this ranking
+    assert own.compute_basis.startswith("compute basis: each run's own recorded compute")
+    # One seed each: a method's median is its own compute, so "method" changes nothing.
+    mine = _compare(str(fast), str(slow), *net, "--same-compute", "method")
+    pd.testing.assert_series_equal(mine.runs["time_to_target_s"], own.runs["time_to_target_s"],
+                                   rtol=1e-9)
+    same = _compare(str(fast), str(slow), *net, "--same-compute", "all")
+    times = same.runs.set_index("variant")["time_to_target_s"]
+    assert times["diloco"] == pytest.approx(times["hsdp-adamw"], rel=1e-9)
+    assert same.first["verdict"] == "tie"
+    recorded = pd.read_parquet(fast / "steps.parquet")["compute_s"].median()
+    basis = statistics.median([recorded, 1.5 * recorded])
+    assert f"one compute per step for every run, {basis:.4g} s" in same.compute_basis
+    # The basis is printed above the table and written with it.
+    out = tmp_path / "cmp.json"
+    assert cli.main(["compare", str(fast), str(slow), *net, "--same-compute", "all",
+                     "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1] == same.compute_basis and printed[2].startswith("rank")
+    assert json.loads(out.read_text())["compute_basis"] == same.compute_basis
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not DECENTRALIZED.is_dir(), reason="needs results/decentralized")
+def test_same_compute_method_puts_a_methods_seeds_on_their_median(tmp_path: Path) -> None:
+    seed0 = _slowed_copy(tmp_path, "s0", 1.0)
+    seed1 = _slowed_copy(tmp_path, "s1", 2.0, seed=1)
+    net = ["--inter-bw", "1Gbit", "--inter-lat", "10ms", "--target", "2.9"]
+    own = _compare(str(seed0), str(seed1), *net).runs.set_index("seed")["time_to_target_s"]
+    assert own[1] > 1.2 * own[0]
+    result = _compare(str(seed0), str(seed1), *net, "--same-compute", "method")
+    times = result.runs.set_index("seed")["time_to_target_s"]
+    assert times[0] == pytest.approx(times[1], rel=1e-9)
+    assert own[0] < times[0] < own[1]
+    recorded = pd.read_parquet(seed0 / "steps.parquet")["compute_s"].median()
+    assert f"(hsdp-adamw {1.5 * recorded:.4g} s)" in result.compute_basis

@@ -192,3 +192,26 @@ def test_report_refuses_runs_gone_or_changed_since_scoring(results: Path, tmp_pa
     assert "is gone from units/" in capsys.readouterr().err
     assert not (copy / "summary.md").exists() or (copy / "summary.md").read_text() == (
         results / "summary.md").read_text()
+
+
+@pytest.mark.timeout(30)
+def test_a_validation_point_replays_the_shaped_run_with_its_own_compute(results: Path) -> None:
+    import pandas as pd
+
+    from experiments.report import metrics
+    from tests.experiments.sweep_fakes import COMPUTE_S, FAKE_BYTES, STEPS
+
+    runs = pd.read_parquet(results / "runs.parquet")
+    m = runs[runs["source"] == "measured"].iloc[0]
+    # The fake shaped run takes compute + bytes / bandwidth a step; the fake model adds its 3
+    # calls x 1 ms of latency: the own-compute replay differs from it by that alone.
+    link = FAKE_BYTES["flexdemo"] / (100e6 / 8)
+    assert m["final_time_s"] == pytest.approx(STEPS * (COMPUTE_S + link))
+    assert m["own_compute_final_s"] == pytest.approx(STEPS * (COMPUTE_S + link + 3e-3))
+    assert m["shaped_compute_s"] == m["recording_compute_s"] == pytest.approx(COMPUTE_S)
+    row = metrics.validation_table(runs).iloc[0]
+    ratio = (COMPUTE_S + link + 3e-3) / (COMPUTE_S + link)
+    assert row["own compute: simulated / measured"] == f"{ratio:.2f}"
+    assert row["compute/step: recording → shaped run"] == "100 → 100 ms"
+    assert metrics.VALIDATION_NOTE in metrics.summary_markdown(runs)
+    assert runs[runs["source"] == "sim"]["own_compute_final_s"].isna().all()

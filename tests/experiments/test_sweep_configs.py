@@ -68,3 +68,44 @@ def test_decentralized_config_is_the_promised_study() -> None:
     assert len({n.inter_bw for n in cfg.networks}) == 2 and len(cfg.networks) == 2
     # Derived per node count from the baseline, not a fixed number.
     assert cfg.target is None and cfg.target_fraction is not None
+
+
+@pytest.mark.timeout(30)
+def test_standard_config_is_the_quick_grid_with_five_seeds() -> None:
+    quick = sweep.load_config(CONFIGS / "quick.toml")
+    standard = sweep.load_config(CONFIGS / "standard.toml")
+    assert len(standard.seeds) >= 5
+    assert standard.methods == quick.methods and standard.networks == quick.networks
+    assert standard.knobs == quick.knobs and standard.target_fraction == quick.target_fraction
+    assert standard.target is None  # derived from the baseline's own seeds, never set by hand
+    for field in ("workload", "nodes", "gpus_per_node", "steps", "eval_every"):
+        assert getattr(sweep.units_of(standard)[0].config, field) == getattr(
+            sweep.units_of(quick)[0].config, field)
+
+
+@pytest.mark.timeout(30)
+def test_dry_run_estimate_is_steps_times_the_references_seconds_per_step(tmp_path: Path) -> None:
+    import json
+
+    from experiments.sweep.estimate import estimate_text
+
+    cfg = sweep.load_config(CONFIGS / "standard.toml")
+    units = sweep.units_of(cfg)
+    reference = tmp_path / "ref"
+    for method, seconds in (("hsdp-adamw", 30.0), ("flexdemo", 60.0)):
+        run = reference / "units" / f"{method}-s0" / "run.json"
+        run.parent.mkdir(parents=True)
+        config = {"method": method, "workload": "lm-tiny", "nodes": 2, "gpus_per_node": 2,
+                  "steps": 100}
+        run.write_text(json.dumps({"config": config, "train_time_s": seconds}))
+    # 0.3 s/step and 0.6 s/step; demo and diloco take the median of the two, 0.45 s/step.
+    per_method = {"hsdp-adamw": 0.3, "flexdemo": 0.6, "demo": 0.45, "diloco": 0.45}
+    expected = sum(per_method[u.method] * u.config.steps for u in units)
+    text = estimate_text(units, tmp_path / "out", reference)
+    assert text.startswith(f"{len(units)} unit(s) to run, about {expected / 60:.0f} min")
+    assert f"; {2 * len(cfg.seeds)} unit(s) of a method it lacks" in text  # demo and diloco
+    assert "no estimate" in estimate_text(units, tmp_path / "out", tmp_path / "empty")
+    quick = Path(__file__).resolve().parents[2] / "results" / "quick"
+    if quick.is_dir():  # a finished sweep: nothing left to train
+        done = sweep.units_of(sweep.load_config(CONFIGS / "quick.toml"))
+        assert estimate_text(done, quick).startswith("every unit is done")

@@ -1,0 +1,63 @@
+"""A sweep's training time before it runs, from runs of the same workload already recorded.
+
+    flexbench sweep experiments/configs/standard.toml --dry-run   # size and estimated time
+
+Each pending unit's time is its steps times the seconds per step that runs of its method took
+on the same workload and cluster shape in a reference sweep folder (`train_time_s` over
+`steps` in each run.json: the training loop, evaluations included; process start-up and
+scoring are not counted). A method the reference lacks takes the median of the others. The
+reference is the sweep's own folder when it holds runs, else results/quick.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from experiments.sweep.plan import Unit, unit_state
+
+__all__ = ["DEFAULT_REFERENCE", "estimate_text", "seconds_per_step"]
+
+DEFAULT_REFERENCE = Path("results") / "quick"
+
+
+def seconds_per_step(reference: Path) -> dict[tuple[str, str, int, int], float]:
+    """Median training seconds per step per (method, workload, nodes, ranks per node)."""
+    found: dict[tuple[str, str, int, int], list[float]] = {}
+    for path in sorted(reference.glob("units/*/run.json")):
+        try:
+            meta = json.loads(path.read_text())
+            config, seconds = meta["config"], float(meta["train_time_s"])
+            key = (str(config["method"]), str(config["workload"]), int(config["nodes"]),
+                   int(config["gpus_per_node"]))
+            found.setdefault(key, []).append(seconds / int(config["steps"]))
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+            continue  # a run without a timing is no evidence; the others still are
+    return {k: statistics.median(v) for k, v in found.items()}
+
+
+def estimate_text(units: list[Unit], out: Path, reference: Path | None = None) -> str:
+    """One line: the units still to run and their estimated training time, with its source."""
+    if reference is None:
+        reference = out if any(out.glob("units/*/run.json")) else DEFAULT_REFERENCE
+    pending = [u for u in units if unit_state(out, u) != "done"]
+    if not pending:
+        return f"every unit is done in {out}: a rerun trains nothing and only re-scores."
+    rates = seconds_per_step(reference)
+    total, guessed = 0.0, 0
+    for unit in pending:
+        c = unit.config
+        shape = (c.workload, c.nodes, c.gpus_per_node)
+        rate = rates.get((unit.method, *shape))
+        if rate is None:
+            alike = [r for k, r in rates.items() if k[1:] == shape]
+            if not alike:
+                return (f"{len(pending)} unit(s) to run; no estimate: {str(reference)!r} holds "
+                        f"no run of {c.workload} on {c.nodes}x{c.gpus_per_node} to time from.")
+            rate, guessed = statistics.median(alike), guessed + 1
+        total += rate * c.steps
+    other = f"; {guessed} unit(s) of a method it lacks at the others' median" if guessed else ""
+    return (f"{len(pending)} unit(s) to run, about {total / 60:.0f} min of training (seconds "
+            f"per step of each method's runs in {reference}{other}; start-up and scoring not "
+            "counted, a loaded machine takes longer).")
