@@ -1,6 +1,7 @@
 """Where DeMo-style all-gathers start to cost more than an all-reduce of the gradients.
 
 Run: python benchmarks/bench_scale_crossover.py [--inter-bw 10Gbit --inter-lat 10us ...]
+     [--dense-run DIR --nodes 64,1024,10000]
 Replays the committed quick-sweep runs (2 x 2 recordings: flexdemo-s0, one 74,516-byte all-gather
 per rank and step; hsdp-adamw-s0, 1,734,144 bytes of fp32 gradient shards all-reduced per rank
 and step) at growing node counts, with the same model as `flexbench simulate`: re-sharded to
@@ -9,6 +10,12 @@ modeled on the NVLink-class default. It prints the median step time of each side
 hsdp-adamw as recorded (fp32) and with its all-reduce bytes halved (bf16).
 An all-gather's received bytes grow with the node count, an all-reduce's do not, so flexdemo's
 step overtakes both at some node count; the script finds the first such count by bisection.
+
+With --dense-run (a recorded flexdemo run with ``exchange = "dense"``, one bf16 all-reduce of the
+shard's DCT coefficients per rank and step; re-sharded exactly, as hsdp-adamw's) two more
+columns: that run replayed, and ``auto``: at each node count the recording of the exchange
+``exchange = "auto"`` would pick there (flexdemo.wire.dense_is_cheaper on the re-sharded
+per-rank bytes of the two recordings).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import pandas as pd
 
 from experiments.replay.reshard import reshard_trace, run_layout
 from experiments.replay.simulate import GPU_INTRA, read_run
+from flexdemo.wire import dense_is_cheaper
 from netsim import Topology, parse_bandwidth, parse_latency, simulate
 from netsim.costs import ALGORITHM_CHOICES
 
@@ -70,6 +78,38 @@ def first_crossing(costlier: Callable[[int], bool], low: int, high: int) -> int 
     return high
 
 
+def exchange_bytes(trace: pd.DataFrame, op: str) -> int:
+    """Rank 0's inter-node `op` bytes per training step (its one DeMo exchange per step)."""
+    rows = trace[(trace["phase"] == "train") & (trace["kind"] == "collective") & trace["inter"]
+                 & (trace["op"] == op) & (trace["rank"] == 0)]
+    return round(rows["bytes"].sum() / rows["step"].nunique())
+
+
+def node_counts(text: str) -> tuple[int, ...]:
+    """A comma-separated list of node counts, each at least 2."""
+    counts = tuple(int(n) for n in text.split(","))
+    if any(n < 2 for n in counts):
+        raise argparse.ArgumentTypeError(f"--nodes {text!r} must list node counts >= 2.")
+    return counts
+
+
+def crossings(traces: dict[str, pd.DataFrame], times: dict[str, dict[int, float]],
+              nodes: tuple[int, ...], args: argparse.Namespace) -> None:
+    """Print, for each flexdemo column, from how many nodes on it costs more than hsdp-adamw."""
+    for flex in (name for name in traces if name.startswith("flexdemo")):
+        for name in ("hsdp-adamw fp32", "hsdp-adamw bf16"):
+            above = [n for n in nodes if times[flex][n] > times[name][n]]
+            if not above:
+                print(f"{flex} stays cheaper than {name} up to {nodes[-1]} nodes")
+                continue
+            high = above[0]
+            low = nodes[nodes.index(high) - 1] if high != nodes[0] else 1
+            found = first_crossing(
+                lambda n, a=traces[flex], b=traces[name]: step_time(a, n, args)
+                > step_time(b, n, args), low, high)
+            print(f"{flex}'s step costs more than {name}'s from {found} nodes on")
+
+
 def main() -> None:
     """Print the sweep over node counts and the crossover node counts."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,34 +119,41 @@ def main() -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--compute-scale", type=float, default=0.05)
     parser.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto")
+    parser.add_argument("--dense-run", type=Path, default=None,
+                        help="a recorded flexdemo run with exchange=dense (adds two columns)")
+    parser.add_argument("--nodes", type=node_counts, default=NODES,
+                        help="comma-separated node counts to replay")
     args = parser.parse_args()
     units = Path(args.units)
     flex, fp32 = (resharded(units / name, args.gpus_per_node)
                   for name in ("flexdemo-s0", "hsdp-adamw-s0"))
     traces = {"flexdemo": flex, "hsdp-adamw fp32": fp32, "hsdp-adamw bf16": bf16_gradients(fp32)}
+    picks: dict[int, str] = {}
+    if args.dense_run is not None:
+        traces["flexdemo dense"] = resharded(args.dense_run, args.gpus_per_node)
+        sparse, dense = exchange_bytes(flex, "all_gather"), exchange_bytes(
+            traces["flexdemo dense"], "all_reduce")
+        picks = {n: "flexdemo dense" if dense_is_cheaper(sparse, dense, n) else "flexdemo"
+                 for n in args.nodes}
+        print(f"per rank and step: all-gather bucket {sparse:,} bytes, dense vector {dense:,} "
+              f"bytes (re-sharded to {args.gpus_per_node} per node); auto: dense where "
+              f"2 x {dense:,} < N x {sparse:,}")
+    else:
+        print("no --dense-run given: the dense and auto columns are left out")
     print(
         f"median step time (ms), {args.inter_bw}, {args.inter_lat}, x{args.gpus_per_node} per "
         f"node, compute x{args.compute_scale}, algorithm {args.algorithm}"
     )
-    print(f"{'nodes':>6}" + "".join(f"{name:>18}" for name in traces))
-    times: dict[str, dict[int, float]] = {name: {} for name in traces}
-    for n in NODES:
+    columns = list(traces) + (["flexdemo auto"] if picks else [])
+    print(f"{'nodes':>6}" + "".join(f"{name:>18}" for name in columns))
+    times: dict[str, dict[int, float]] = {name: {} for name in columns}
+    for n in args.nodes:
         for name, trace in traces.items():
             times[name][n] = step_time(trace, n, args)
-        print(f"{n:>6}" + "".join(f"{times[name][n] * 1e3:>18.1f}" for name in traces))
-    for name in ("hsdp-adamw fp32", "hsdp-adamw bf16"):
-        above = [n for n in NODES if times["flexdemo"][n] > times[name][n]]
-        if not above:
-            print(f"flexdemo stays cheaper than {name} up to {NODES[-1]} nodes")
-            continue
-        high = above[0]
-        low = NODES[NODES.index(high) - 1] if high != NODES[0] else 1
-        found = first_crossing(
-            lambda n, other=traces[name]: step_time(flex, n, args) > step_time(other, n, args),
-            low,
-            high,
-        )
-        print(f"flexdemo's step costs more than {name}'s from {found} nodes on")
+        if picks:
+            times["flexdemo auto"][n] = times[picks[n]][n]
+        print(f"{n:>6}" + "".join(f"{times[name][n] * 1e3:>18.1f}" for name in columns))
+    crossings(traces, times, args.nodes, args)
 
 
 if __name__ == "__main__":
