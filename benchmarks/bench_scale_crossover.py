@@ -1,7 +1,7 @@
 """Where DeMo-style all-gathers start to cost more than an all-reduce of the gradients.
 
 Run: python benchmarks/bench_scale_crossover.py [--inter-bw 10Gbit --inter-lat 10us ...]
-     [--dense-run DIR --nodes 64,1024,10000]
+     [--dense-run DIR ... --nodes 64,1024,10000]
 Replays the committed quick-sweep runs (2 x 2 recordings: flexdemo-s0, one 74,516-byte all-gather
 per rank and step; hsdp-adamw-s0, 1,734,144 bytes of fp32 gradient shards all-reduced per rank
 and step) at growing node counts, with the same model as `flexbench simulate`: re-sharded to
@@ -11,11 +11,11 @@ hsdp-adamw as recorded (fp32) and with its all-reduce bytes halved (bf16).
 An all-gather's received bytes grow with the node count, an all-reduce's do not, so flexdemo's
 step overtakes both at some node count; the script finds the first such count by bisection.
 
-With --dense-run (a recorded flexdemo run with ``exchange = "dense"``, one bf16 all-reduce of the
-shard's DCT coefficients per rank and step; re-sharded exactly, as hsdp-adamw's) two more
-columns: that run replayed, and ``auto``: at each node count the recording of the exchange
-``exchange = "auto"`` would pick there (flexdemo.wire.dense_is_cheaper on the re-sharded
-per-rank bytes of the two recordings).
+Each --dense-run (a recorded flexdemo run with ``exchange = "dense"`` or ``"dense-mean"``: one
+bf16 all-reduce of the shard's DCT coefficients per rank and step, re-sharded exactly, as
+hsdp-adamw's) adds its column, named by its exchange; with a dense-mean run, ``auto`` too: at
+each node count the recording of the exchange ``exchange = "auto"`` would pick there
+(flexdemo.wire.dense_is_cheaper on the re-sharded per-rank bytes of the two recordings).
 """
 
 from __future__ import annotations
@@ -119,8 +119,9 @@ def main() -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--compute-scale", type=float, default=0.05)
     parser.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto")
-    parser.add_argument("--dense-run", type=Path, default=None,
-                        help="a recorded flexdemo run with exchange=dense (adds two columns)")
+    parser.add_argument("--dense-run", type=Path, action="append", default=[],
+                        help="a recorded flexdemo run with exchange=dense or dense-mean "
+                             "(repeatable; adds its column)")
     parser.add_argument("--nodes", type=node_counts, default=NODES,
                         help="comma-separated node counts to replay")
     args = parser.parse_args()
@@ -129,17 +130,20 @@ def main() -> None:
                   for name in ("flexdemo-s0", "hsdp-adamw-s0"))
     traces = {"flexdemo": flex, "hsdp-adamw fp32": fp32, "hsdp-adamw bf16": bf16_gradients(fp32)}
     picks: dict[int, str] = {}
-    if args.dense_run is not None:
-        traces["flexdemo dense"] = resharded(args.dense_run, args.gpus_per_node)
-        sparse, dense = exchange_bytes(flex, "all_gather"), exchange_bytes(
-            traces["flexdemo dense"], "all_reduce")
-        picks = {n: "flexdemo dense" if dense_is_cheaper(sparse, dense, n) else "flexdemo"
-                 for n in args.nodes}
-        print(f"per rank and step: all-gather bucket {sparse:,} bytes, dense vector {dense:,} "
-              f"bytes (re-sharded to {args.gpus_per_node} per node); auto: dense where "
-              f"2 x {dense:,} < N x {sparse:,}")
-    else:
-        print("no --dense-run given: the dense and auto columns are left out")
+    sparse = exchange_bytes(flex, "all_gather")
+    print(f"per rank and step (re-sharded to {args.gpus_per_node} per node): flexdemo's "
+          f"all-gather bucket {sparse:,} bytes")
+    for run_dir in args.dense_run:
+        name = f"flexdemo {read_run(run_dir).config.exchange}"
+        traces[name] = resharded(run_dir, args.gpus_per_node)
+        dense = exchange_bytes(traces[name], "all_reduce")
+        print(f"  {name} ({run_dir}): all-reduce of {dense:,} bytes")
+        if name == "flexdemo dense-mean":  # auto's dense side
+            picks = {n: name if dense_is_cheaper(sparse, dense, n) else "flexdemo"
+                     for n in args.nodes}
+            print(f"  auto: dense-mean where 2 x {dense:,} < N x {sparse:,}, else the all-gather")
+    if not picks:
+        print("no dense-mean --dense-run given: the auto column is left out")
     print(
         f"median step time (ms), {args.inter_bw}, {args.inter_lat}, x{args.gpus_per_node} per "
         f"node, compute x{args.compute_scale}, algorithm {args.algorithm}"

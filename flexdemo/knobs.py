@@ -35,7 +35,7 @@ VALUE_FORMATS = ("fp32", "bf16", "fp32-packed", "bf16-packed", "int8", "int2", "
 VALUE_DTYPES = ("bf16", "fp32")
 # How DeMo's replicas exchange their top-k (replicators/demo.py): all-gather the sparse buckets,
 # all-reduce the dense coefficient vector in bf16, or the one of the two moving fewer bytes.
-EXCHANGES = ("allgather", "dense", "auto")
+EXCHANGES = ("allgather", "dense", "dense-mean", "auto")
 # Streaming DiLoCo's wire formats of a fragment's pseudo-gradient (replicators/outer_wire.py).
 OUTER_FORMATS = ("fp32", "bf16", "int8", "4bit")
 BASES = ("sign", "adamw")
@@ -211,13 +211,15 @@ class DeMoKnobs(MomentumKnobs):
 
     exchange: str = "allgather"
     """How the replicas exchange their top-k: allgather (every replica's sparse bucket, so a
-    rank receives (N-1) x its bucket), dense (each rank scatters the values it sends into its
+    rank receives (N-1) x its bucket); dense (each rank scatters the values it sends into its
     shard's dense coefficient vector and the N replicas all-reduce it in bf16, a sum divided by
     N: 2(N-1)/N x the dense bytes at any N; a coefficient a replica did not send counts as its
-    zero) or auto (dense where 2 x dense bytes < N x bucket bytes, i.e. where a ring all-reduce
-    of the dense vector, 2(N-1)/N x dense, moves fewer bytes than the all-gather, (N-1) x
-    bucket; ties go to allgather; decided once at setup from N and the sizes, which every
-    replica computes alike, so no communication)."""
+    zero); dense-mean (the same with a count of senders per coefficient in the same bf16
+    all-reduce, twice the bytes, each sum divided by its count: DeMo's mean over the senders);
+    or auto (dense-mean where 2 x its bytes < N x bucket bytes, i.e. where a ring all-reduce,
+    2(N-1)/N x dense, moves fewer bytes than the all-gather, (N-1) x bucket, else allgather;
+    ties go to allgather; decided once at setup from N and the sizes, which every replica
+    computes alike, so no communication)."""
 
     aliases: ClassVar[dict[str, str]] = {
         "value_dtype": "Alias kept for value_format: bf16 or fp32, the float of the method's "

@@ -71,16 +71,18 @@ class DeMoReplicator(Replicator):
         decode_mean       mean over the replicas that sent a coefficient, inverse DCT
     The optimizer's base then takes the sign step.
 
-    Dense exchange (``exchange="dense"``, or ``"auto"`` where it moves fewer bytes): the same
-    top-k and error feedback, but each rank scatters the values it sends (the format's read
-    values, rounded to bf16; what that rounding loses stays in the momentum) into a zero dense
-    coefficient vector of its shard and the replicas all-reduce it in bf16; the update is that
-    sum divided by N. Its cost is a bf16 all-reduce of the shard at any N, where the
-    all-gather's grows as (N-1) x the bucket. The mean differs from the all-gather's where
-    fewer than N replicas sent a coefficient: DeMo's mean is over the replicas that sent it,
-    this one over all N (a replica that did not send it counts its zero), so the decoded update
-    of such a coefficient is count/N of DeMo's. ``auto`` decides once, at setup
-    (:func:`flexdemo.wire.dense_is_cheaper`).
+    Dense exchange (``exchange="dense"``): the same top-k and error feedback, but each rank
+    scatters the values it sends (the format's read values, rounded to bf16; what that rounding
+    loses stays in the momentum) into a zero dense coefficient vector of its shard and the
+    replicas all-reduce it in bf16; the update is that sum divided by N. Its cost is a bf16
+    all-reduce of the shard at any N, where the all-gather's grows as (N-1) x the bucket. Its
+    mean differs from the all-gather's where fewer than N replicas sent a coefficient: DeMo's
+    mean is over the replicas that sent it, this one over all N (a replica that did not send it
+    counts its zero), so such a coefficient's decoded update is count/N of DeMo's.
+    ``exchange="dense-mean"`` all-reduces a one per coefficient sent beside each value, in the
+    same bf16 buffer (twice the bytes, one collective), and divides each sum by its count: DeMo's
+    mean, to bf16 rounding. ``auto`` picks the all-gather or dense-mean, whichever moves fewer
+    bytes, once at setup (:func:`flexdemo.wire.dense_is_cheaper`): the update is DeMo's at any N.
 
     Delayed DeMo (``delay=1``): a replicating step runs :meth:`start` (momentum, top-k, error
     feedback and the posted all-gather exactly as with ``delay=0``) and applies the decoded
@@ -165,8 +167,11 @@ class DeMoReplicator(Replicator):
         for g in self.groups:
             self.dense_offsets.append(self.dense_numel)
             self.dense_numel += g.num_blocks * g.c1 * g.c2
-        self.dense_bytes = self.dense_numel * DENSE_DTYPE.itemsize
-        self.dense = self.exchange == "dense" or (
+        # dense-mean (and auto, which keeps DeMo's mean) all-reduce a count per coefficient
+        # beside its sum, in the same buffer: twice the elements, one collective.
+        self.counted = self.exchange in ("dense-mean", "auto")
+        self.dense_bytes = self.dense_numel * DENSE_DTYPE.itemsize * (2 if self.counted else 1)
+        self.dense = self.exchange in ("dense", "dense-mean") or (
             self.exchange == "auto" and dense_is_cheaper(self.bucket_bytes, self.dense_bytes,
                                                          ranks))
 
@@ -200,13 +205,18 @@ class DeMoReplicator(Replicator):
                 for (_, vals), (_, read) in zip(picked, wire, strict=True)]
 
     def all_reduce_dense(self, picked: Picked, wire: Wire, stats: CommStats) -> Pending:
-        """Launch one bf16 all-reduce (a sum) of every replica's top-k scattered into zeros."""
+        """Launch one bf16 all-reduce (a sum) of every replica's top-k scattered into zeros
+        (dense-mean: and a one per coefficient sent, in the buffer's second half)."""
         device = self.groups[0].delta.device
-        buf = torch.zeros(self.dense_numel, dtype=DENSE_DTYPE, device=device)
+        buf = torch.zeros(self.dense_bytes // DENSE_DTYPE.itemsize, dtype=DENSE_DTYPE,
+                          device=device)
         for (idx, _), (_, sent), g, start in zip(picked, wire, self.groups, self.dense_offsets,
                                                  strict=True):
-            buf[start:start + g.num_blocks * g.c1 * g.c2].view(g.num_blocks, -1).scatter_(
-                1, idx, sent)
+            n = g.num_blocks * g.c1 * g.c2
+            buf[start:start + n].view(g.num_blocks, -1).scatter_(1, idx, sent)
+            if self.counted:
+                counts = buf[self.dense_numel + start:self.dense_numel + start + n]
+                counts.view(g.num_blocks, -1).scatter_(1, idx, 1.0)
         own = buf.clone() if self.lookahead else None  # the look-ahead steps on its own
         work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         sent_bytes = all_reduce_bytes(self.dense_bytes, self.ranks)
@@ -234,10 +244,18 @@ class DeMoReplicator(Replicator):
         return self._decode(pending.gathered, self.ranks)
 
     def dense_coefficients(self, summed: torch.Tensor, ranks: int) -> list[torch.Tensor]:
-        """Per block group, (blocks, c1*c2) coefficients of a dense vector divided by ``ranks``."""
-        return [summed[start:start + g.num_blocks * g.c1 * g.c2].view(g.num_blocks, -1)
-                .to(g.dtype) / ranks for g, start in zip(self.groups, self.dense_offsets,
-                                                         strict=True)]
+        """Per block group, (blocks, c1*c2) coefficients of an all-reduced dense vector: the sum
+        divided by ``ranks`` (dense), or by its count of senders (dense-mean; 0 where none)."""
+        out = []
+        for g, start in zip(self.groups, self.dense_offsets, strict=True):
+            n = g.num_blocks * g.c1 * g.c2
+            total = summed[start:start + n].view(g.num_blocks, -1).to(g.dtype)
+            if not self.counted:
+                out.append(total / ranks)
+                continue
+            counts = summed[self.dense_numel + start:self.dense_numel + start + n]
+            out.append(total / counts.view(g.num_blocks, -1).to(g.dtype).clamp(min=1.0))
+        return out
 
     def _decode_dense(self, summed: torch.Tensor, ranks: int) -> list[torch.Tensor]:
         # A dense sum over `ranks` replicas (one: this rank's own values), divided, inverted.
@@ -358,7 +376,8 @@ class DeMoReplicator(Replicator):
         if self.delay == 0:
             raise ValueError("state_dict holds an exchange in flight, saved with delay=1, but "
                              "this replicator has delay=0; load it with delay=1.")
-        size = self.dense_numel if self.dense else self.ranks * self.bucket_bytes
+        size = self.dense_bytes // DENSE_DTYPE.itemsize if self.dense else (
+            self.ranks * self.bucket_bytes)
         if gathered.numel() != size:
             raise ValueError(f"state_dict's exchange in flight holds {gathered.numel()} elements "
                              f"but this replicator exchanges {size}; load a state_dict saved over "
