@@ -81,8 +81,10 @@ class DeMoReplicator(Replicator):
     counts its zero), so such a coefficient's decoded update is count/N of DeMo's.
     ``exchange="dense-mean"`` all-reduces a one per coefficient sent beside each value, in the
     same bf16 buffer (twice the bytes, one collective), and divides each sum by its count: DeMo's
-    mean, to bf16 rounding. ``auto`` picks the all-gather or dense-mean, whichever moves fewer
-    bytes, once at setup (:func:`flexdemo.wire.dense_is_cheaper`): the update is DeMo's at any N.
+    mean, to bf16 rounding (counts are exact up to 256 senders; a ring over more ranks stops a
+    count of ones at 256, a pairwise tree rounds it by at most 2^-9). ``auto`` picks the
+    all-gather or dense-mean, whichever moves fewer bytes, once at setup
+    (:func:`flexdemo.wire.dense_is_cheaper`): the update is DeMo's at any N.
 
     Delayed DeMo (``delay=1``): a replicating step runs :meth:`start` (momentum, top-k, error
     feedback and the posted all-gather exactly as with ``delay=0``) and applies the decoded
