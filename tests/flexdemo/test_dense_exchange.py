@@ -13,6 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from experiments.cli import main
+from experiments.replay.reshard import run_layout, shard_elements
+from experiments.replay.simulate import read_run
 from flexdemo import DeMoReplicator, FlexDeMo, method_record
 from flexdemo.knobs import DeMoKnobs
 from flexdemo.wire import CommStats, all_reduce_bytes, dense_is_cheaper
@@ -255,3 +258,30 @@ def _ranks(rank: int, world: int) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_dense_exchange_on_gloo_ranks(world):
     run_ranks(_ranks, world)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_a_dense_run_records_its_all_reduce_and_simulate_replays_it(tmp_path, capsys):
+    # 2 nodes x 2 ranks, 2 steps: one inter-node all-reduce per rank and step of 2 bytes per
+    # element of the rank's shard; simulate replays it at 64 nodes re-sharded to 4 per node,
+    # exactly (the all-reduce rule), as a tree all-reduce.
+    out = tmp_path / "run"
+    assert main(["run", "--method", "flexdemo", "--exchange", "dense", "--nodes", "2",
+                 "--gpus-per-node", "2", "--steps", "2", "--workload", "lm-tiny", "--out",
+                 str(out)]) == 0
+    run = read_run(out)
+    assert run.config.exchange == "dense"
+    units, _ = run_layout(run.meta, run.config)
+    shard = sum(shard_elements(s, 2) for unit in units for s in unit)
+    trace = run.trace
+    rows = trace[(trace["kind"] == "collective") & trace["inter"] & (trace["phase"] == "train")]
+    assert set(rows["op"]) == {"all_reduce"} and len(rows) == 4 * 2
+    assert set(rows["bytes"]) == {2 * shard}
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--inter-bw", "10Gbit", "--inter-lat", "1ms", "--nodes",
+                 "64", "--gpus-per-node", "4", "--compute-scale", "0.05", "--out",
+                 str(tmp_path / "s.csv")]) == 0
+    printed = capsys.readouterr().out
+    assert "all_reduce: tree (64 nodes" in printed
+    assert "exact: inter-node all_reduce" in printed and "approximate" not in printed
