@@ -110,13 +110,13 @@ class DeMoReplicator(Replicator):
 
     Knobs: :class:`flexdemo.knobs.DeMoKnobs` (``topk``, ``chunk``, ``decay``, ``chunking``,
     ``value_format`` or its alias ``value_dtype``, ``exchange``, the schedule,
-    ``fold_skipped``). Block
-    chunking clamps ``topk`` to a block's elements; flat chunking refuses a ``topk`` above
-    ``chunk`` and, like the reference, clamps it where a tensor's chunk (the largest divisor of
-    its size not above ``chunk``) is shorter. ``value_format`` "fp32" and "bf16" are today's
-    layout (int16 indices; fp32 reproduces DeMo's figures); the compact formats bit-pack the
-    indices, and what a format loses stays in the momentum (error feedback). Off-schedule steps
-    apply the local gradient and, as in the reference, leave the momentum alone.
+    ``fold_skipped``). Block chunking clamps ``topk`` to a block's elements; flat chunking
+    refuses a ``topk`` above ``chunk`` and, like the reference, clamps it where a tensor's chunk
+    (the largest divisor of its size not above ``chunk``) is shorter. ``value_format`` "fp32"
+    and "bf16" are today's layout (int16 indices; fp32 reproduces DeMo's figures); the compact
+    formats bit-pack the indices, and what a format loses stays in the momentum (error
+    feedback). Off-schedule steps apply the local gradient and, as in the reference, leave the
+    momentum alone.
     """
 
     name = "demo"
@@ -237,8 +237,8 @@ class DeMoReplicator(Replicator):
         return Pending(gathered, work, buf)
 
     def decode_mean(self, pending: Pending) -> list[torch.Tensor]:
-        """Wait for the exchange; the replicas' mean per coefficient, inverse DCT (all-gather:
-        over the replicas that sent it; dense: the sum over N)."""
+        """Wait for the exchange; the replicas' mean per coefficient, inverse DCT (all-gather
+        and dense-mean: over the replicas that sent it; dense: the sum over N)."""
         if pending.work is not None:
             pending.work.wait()
         if self.dense:
