@@ -22,8 +22,9 @@ from ._checks import check, in_unit_interval, int_at_least
 from .chunking import CHUNKINGS
 from .graphs import GRAPHS, graph_ladder, graph_problem
 
-__all__ = ["BASES", "MAX_DCT_CHUNK", "VALUE_DTYPES", "VALUE_FORMATS", "AdaKnobs", "DeMoKnobs",
-           "DiLoCoKnobs", "EveryKnobs", "GossipKnobs", "Knobs", "MomentumKnobs", "PartialKnobs",
+__all__ = ["BASES", "EXCHANGES", "MAX_DCT_CHUNK", "VALUE_DTYPES", "VALUE_FORMATS", "AdaKnobs",
+           "DeMoKnobs", "DiLoCoKnobs", "EveryKnobs", "GossipKnobs", "Knobs", "MomentumKnobs",
+           "PartialKnobs",
            "OUTER_FORMATS", "RandomKnobs", "ScheduleKnobs", "StepKnobs", "StreamingDiLoCoKnobs",
            "StridingKnobs", "check_ada_thresholds",
            "check_base", "check_dct_chunk", "check_value_format"]
@@ -32,6 +33,9 @@ __all__ = ["BASES", "MAX_DCT_CHUNK", "VALUE_DTYPES", "VALUE_FORMATS", "AdaKnobs"
 # are checked without torch.
 VALUE_FORMATS = ("fp32", "bf16", "fp32-packed", "bf16-packed", "int8", "int2", "sign")
 VALUE_DTYPES = ("bf16", "fp32")
+# How DeMo's replicas exchange their top-k (replicators/demo.py): all-gather the sparse buckets,
+# all-reduce the dense coefficient vector in bf16, or the one of the two moving fewer bytes.
+EXCHANGES = ("allgather", "dense", "dense-mean", "auto")
 # Streaming DiLoCo's wire formats of a fragment's pseudo-gradient (replicators/outer_wire.py).
 OUTER_FORMATS = ("fp32", "bf16", "int8", "4bit")
 BASES = ("sign", "adamw")
@@ -205,6 +209,18 @@ class DeMoKnobs(MomentumKnobs):
     """With delay 1: step on this replica's own top-k at once and, one step later, swap it for
     the replicas' mean, so a gradient never misses the last step (needs the sign step)."""
 
+    exchange: str = "allgather"
+    """How the replicas exchange their top-k: allgather (every replica's sparse bucket, so a
+    rank receives (N-1) x its bucket); dense (each rank scatters the values it sends into its
+    shard's dense coefficient vector and the N replicas all-reduce it in bf16, a sum divided by
+    N: 2(N-1)/N x the dense bytes at any N; a coefficient a replica did not send counts as its
+    zero); dense-mean (the same with a count of senders per coefficient in the same bf16
+    all-reduce, twice the bytes, each sum divided by its count: DeMo's mean over the senders);
+    or auto (dense-mean where 2 x its bytes < N x bucket bytes, i.e. where a ring all-reduce,
+    2(N-1)/N x dense, moves fewer bytes than the all-gather, (N-1) x bucket, else allgather;
+    ties go to allgather; decided once at setup from N and the sizes, which every replica
+    computes alike, so no communication)."""
+
     aliases: ClassVar[dict[str, str]] = {
         "value_dtype": "Alias kept for value_format: bf16 or fp32, the float of the method's "
                        "default value_format (bf16 <-> fp32, bf16-packed <-> fp32-packed); a "
@@ -212,8 +228,8 @@ class DeMoKnobs(MomentumKnobs):
     }
 
     def check(self) -> None:
-        """Positive topk, a chunk whose basis fits, a known chunking and format, topk <= chunk
-        when flat, a delay of 0 or 1, and lookahead only with delay 1."""
+        """Positive topk, a chunk whose basis fits, a known chunking, format and exchange, topk
+        <= chunk when flat, a delay of 0 or 1, and lookahead only with delay 1."""
         super().check()
         int_at_least("topk", self.topk, 1)
         check_dct_chunk("chunk", self.chunk)
@@ -229,6 +245,8 @@ class DeMoKnobs(MomentumKnobs):
         check(not self.lookahead or self.delay == 1,
               f"lookahead=true needs delay=1 (it corrects a delayed exchange), got "
               f"delay={self.delay!r}.")
+        check(self.exchange in EXCHANGES,
+              f"exchange={self.exchange!r} is unknown; use one of {', '.join(EXCHANGES)}.")
         check(self.chunking != "flat" or self.topk <= self.chunk,
               f"topk={self.topk} is larger than a flat chunk of chunk={self.chunk} elements; "
               f"use topk <= {self.chunk} or chunking='block'.")

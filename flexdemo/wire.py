@@ -71,6 +71,13 @@ def all_reduce_bytes(nbytes: int, ranks: int) -> int:
     return 2 * (ranks - 1) * nbytes // ranks
 
 
+def dense_is_cheaper(sparse_bytes: int, dense_bytes: int, ranks: int) -> bool:
+    """Whether a ring all-reduce of ``dense_bytes`` moves fewer bytes per rank than an all-gather
+    of ``sparse_bytes``: 2(N-1)/N x dense < (N-1) x sparse, i.e. 2 x dense < N x sparse (ties:
+    the all-gather; one rank: neither moves anything, so the all-gather)."""
+    return ranks > 1 and 2 * dense_bytes < ranks * sparse_bytes
+
+
 @dataclass
 class CommStats:
     """Bytes sent, bytes received and collective calls on the replication group."""

@@ -7,8 +7,9 @@ collective's payload is recomputed for the target's G:
 
 - FSDP2's reduce-scatter input (G shards) and all-gather input (one shard), per unit, and
   hsdp-adamw's inter-node all-reduce of each rank's shard: exact.
-- Dense exchanges of the whole shard (diloco's outer all-reduce, gossip's and ada's messages):
-  exact.
+- Dense exchanges of the whole shard (diloco's outer all-reduce, gossip's and ada's messages,
+  flexdemo's dense exchange: a bf16 all-reduce of the shard's DCT coefficients, sized like
+  hsdp-adamw's all-reduce of the shard's gradients): exact.
 - Compressed views of the shard (flexdemo/DeMo top-k of its chunks, random and striding
   subsets): scaled by the shard's element count, ~1/G (approximate: chunk boundaries and index
   packing are not recomputed).
@@ -37,6 +38,9 @@ __all__ = ["Reshard", "run_layout", "shard_elements", "shard_ratio", "reshard_tr
 # Replicators whose inter-node payload is a compressed or partial view of each rank's shard.
 _SHARD_PROPORTIONAL = {"demo": "top-k of the shard's chunks", "random": "a random subset",
                        "striding": "a strided subset"}
+# Ops of those replicators that carry the whole shard, dense, and so re-shard exactly: DeMo's dense
+# exchange all-reduces every coefficient of the shard (its top-k goes by all-gather).
+_DENSE_OPS = {"demo": ("all_reduce",)}
 # Replicators whose payloads that are no shard (a probe of fixed size) stay as recorded.
 _FIXED = {"ada": "ada's spread probe (a fixed sample per rank)"}
 # Element sizes a payload may be counted in: fp32, bf16/fp16, fp64/int64, int8/bytes.
@@ -152,7 +156,7 @@ def _one_size(config: RunConfig, g_new: int, op: str, inter: bool, nbytes: int,
               per_shard: dict[bool, dict[int, int]], ratio: float) -> tuple[int, str]:
     """One payload resized, and the rule that did it ("exact", "proportional" or "fixed")."""
     method, g, replicator = config.method, config.gpus_per_node, config.record.replicator
-    if inter and replicator in _SHARD_PROPORTIONAL:
+    if inter and replicator in _SHARD_PROPORTIONAL and op not in _DENSE_OPS.get(replicator, ()):
         return round(nbytes * ratio), "proportional"
     found = _exact(nbytes, per_shard[op in _FULL_OPS])
     if len(found) > 1:

@@ -14,12 +14,22 @@ from ..chunking import BlockLayout
 from ..codec import topk_encode
 from ..formats import make_format
 from ..knobs import DeMoKnobs
-from ..wire import CommStats, all_gather_bytes, pack, plan_bucket, unpack
+from ..wire import (
+    CommStats,
+    all_gather_bytes,
+    all_reduce_bytes,
+    dense_is_cheaper,
+    pack,
+    plan_bucket,
+    unpack,
+)
 from .base import Group, Replicator, copy_state
 from .blocks import BlockGroup
 
 Picked = list[tuple[torch.Tensor, torch.Tensor]]  # per block group: (int64 indices, values)
 Wire = list[tuple[list[torch.Tensor], torch.Tensor | None]]  # per group: (segments, what's read)
+# The dense exchange's wire dtype: a bf16 all-reduce of the shard's coefficients.
+DENSE_DTYPE = torch.bfloat16
 
 
 @dataclass
@@ -32,8 +42,9 @@ class Ahead:
 
 @dataclass
 class Pending:
-    """A launched all-gather: the buffer it fills, the handle to wait on, what this rank sent
-    and (lookahead) the look-ahead step its mean will replace."""
+    """A launched exchange: the buffer it fills (all-gathered buckets, or the dense coefficients
+    all-reduced in place), the handle to wait on, what this rank sent and (lookahead) the
+    look-ahead step its mean will replace."""
 
     gathered: torch.Tensor
     work: object | None
@@ -60,6 +71,21 @@ class DeMoReplicator(Replicator):
         decode_mean       mean over the replicas that sent a coefficient, inverse DCT
     The optimizer's base then takes the sign step.
 
+    Dense exchange (``exchange="dense"``): the same top-k and error feedback, but each rank
+    scatters the values it sends (the format's read values, rounded to bf16; what that rounding
+    loses stays in the momentum) into a zero dense coefficient vector of its shard and the
+    replicas all-reduce it in bf16; the update is that sum divided by N. Its cost is a bf16
+    all-reduce of the shard at any N, where the all-gather's grows as (N-1) x the bucket. Its
+    mean differs from the all-gather's where fewer than N replicas sent a coefficient: DeMo's
+    mean is over the replicas that sent it, this one over all N (a replica that did not send it
+    counts its zero), so such a coefficient's decoded update is count/N of DeMo's.
+    ``exchange="dense-mean"`` all-reduces a one per coefficient sent beside each value, in the
+    same bf16 buffer (twice the bytes, one collective), and divides each sum by its count: DeMo's
+    mean, to bf16 rounding (counts are exact up to 256 senders; a ring over more ranks stops a
+    count of ones at 256, a pairwise tree rounds it by at most 2^-9). ``auto`` picks the
+    all-gather or dense-mean, whichever moves fewer bytes, once at setup
+    (:func:`flexdemo.wire.dense_is_cheaper`): the update is DeMo's at any N.
+
     Delayed DeMo (``delay=1``): a replicating step runs :meth:`start` (momentum, top-k, error
     feedback and the posted all-gather exactly as with ``delay=0``) and applies the decoded
     mean of the exchange the previous replicating step posted, so the network time overlaps
@@ -83,13 +109,14 @@ class DeMoReplicator(Replicator):
     last correction, so they end equal up to that rounding.
 
     Knobs: :class:`flexdemo.knobs.DeMoKnobs` (``topk``, ``chunk``, ``decay``, ``chunking``,
-    ``value_format`` or its alias ``value_dtype``, the schedule, ``fold_skipped``). Block
-    chunking clamps ``topk`` to a block's elements; flat chunking refuses a ``topk`` above
-    ``chunk`` and, like the reference, clamps it where a tensor's chunk (the largest divisor of
-    its size not above ``chunk``) is shorter. ``value_format`` "fp32" and "bf16" are today's
-    layout (int16 indices; fp32 reproduces DeMo's figures); the compact formats bit-pack the
-    indices, and what a format loses stays in the momentum (error feedback). Off-schedule steps
-    apply the local gradient and, as in the reference, leave the momentum alone.
+    ``value_format`` or its alias ``value_dtype``, ``exchange``, the schedule,
+    ``fold_skipped``). Block chunking clamps ``topk`` to a block's elements; flat chunking
+    refuses a ``topk`` above ``chunk`` and, like the reference, clamps it where a tensor's chunk
+    (the largest divisor of its size not above ``chunk``) is shorter. ``value_format`` "fp32"
+    and "bf16" are today's layout (int16 indices; fp32 reproduces DeMo's figures); the compact
+    formats bit-pack the indices, and what a format loses stays in the momentum (error
+    feedback). Off-schedule steps apply the local gradient and, as in the reference, leave the
+    momentum alone.
     """
 
     name = "demo"
@@ -133,6 +160,22 @@ class DeMoReplicator(Replicator):
             self.spans.append((len(specs), len(group_specs)))
             specs += group_specs
         self.segments, self.bucket_bytes = plan_bucket(specs)
+        self._plan_dense(ranks)
+
+    def _plan_dense(self, ranks: int) -> None:
+        # Where each group's coefficients sit in the dense vector, and whether this group of
+        # replicas exchanges it (every replica computes the same sizes: no communication).
+        self.dense_offsets, self.dense_numel = [], 0
+        for g in self.groups:
+            self.dense_offsets.append(self.dense_numel)
+            self.dense_numel += g.num_blocks * g.c1 * g.c2
+        # dense-mean (and auto, which keeps DeMo's mean) all-reduce a count per coefficient
+        # beside its sum, in the same buffer: twice the elements, one collective.
+        self.counted = self.exchange in ("dense-mean", "auto")
+        self.dense_bytes = self.dense_numel * DENSE_DTYPE.itemsize * (2 if self.counted else 1)
+        self.dense = self.exchange in ("dense", "dense-mean") or (
+            self.exchange == "auto" and dense_is_cheaper(self.bucket_bytes, self.dense_bytes,
+                                                         ranks))
 
     # -- the paper's steps ---------------------------------------------------------------------
     def decay_and_add(self, grads: list[torch.Tensor], lrs: list[float]) -> None:
@@ -158,6 +201,30 @@ class DeMoReplicator(Replicator):
             else:
                 g.delta.scatter_(1, idx, vals - read.to(g.delta.dtype))
 
+    def to_dense_wire(self, picked: Picked, wire: Wire) -> Wire:
+        """The dense exchange's values: what receivers would read, rounded to bf16."""
+        return [([], (vals if read is None else read).to(DENSE_DTYPE))
+                for (_, vals), (_, read) in zip(picked, wire, strict=True)]
+
+    def all_reduce_dense(self, picked: Picked, wire: Wire, stats: CommStats) -> Pending:
+        """Launch one bf16 all-reduce (a sum) of every replica's top-k scattered into zeros
+        (dense-mean: and a one per coefficient sent, in the buffer's second half)."""
+        device = self.groups[0].delta.device
+        buf = torch.zeros(self.dense_bytes // DENSE_DTYPE.itemsize, dtype=DENSE_DTYPE,
+                          device=device)
+        for (idx, _), (_, sent), g, start in zip(picked, wire, self.groups, self.dense_offsets,
+                                                 strict=True):
+            n = g.num_blocks * g.c1 * g.c2
+            buf[start:start + n].view(g.num_blocks, -1).scatter_(1, idx, sent)
+            if self.counted:
+                counts = buf[self.dense_numel + start:self.dense_numel + start + n]
+                counts.view(g.num_blocks, -1).scatter_(1, idx, 1.0)
+        own = buf.clone() if self.lookahead else None  # the look-ahead steps on its own
+        work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        sent_bytes = all_reduce_bytes(self.dense_bytes, self.ranks)
+        stats.add(sent_bytes, sent_bytes)
+        return Pending(buf, work, own)
+
     def all_gather(self, wire: Wire, stats: CommStats) -> Pending:
         """Launch one all-gather of every replica's packed coefficients."""
         buf = pack([t for segments, _ in wire for t in segments], self.segments,
@@ -170,10 +237,34 @@ class DeMoReplicator(Replicator):
         return Pending(gathered, work, buf)
 
     def decode_mean(self, pending: Pending) -> list[torch.Tensor]:
-        """Wait for the all-gather; mean of what the replicas sent per coefficient, inverse DCT."""
+        """Wait for the exchange; the replicas' mean per coefficient, inverse DCT (all-gather
+        and dense-mean: over the replicas that sent it; dense: the sum over N)."""
         if pending.work is not None:
             pending.work.wait()
+        if self.dense:
+            return self._decode_dense(pending.gathered, self.ranks)
         return self._decode(pending.gathered, self.ranks)
+
+    def dense_coefficients(self, summed: torch.Tensor, ranks: int) -> list[torch.Tensor]:
+        """Per block group, (blocks, c1*c2) coefficients of an all-reduced dense vector: the sum
+        divided by ``ranks`` (dense), or by its count of senders (dense-mean; 0 where none)."""
+        out = []
+        for g, start in zip(self.groups, self.dense_offsets, strict=True):
+            n = g.num_blocks * g.c1 * g.c2
+            total = summed[start:start + n].view(g.num_blocks, -1).to(g.dtype)
+            if not self.counted:
+                out.append(total / ranks)
+                continue
+            counts = summed[self.dense_numel + start:self.dense_numel + start + n]
+            out.append(total / counts.view(g.num_blocks, -1).to(g.dtype).clamp(min=1.0))
+        return out
+
+    def _decode_dense(self, summed: torch.Tensor, ranks: int) -> list[torch.Tensor]:
+        # A dense sum over `ranks` replicas (one: this rank's own values), divided, inverted.
+        out = self._placeholders()
+        for g, coeffs in zip(self.groups, self.dense_coefficients(summed, ranks), strict=True):
+            g.inverse_into(coeffs, out, self.shapes)
+        return out
 
     def _decode(self, packed: torch.Tensor, ranks: int) -> list[torch.Tensor]:
         # The mean over `ranks` packed buckets per coefficient (one: this rank's own update).
@@ -197,7 +288,11 @@ class DeMoReplicator(Replicator):
             return None
         picked = self.dct_topk()
         wire = self.to_wire(picked)
+        if self.dense:
+            wire = self.to_dense_wire(picked, wire)
         self.remove_sent(picked, wire)
+        if self.dense:
+            return self.all_reduce_dense(picked, wire, stats)
         return self.all_gather(wire, stats)
 
     def finish(self, pending: Pending | None) -> list[torch.Tensor]:
@@ -216,7 +311,7 @@ class DeMoReplicator(Replicator):
         if self.lookahead:
             # Step on our own top-k now; after_update swaps the previous look-ahead for the mean.
             self.arrived = previous
-            own = self._decode(posted.sent, 1)
+            own = (self._decode_dense if self.dense else self._decode)(posted.sent, 1)
             posted.ahead = Ahead([u.sign() for u in own], list(lrs))
             return own
         if previous is None:
@@ -283,11 +378,12 @@ class DeMoReplicator(Replicator):
         if self.delay == 0:
             raise ValueError("state_dict holds an exchange in flight, saved with delay=1, but "
                              "this replicator has delay=0; load it with delay=1.")
-        size = self.ranks * self.bucket_bytes
+        size = self.dense_bytes // DENSE_DTYPE.itemsize if self.dense else (
+            self.ranks * self.bucket_bytes)
         if gathered.numel() != size:
-            raise ValueError(f"state_dict's exchange in flight holds {gathered.numel()} bytes but "
-                             f"this replicator gathers {size}; load a state_dict saved over the "
-                             "same parameters and replicas.")
+            raise ValueError(f"state_dict's exchange in flight holds {gathered.numel()} elements "
+                             f"but this replicator exchanges {size}; load a state_dict saved over "
+                             "the same parameters, replicas and exchange.")
         ahead = state.get("ahead")
         self.in_flight = Pending(gathered.to(self.groups[0].delta.device, copy=True), None,
                                  ahead=None if ahead is None else Ahead(

@@ -68,6 +68,23 @@ def test_flexdemo_top_k_scales_with_the_shard_and_says_it_is_approximate():
     assert any(note.startswith("approximate") for note in got.notes)
 
 
+def test_flexdemo_dense_exchange_resizes_exactly_as_the_gradient_all_reduce():
+    # The dense exchange all-reduces the whole shard's coefficients in bf16: 2 bytes per element
+    # of the rank's shard, padding included, at any ranks per node (3: rows padded).
+    units = [[[10, 3], [5]], [[7, 2]]]
+
+    def trace(g: int) -> pd.DataFrame:
+        shard = sum(shard_elements(s, g) for unit in units for s in unit)
+        return pd.DataFrame([{"rank": 0, "step": 1, "kind": "collective", "op": "all_reduce",
+                              "inter": True, "bytes": 2 * shard, "phase": "train"}])
+
+    cfg = RunConfig(method="flexdemo", exchange="dense", gpus_per_node=2)
+    got = reshard_trace(trace(2), cfg, (units, "given"), 3)
+    assert got.trace["bytes"].tolist() == trace(3)["bytes"].tolist() == [2 * (12 + 2 + 6)]
+    assert any("exact: inter-node all_reduce" in note for note in got.notes)
+    assert not any(note.startswith("approximate") for note in got.notes)
+
+
 def test_unsharded_demo_keeps_its_payloads():
     run = read_run(QUICK / "demo-chunking=flat_topk=4-s0")
     got = reshard_trace(run.trace, run.config, None, 8)
