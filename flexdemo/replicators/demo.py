@@ -30,6 +30,8 @@ Picked = list[tuple[torch.Tensor, torch.Tensor]]  # per block group: (int64 indi
 Wire = list[tuple[list[torch.Tensor], torch.Tensor | None]]  # per group: (segments, what's read)
 # The dense exchange's wire dtype: a bf16 all-reduce of the shard's coefficients.
 DENSE_DTYPE = torch.bfloat16
+# bf16 keeps 8 significant bits: a count of senders summed in it is exact up to 256.
+MAX_COUNTED_RANKS = 256
 
 
 @dataclass
@@ -176,6 +178,13 @@ class DeMoReplicator(Replicator):
         self.dense = self.exchange in ("dense", "dense-mean") or (
             self.exchange == "auto" and dense_is_cheaper(self.bucket_bytes, self.dense_bytes,
                                                          ranks))
+        if self.counted and self.dense and ranks > MAX_COUNTED_RANKS:
+            # A ring all-reduce adds one rank at a time: a bf16 count of ones stops at 256, and
+            # the divisor would be wrong without a word. Refuse rather than train on it.
+            raise ValueError(
+                f"exchange {self.exchange!r} all-reduces a bf16 count of senders, exact only up "
+                f"to {MAX_COUNTED_RANKS} replicas, and this group has {ranks}; use exchange "
+                "'dense' (the sum over all replicas) or 'allgather'.")
 
     # -- the paper's steps ---------------------------------------------------------------------
     def decay_and_add(self, grads: list[torch.Tensor], lrs: list[float]) -> None:

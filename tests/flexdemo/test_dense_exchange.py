@@ -57,7 +57,7 @@ def test_methods_keep_the_all_gather_by_default():
         assert method_record(name).knobs.exchange == "allgather"
 
 
-@pytest.mark.parametrize("ranks", [2, 8, 23, 24, 25, 46, 47, 1024])
+@pytest.mark.parametrize("ranks", [2, 8, 23, 24, 25, 46, 47, 256])
 def test_auto_picks_the_closed_form_choice(ranks):
     # One 64 x 64 weight in flat chunks of 64, top 4: per chunk 4 bf16 values (8 bytes) and
     # 4 indices of 6 bits (3 bytes): 64 x 11 = 704 bytes; dense: 4096 bf16 = 8192 bytes, and
@@ -285,3 +285,16 @@ def test_a_dense_run_records_its_all_reduce_and_simulate_replays_it(tmp_path, ca
     printed = capsys.readouterr().out
     assert "all_reduce: tree (64 nodes" in printed
     assert "exact: inter-node all_reduce" in printed and "approximate" not in printed
+
+
+@pytest.mark.parametrize("exchange", ["dense-mean", "auto"])
+def test_a_count_of_senders_beyond_bf16s_exact_integers_is_refused(exchange):
+    # A ring adds one rank at a time: a bf16 count of ones stops at 256, so 257 replicas would
+    # divide by a wrong count; dense (a sum over N) has no count and runs.
+    rep = DeMoReplicator(dataclasses.replace(FLEXDEMO, exchange=exchange))
+    with pytest.raises(ValueError, match="exact only up to 256 replicas, and this group has "
+                                         "257; use exchange 'dense'"):
+        rep.setup([torch.zeros(64, 64)], None, 257)
+    dense = DeMoReplicator(dataclasses.replace(FLEXDEMO, exchange="dense"))
+    dense.setup([torch.zeros(64, 64)], None, 257)
+    assert dense.dense and not dense.counted
