@@ -328,23 +328,13 @@ def compare(args: argparse.Namespace) -> Comparison:
     rows = []
     noise: dict[str, list[np.ndarray]] = {}
     unfinished = [(c, None) for c in candidates if c.status != "done"]
-    shown: set[str] = set()
     for c, run in [*runs, *unfinished]:
+        first_of_variant = c.variant not in notes
         mine = notes.setdefault(c.variant, [])
-        if run is None:  # a sweep unit that failed or never ran: a miss, as in the sweep's table
-            mine.append(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)")
-            ttt = math.inf
-        elif run.meta.get("status") == "diverged":  # as a sweep scores it: never reached
-            mine.append(f"{c.path.name} diverged (run.json status): counted as a miss (inf)")
-            ttt = math.inf
-        else:
-            # The replay's rules are the same for every seed of a method: its first run's shown.
-            ttt, samples = _time_to_target(args, run, settings, target,
-                                           [] if c.variant in shown else mine,
-                                           bases.get(c.variant))
-            shown.add(c.variant)
-        noise.setdefault(c.variant, []).append(
-            np.full(step_noise.RESAMPLES, ttt) if run is None or samples is None else samples)
+        # The replay's rules are the same for every seed of a method: its first run's shown.
+        ttt, samples = _score(args, c, run, settings, target, mine if first_of_variant else [],
+                              mine, bases.get(c.variant))
+        noise.setdefault(c.variant, []).append(samples)
         rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
                      "network": network, "time_to_target_s": ttt,
                      "reached": math.isfinite(ttt), "run": str(c.path)})
@@ -354,8 +344,7 @@ def compare(args: argparse.Namespace) -> Comparison:
                               for v, m in zip(table["variant"], table["ttt_median_s"],
                                               strict=True)})
     table = table.set_index("variant").loc[order].reset_index()
-    if getattr(args, "step_noise", False):
-        table = _widened(table, noise)
+    table = _widened(table, noise) if getattr(args, "step_noise", False) else table
     first = ranking.winners(frame).iloc[0]
     kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
     assumptions = [f"target val_loss {target:.4f}: {rule}", *_grouped(notes),
@@ -363,6 +352,20 @@ def compare(args: argparse.Namespace) -> Comparison:
                    step_noise.note() if getattr(args, "step_noise", False) else ""]
     return Comparison(network, target, rule, frame, table, first,
                       _sentence(table, first), [a for a in assumptions if a], basis_text)
+
+
+def _score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
+           settings: ReplaySettings, target: float, replay_notes: list[str], notes: list[str],
+           compute_s: float | None) -> tuple[float, np.ndarray]:
+    """One candidate's time to target and its step-time resamples (a miss: inf in all)."""
+    if run is None:  # a sweep unit that failed or never ran: a miss, as in the sweep's table
+        notes.append(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)")
+        return math.inf, np.full(step_noise.RESAMPLES, math.inf)
+    if run.meta.get("status") == "diverged":  # as a sweep scores it: never reached
+        notes.append(f"{c.path.name} diverged (run.json status): counted as a miss (inf)")
+        return math.inf, np.full(step_noise.RESAMPLES, math.inf)
+    ttt, samples = _time_to_target(args, run, settings, target, replay_notes, compute_s)
+    return ttt, np.full(step_noise.RESAMPLES, ttt) if samples is None else samples
 
 
 def _widened(table: pd.DataFrame, noise: dict[str, list[np.ndarray]]) -> pd.DataFrame:

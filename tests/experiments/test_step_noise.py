@@ -1,4 +1,4 @@
-"""Step-time resampling (`compare --step-noise`): closed forms of the block bootstrap and widening."""
+"""`compare --step-noise`: closed forms of the step-time block bootstrap and of widening."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def test_a_block_as_long_as_the_recording_draws_it_unchanged() -> None:
     short = step_noise.block_resample(values, 7, 3, np.random.default_rng(1), 50)
     assert short.shape == (50, 7)
     # Each block is 3 consecutive recorded steps.
-    assert (np.diff(short[:, :3], axis=1) == 1).all() and (np.diff(short[:, 3:6], axis=1) == 1).all()
+    assert (np.diff(short[:, :3], axis=1) == 1).all()
+    assert (np.diff(short[:, 3:6], axis=1) == 1).all()
 
 
 def test_constant_compute_gives_no_spread() -> None:
