@@ -2,7 +2,8 @@
 
 A replay lays each step's recorded compute (scaled) on the time axis in the order the run
 recorded it, so one unlucky stretch of load moves that run's time to target. Here the recorded
-compute per step (`steps.parquet` `compute_s`) is resampled in blocks of BLOCK_STEPS consecutive
+compute per step (`steps.parquet` `compute_s`, every recorded step: those after the target are
+draws of the same machine too) is resampled in blocks of BLOCK_STEPS consecutive
 steps (a moving-block bootstrap: a load burst a few steps long stays together) and swapped in
 for the recorded sequence: each resample is a time axis the same run could have had. The swap is
 additive, step by step: a step's modeled communication stays as replayed and is taken as serial
