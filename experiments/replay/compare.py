@@ -40,16 +40,19 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
+from experiments.replay import step_noise
 from experiments.replay.loss_curve import Recording, choose_loss_curve
 from experiments.replay.simulate import (
     RecordedRun,
     ReplaySettings,
     add_replay_arguments,
     check_replay_arguments,
+    declared_compute_scale,
     read_run,
     replay_settings,
     replay_with,
@@ -204,8 +207,10 @@ def _grouped(notes: dict[str, list[str]]) -> list[str]:
 
 
 def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: ReplaySettings,
-                    target: float, notes: list[str], compute_s: float | None = None) -> float:
-    """One run replayed on the flags' network: its time to target (inf for a miss).
+                    target: float, notes: list[str],
+                    compute_s: float | None = None) -> tuple[float, np.ndarray | None]:
+    """One run replayed on the flags' network: its time to target (inf for a miss), and with
+    --step-noise its times to target over resampled compute (`step_noise`), else None.
 
     The replay's basis, loss curve and model notes are added to `notes`."""
     curve = choose_loss_curve(
@@ -220,7 +225,15 @@ def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: Replay
               curve.summary() if curve.stated else LOSS_AS_RECORDED]
     notes += [f"model: {replay.note}"] if replay.note else []
     points = curve.on_time_axis(replay.frame)
-    return metrics.time_to_target(points["time_s"], points["val_loss"], target)
+    ttt = metrics.time_to_target(points["time_s"], points["val_loss"], target)
+    if not getattr(args, "step_noise", False):
+        return ttt, None
+    recorded = run.steps.sort_values("step")["compute_s"].to_numpy(dtype=float)
+    scale = declared_compute_scale(args, run.steps)
+    if compute_s is not None:
+        scale *= compute_s / _recorded_compute(run)
+    return ttt, step_noise.time_to_target_samples(replay.frame, points, target, recorded, scale,
+                                                  name=run.path.name)
 
 
 def _recorded_compute(run: RecordedRun) -> float:
@@ -282,6 +295,22 @@ def _check_same_compute(args: argparse.Namespace) -> None:
                               f"and {flag} already sets every run's; give one of the two.")
 
 
+def _check_step_noise(args: argparse.Namespace,
+                      runs: list[tuple[Candidate, RecordedRun]]) -> None:
+    """ConfigError where --step-noise has no recorded compute per step to resample."""
+    if not getattr(args, "step_noise", False):
+        return
+    if args.compute_profile is not None:
+        raise ConfigError("--step-noise resamples the recorded compute per step, and "
+                          "--compute-profile replaces it phase by phase; give one of the two.")
+    for c, r in runs:
+        values = r.steps["compute_s"] if "compute_s" in r.steps else pd.Series(dtype=float)
+        if r.meta.get("status", "done") != "diverged" and not (
+                len(values) and np.isfinite(values).all() and (values >= 0).all()):
+            raise ConfigError(f"{str(c.path)!r} has no finite compute per step in its "
+                              "steps.parquet (compute_s); --step-noise cannot resample it.")
+
+
 def compare(args: argparse.Namespace) -> Comparison:
     """Replay every run on the flags' network and rank the methods (ConfigError if refused)."""
     check_replay_arguments(args)
@@ -290,27 +319,22 @@ def compare(args: argparse.Namespace) -> Comparison:
     settings = replay_settings(args)
     runs = [(c, read_run(c.path)) for c in candidates if c.status == "done"]
     _check_same_training(runs, args)
+    _check_step_noise(args, runs)
     target, rule = _target(args, sweep_target, runs)
     bases, basis_text = compute_basis(args, runs)
     network = (f"the sites of {args.topology}" if args.topology is not None
                else f"{args.inter_bw} / {args.inter_lat or '0ms'}")
     notes: dict[str, list[str]] = {}
     rows = []
+    noise: dict[str, list[np.ndarray]] = {}
     unfinished = [(c, None) for c in candidates if c.status != "done"]
-    shown: set[str] = set()
     for c, run in [*runs, *unfinished]:
+        first_of_variant = c.variant not in notes
         mine = notes.setdefault(c.variant, [])
-        if run is None:  # a sweep unit that failed or never ran: a miss, as in the sweep's table
-            mine.append(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)")
-            ttt = math.inf
-        elif run.meta.get("status") == "diverged":  # as a sweep scores it: never reached
-            mine.append(f"{c.path.name} diverged (run.json status): counted as a miss (inf)")
-            ttt = math.inf
-        else:
-            # The replay's rules are the same for every seed of a method: its first run's shown.
-            ttt = _time_to_target(args, run, settings, target,
-                                  [] if c.variant in shown else mine, bases.get(c.variant))
-            shown.add(c.variant)
+        # The replay's rules are the same for every seed of a method: its first run's shown.
+        ttt, samples = _score(args, c, run, settings, target, mine if first_of_variant else [],
+                              mine, bases.get(c.variant))
+        noise.setdefault(c.variant, []).append(samples)
         rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
                      "network": network, "time_to_target_s": ttt,
                      "reached": math.isfinite(ttt), "run": str(c.path)})
@@ -320,12 +344,38 @@ def compare(args: argparse.Namespace) -> Comparison:
                               for v, m in zip(table["variant"], table["ttt_median_s"],
                                               strict=True)})
     table = table.set_index("variant").loc[order].reset_index()
+    table = _widened(table, noise) if getattr(args, "step_noise", False) else table
     first = ranking.winners(frame).iloc[0]
     kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
     assumptions = [f"target val_loss {target:.4f}: {rule}", *_grouped(notes),
-                   intervals.interval_note(kinds)]
+                   intervals.interval_note(kinds),
+                   step_noise.note() if getattr(args, "step_noise", False) else ""]
     return Comparison(network, target, rule, frame, table, first,
                       _sentence(table, first), [a for a in assumptions if a], basis_text)
+
+
+def _score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
+           settings: ReplaySettings, target: float, replay_notes: list[str], notes: list[str],
+           compute_s: float | None) -> tuple[float, np.ndarray]:
+    """One candidate's time to target and its step-time resamples (a miss: inf in all)."""
+    if run is None:  # a sweep unit that failed or never ran: a miss, as in the sweep's table
+        notes.append(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)")
+        return math.inf, np.full(step_noise.RESAMPLES, math.inf)
+    if run.meta.get("status") == "diverged":  # as a sweep scores it: never reached
+        notes.append(f"{c.path.name} diverged (run.json status): counted as a miss (inf)")
+        return math.inf, np.full(step_noise.RESAMPLES, math.inf)
+    ttt, samples = _time_to_target(args, run, settings, target, replay_notes, compute_s)
+    return ttt, np.full(step_noise.RESAMPLES, ttt) if samples is None else samples
+
+
+def _widened(table: pd.DataFrame, noise: dict[str, list[np.ndarray]]) -> pd.DataFrame:
+    """The ranked table with each time-to-target bracket widened by its runs' resampled times."""
+    table = table.copy()
+    for i, row in table.iterrows():
+        wide = intervals.widened(_ttt_interval(row), noise[row["variant"]])
+        table.loc[i, ["ttt_low_s", "ttt_high_s", "ttt_interval"]] = [wide.low, wide.high,
+                                                                     wide.kind]
+    return table
 
 
 def _sentence(table: pd.DataFrame, first: pd.Series) -> str:
@@ -407,6 +457,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="replay on one compute basis: each method's median recorded compute "
                         "per step over its seeds (method), or one for every run (all); default: "
                         "each run's own")
+    parser.add_argument("--step-noise", action="store_true",
+                        help="widen each time-to-target bracket by the runs' recorded step-time "
+                        "variation (a block bootstrap of each run's compute per step)")
     parser.add_argument("--target", type=float,
                         help="target validation loss (default: a sweep folder's own target, "
                         "else hsdp-adamw's median final val_loss + 2%%)")

@@ -86,8 +86,9 @@ log = logging.getLogger(__name__)
 MAX_STEPS = 1_000_000  # a replayed step costs ~0.1-1 ms of model time: this is minutes already
 
 __all__ = ["RecordedRun", "ReplaySettings", "add_replay_arguments", "check_replay_arguments",
-           "configure", "gossip_degrees", "gossip_site_rounds", "loss_on_time_axis", "main",
-           "read_run", "replay_settings", "replay_with", "simulate_run"]
+           "configure", "declared_compute_scale", "gossip_degrees", "gossip_site_rounds",
+           "loss_on_time_axis", "main", "read_run", "replay_settings", "replay_with",
+           "simulate_run"]
 
 # The intra-node link a declared accelerator profile is modeled on when the run set none: the
 # RunConfig default, an NVLink-class link (per-GPU bus bandwidth of ~100 GB/s, a few us a message).
@@ -509,7 +510,7 @@ def replay_with(args: argparse.Namespace, run: RecordedRun, settings: ReplaySett
     profile = settings.profile
     if profile is not None:
         profile.check_fits(run.config, args.compute_profile)
-    declared = _compute_scale(args, run.steps)
+    declared = declared_compute_scale(args, run.steps)
     scale = declared
     if compute_s is not None:
         scale *= compute_s / float(run.steps["compute_s"].median())
@@ -698,7 +699,7 @@ def _basis_lines(args: argparse.Namespace, run: RecordedRun, replay: Replay, int
     return lines + [_overlap_line(args, run, replay.overlap, _declares_hardware(args, profile))]
 
 
-def _compute_scale(args: argparse.Namespace, steps: pd.DataFrame) -> float:
+def declared_compute_scale(args: argparse.Namespace, steps: pd.DataFrame) -> float:
     """--compute-scale, or --step-compute over the run's median compute per step."""
     if args.step_compute is None:
         return args.compute_scale or 1.0

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["CONFIDENCE", "MIN_SEEDS", "RESAMPLES", "Interval", "interval_note", "median_interval",
-           "ranked", "ratio", "ratio_interval", "separation"]
+           "ranked", "ratio", "ratio_interval", "separation", "widened"]
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -39,7 +39,8 @@ class Interval:
     n: int
     """Seeds (or seed pairs) the median is over."""
     kind: str
-    """"bootstrap" (n >= MIN_SEEDS), "range" (2 seeds: min–max), "single" or "none" (no data)."""
+    """"bootstrap" (n >= MIN_SEEDS), "range" (2 seeds: min–max), "single" or "none" (no data);
+    "resampled": one seed's bracket over its resampled step times (`widened`)."""
 
     def includes(self, value: float) -> bool:
         """Whether `value` lies inside the bracket (a NaN bracket includes everything)."""
@@ -70,6 +71,8 @@ def interval_note(kinds: set[str] | list[str]) -> str:
         parts.append("with 2 seeds: the range (min–max), not an interval")
     if "single" in kinds:
         parts.append("one seed: no bracket")
+    if "resampled" in kinds:
+        parts.append(f"one seed: the {CONFIDENCE:.0%} range of its step-time resamples")
     return "Brackets: " + "; ".join(parts) + "." if parts else ""
 
 
@@ -104,6 +107,38 @@ def _quantiles(draws: np.ndarray, confidence: float) -> tuple[float, float]:
     tail = (1.0 - confidence) / 2.0
     low, high = np.quantile(draws, [tail, 1.0 - tail], method="inverted_cdf")
     return float(low), float(high)
+
+
+def widened(interval: Interval, samples: list[np.ndarray], *,
+            confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+            seed: int = _RNG_SEED) -> Interval:
+    """`interval` (a median over seeds) widened by each seed's resampled times to target.
+
+    `samples` holds, per seed, that run's time to target under resampled step times. One
+    seed: the percentile bounds of its samples. Two: the range from the lowest seed's lower
+    bound to the highest seed's upper one. From MIN_SEEDS on: a two-level bootstrap (seeds with
+    replacement, then one resample of each) of the median. The result never lies inside
+    `interval`: it holds the seed bracket and the step-time one.
+    """
+    if not samples or interval.kind == "none":
+        return interval
+    if len(samples) == 1:
+        low, high = _quantiles(samples[0], confidence)
+        kind = "resampled"
+    elif len(samples) < MIN_SEEDS:
+        bounds = [_quantiles(s, confidence) for s in samples]
+        low, high = min(b[0] for b in bounds), max(b[1] for b in bounds)
+        kind = interval.kind
+    else:
+        rng = np.random.default_rng(seed)
+        table = np.stack(samples)
+        picked = rng.integers(0, table.shape[0], size=(resamples, table.shape[0]))
+        column = rng.integers(0, table.shape[1], size=picked.shape)
+        low, high = _quantiles(np.median(table[picked, column], axis=-1), confidence)
+        kind = interval.kind
+    if not math.isnan(interval.low):
+        low, high = min(low, interval.low), max(high, interval.high)
+    return Interval(interval.median, low, high, interval.n, kind)
 
 
 def ratio(baseline_ttt: float, ttt: float) -> float:

@@ -8,11 +8,13 @@ import shutil
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from experiments import cli
-from experiments.replay import compare
+from experiments.errors import ConfigError
+from experiments.replay import compare, step_noise
 from experiments.report import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,3 +206,49 @@ def test_same_compute_method_puts_a_methods_seeds_on_their_median(tmp_path: Path
     assert own[0] < times[0] < own[1]
     recorded = pd.read_parquet(seed0 / "steps.parquet")["compute_s"].median()
     assert f"(hsdp-adamw {1.5 * recorded:.4g} s)" in result.compute_basis
+
+
+def _noisy_copy(tmp_path: Path, name: str, sigma: float, seed: int) -> Path:
+    """The 4x1 hsdp-adamw recording with its compute per step replaced by a known spread:
+    its median plus sigma x a fixed standard normal draw per step (the trace left as is)."""
+    path = _slowed_copy(tmp_path, name, 1.0, seed=seed)
+    steps = pd.read_parquet(path / "steps.parquet")
+    z = np.random.default_rng(3).standard_normal(len(steps))
+    steps["compute_s"] = steps["compute_s"].median() + sigma * z
+    steps.to_parquet(path / "steps.parquet", index=False)
+    return path
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not DECENTRALIZED.is_dir(), reason="needs results/decentralized")
+def test_step_noise_widens_the_bracket_by_the_recorded_spread(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sigma = 0.02
+    runs = [str(_noisy_copy(tmp_path, f"s{s}", sigma, s)) for s in (0, 1)]
+    net = ["--inter-bw", "100Mbit", "--inter-lat", "10ms", "--target", "2.9"]
+    plain = _compare(*runs, *net).table.iloc[0]
+    assert plain["ttt_low_s"] == plain["ttt_high_s"]  # two identical recordings: no seed spread
+    noisy = _compare(*runs, *net, "--step-noise")
+    row = noisy.table.iloc[0]
+    assert row["ttt_median_s"] == plain["ttt_median_s"]  # the recorded replay is unchanged
+    steps = pd.read_parquet(runs[0] + "/steps.parquet")
+    k = int(steps.loc[steps["val_loss"] <= 2.9, "step"].iloc[0]) + 1  # steps up to the target
+    spread = steps["compute_s"].std(ddof=0) * math.sqrt(k)
+    # Two seeds: from the lower seed's 2.5% to the higher's 97.5%, about +-1.96 sd each side.
+    assert row["ttt_high_s"] - row["ttt_low_s"] == pytest.approx(2 * 1.96 * spread, rel=0.3)
+    assert row["ttt_low_s"] < row["ttt_median_s"] < row["ttt_high_s"]
+    assert noisy.assumptions[-1] == step_noise.note()
+    out = tmp_path / "cmp.csv"
+    assert cli.main(["compare", *runs, *net, "--step-noise", "--out", str(out)]) == 0
+    assert step_noise.note() in capsys.readouterr().out
+    assert pd.read_csv(out)["ttt_high_s"].iloc[0] == pytest.approx(row["ttt_high_s"])
+
+
+@pytest.mark.skipif(not DECENTRALIZED.is_dir(), reason="needs results/decentralized")
+def test_step_noise_refuses_a_run_without_compute_per_step(tmp_path: Path) -> None:
+    path = _slowed_copy(tmp_path, "r", 1.0)
+    steps = pd.read_parquet(path / "steps.parquet")
+    steps.drop(columns=["compute_s"]).to_parquet(path / "steps.parquet", index=False)
+    with pytest.raises(ConfigError, match="no finite compute per step"):
+        _compare(str(path), "--inter-bw", "1Gbit", "--target", "2.9", "--step-noise")
