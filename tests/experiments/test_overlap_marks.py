@@ -40,7 +40,11 @@ def test_a_real_run_marks_every_unit_and_attributes_every_reduce_scatter(tmp_pat
     args = dict(inter_bw="10Mbit", inter_lat="1ms", compute_scale=0.1, intra="model")
     serial = simulate_run(run, overlap="recorded", **args).frame["time_s"].iloc[-1]
     overlapped = simulate_run(run, overlap="fsdp2", **args).frame["time_s"].iloc[-1]
-    assert 0 < overlapped <= serial
+    # Not a strict <=: the two positions of a node reach their marks at their own recorded
+    # times, so in fsdp2 mode one position's streamed all-reduce can run alone on the node's NIC
+    # and then share it, and the order of that sharing moved the last op's end by 25 us of
+    # 388 ms in one of three runs of a real recording. Overlap must never cost more than that.
+    assert 0 < overlapped <= serial * (1 + 1e-3)
 
 
 def test_fsdp2_overlap_on_a_recording_without_marks_is_one_sentence(tmp_path, capsys):
