@@ -34,6 +34,8 @@ _ITEMSIZE = 4  # bytes of an fp32 parameter: parallelize sets no mixed precision
 # Order of an inserted op against a recorded row at the same moment: before it, or after it.
 _BEFORE, _ROW, _AFTER = -1, 0, 1
 _TIMES = ("start_s", "wait_s", "end_s")
+# A moment and its order, compared as a pair (time first) when sorting and searching.
+_KEY = [("t", float), ("o", int)]
 
 
 def _one_op(rank: int, step: int, op: str, unit: int, nbytes: int, seconds: float, at: float,
@@ -102,14 +104,12 @@ def add_fsdp2_traffic(trace: pd.DataFrame, units: list, g_new: int, link: Link,
     shifted = trace.copy()
     for rank, ops in added.groupby("rank"):
         ops = ops.sort_values(["_at", "_order"], kind="stable")
-        keys = list(zip(ops["_at"], ops["_order"], strict=True))
+        keys = np.array(list(zip(ops["_at"], ops["_order"], strict=True)), dtype=_KEY)
         done = np.concatenate([[0.0], np.cumsum(ops["_seconds"].to_numpy())])
         mine = shifted["rank"] == rank
         for column in _TIMES:  # a recorded moment moves by every op inserted before it
             times = shifted.loc[mine, column].to_numpy()
-            before = np.searchsorted(np.array(keys, dtype=[("t", float), ("o", int)]),
-                                     np.array([(t, _ROW) for t in times],
-                                              dtype=[("t", float), ("o", int)]))
+            before = np.searchsorted(keys, np.array([(t, _ROW) for t in times], dtype=_KEY))
             shifted.loc[mine, column] = times + done[before]
         start = ops["_at"].to_numpy() + done[:-1]
         added.loc[ops.index, "start_s"] = start
