@@ -22,11 +22,11 @@ from ._checks import check, in_unit_interval, int_at_least
 from .chunking import CHUNKINGS
 from .graphs import GRAPHS, graph_ladder, graph_problem
 
-__all__ = ["BASES", "EXCHANGES", "MAX_DCT_CHUNK", "VALUE_DTYPES", "VALUE_FORMATS", "AdaKnobs",
-           "DeMoKnobs", "DiLoCoKnobs", "EveryKnobs", "GossipKnobs", "Knobs", "MomentumKnobs",
-           "PartialKnobs",
-           "OUTER_FORMATS", "RandomKnobs", "ScheduleKnobs", "StepKnobs", "StreamingDiLoCoKnobs",
-           "StridingKnobs", "check_ada_thresholds",
+__all__ = ["BASES", "EXCHANGES", "FRAGMENT_CUTS", "MAX_DCT_CHUNK", "VALUE_DTYPES",
+           "VALUE_FORMATS", "AdaKnobs", "DeMoKnobs", "DiLoCoKnobs", "EveryKnobs", "GossipKnobs",
+           "Knobs", "MomentumKnobs", "PartialKnobs", "OUTER_FORMATS", "RandomKnobs",
+           "ScheduleKnobs", "StepKnobs", "StreamingDiLoCoKnobs", "StridingKnobs",
+           "check_ada_thresholds",
            "check_base", "check_dct_chunk", "check_value_format"]
 
 # The wire formats of flexdemo.formats (which owns their encodings), listed here so that they
@@ -38,6 +38,8 @@ VALUE_DTYPES = ("bf16", "fp32")
 EXCHANGES = ("allgather", "dense", "dense-mean", "auto")
 # Streaming DiLoCo's wire formats of a fragment's pseudo-gradient (replicators/outer_wire.py).
 OUTER_FORMATS = ("fp32", "bf16", "int8", "4bit")
+# How streaming-diloco cuts its fragments: whole parameters (torchft) or equal element runs.
+FRAGMENT_CUTS = ("parameters", "elements")
 BASES = ("sign", "adamw")
 
 # The largest DCT chunk side. A side-n chunk needs an n x n basis, built in float64 beside a few
@@ -347,10 +349,15 @@ class StreamingDiLoCoKnobs(Knobs):
     """Wire format of a fragment's pseudo-gradient: fp32 or bf16 (all-reduced), int8 or 4bit
     (all-gathered codes with one fp32 scale per fragment); what rounding loses is carried
     to that fragment's next sync (error feedback)."""
+    fragment_cut: str = "parameters"
+    """How the fragments are cut: "parameters" (contiguous runs of whole parameters, as
+    torchft) or "elements" (equal runs of the rank's flattened parameters, a parameter split
+    between two fragments where the cut falls, so every sync sends the same bytes to within
+    one element)."""
 
     def check(self) -> None:
         """Positive ``sync_every`` and ``num_fragments``, the one dividing the other; a delay
-        below the fragment period; alpha in [0, 1]; the outer step; a known format."""
+        below the fragment period; alpha in [0, 1]; the outer step; a known format and cut."""
         int_at_least("sync_every", self.sync_every, 1)
         int_at_least("num_fragments", self.num_fragments, 1)
         check(self.sync_every % self.num_fragments == 0,
@@ -368,6 +375,9 @@ class StreamingDiLoCoKnobs(Knobs):
         check(self.outer_format in OUTER_FORMATS,
               f"outer_format={self.outer_format!r} is unknown; use one of "
               f"{', '.join(OUTER_FORMATS)}.")
+        check(self.fragment_cut in FRAGMENT_CUTS,
+              f"fragment_cut={self.fragment_cut!r} is unknown; use one of "
+              f"{', '.join(FRAGMENT_CUTS)}.")
 
 
 @dataclass(frozen=True)

@@ -51,11 +51,14 @@ def load_config(path: str | None, flags: dict[str, Any], sets: list[str]) -> Run
 def check_against_model(cfg: RunConfig) -> None:
     """ConfigError for knobs a built-in workload's model rules out, before any rank starts.
 
-    streaming-diloco's fragments are runs of whole parameters, so there can be no more of them
-    than parameter tensors. A user's workload is built only inside the ranks, which refuse
-    such a setting there (exit 1).
+    streaming-diloco's fragments are runs of whole parameters (unless cut by element), so there
+    can be no more of them than parameter tensors. A user's workload is built only inside the
+    ranks, which refuse such a setting there (exit 1).
     """
-    fragments = cfg.knob_values().get("num_fragments")
+    knobs = cfg.knob_values()
+    fragments = knobs.get("num_fragments")
+    if knobs.get("fragment_cut") == "elements":
+        fragments = None  # any count up to the elements, which no model here falls below
     model = builtin_model(cfg.workload) if fragments is not None else None
     if model is None:
         return
@@ -63,7 +66,7 @@ def check_against_model(cfg: RunConfig) -> None:
     if fragments > tensors:
         raise ConfigError(f"num_fragments={fragments} is more than the {tensors} parameter "
                           f"tensors of {cfg.workload}; fragments are runs of whole parameters, "
-                          f"so use num_fragments <= {tensors}.")
+                          f"so use num_fragments <= {tensors} (or fragment_cut='elements').")
 
 
 def _run_table(path: str, raw: dict[str, Any]) -> dict[str, Any]:

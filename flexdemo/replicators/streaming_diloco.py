@@ -20,8 +20,11 @@ class StreamingDiLoCoReplicator(Replicator):
     The parameter list is cut into ``num_fragments`` contiguous runs of whole parameters:
     fragment f holds parameters ``[n*f // F, n*(f+1) // F)`` of the ``n`` the optimizer hands
     in (``model.parameters()`` order: embeddings, block 0, block 1, ..., head), the way
-    torchft's ``model_fragments`` are contiguous pieces of the model. Each fragment keeps its
-    own anchor (its parameters at its last sync) and its own outer
+    torchft's ``model_fragments`` are contiguous pieces of the model. With ``fragment_cut =
+    "elements"`` the cut is by element instead: fragment f holds elements ``[N*f // F,
+    N*(f+1) // F)`` of the ``N`` in the parameters laid end to end, so a parameter the cut falls
+    in is split between two fragments and every sync sends the same bytes (to one element).
+    Each fragment keeps its own anchor (its parameters at its last sync) and its own outer
     ``torch.optim.SGD(nesterov=True)``.
 
     Schedule (1-based steps, ``P = sync_every // num_fragments``, ``tau =
@@ -85,13 +88,14 @@ class StreamingDiLoCoReplicator(Replicator):
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Cut the fragments and give each its anchor and outer optimizer."""
         super().setup(params, group, ranks)
-        n, frags = len(params), self.num_fragments
-        check(frags <= n, f"num_fragments={frags} is more than the {n} parameter tensors "
-                          "handed in; fragments are runs of whole parameters, so use "
-                          f"num_fragments <= {n}.")
-        cuts = [n * f // frags for f in range(frags + 1)]
-        self.fragments = [range(cuts[f], cuts[f + 1]) for f in range(frags)]
-        self.anchors = [[params[i].detach().clone() for i in r] for r in self.fragments]
+        if self.fragment_cut == "elements":
+            self.pieces = _element_pieces(params, self.num_fragments)
+            self.fragments = [range(f[0][0], f[-1][0] + 1) for f in self.pieces]
+        else:
+            self.fragments = _parameter_runs(len(params), self.num_fragments)
+            self.pieces = [[(i, 0, params[i].numel()) for i in r] for r in self.fragments]
+        self.anchors = [[_piece(params, piece).detach().clone() for piece in pieces]
+                        for pieces in self.pieces]
         self.outers = [torch.optim.SGD(a, lr=self.outer_lr, momentum=self.outer_momentum,
                                        nesterov=True) for a in self.anchors]
         self.numels = [[a.numel() for a in anchors] for anchors in self.anchors]
@@ -122,7 +126,7 @@ class StreamingDiLoCoReplicator(Replicator):
 
     def prepare(self, f: int, params: list[torch.Tensor], stats: CommStats) -> Pending:
         """Fragment ``f``'s pseudo-gradient (plus carried rounding error), its collective posted."""
-        local = [params[i] for i in self.fragments[f]]
+        local = [_piece(params, piece) for piece in self.pieces[f]]
         x = torch.cat([(a - p).reshape(-1).float()
                        for a, p in zip(self.anchors[f], local, strict=True)])
         if self.ranks == 1 or x.numel() == 0:
@@ -144,9 +148,9 @@ class StreamingDiLoCoReplicator(Replicator):
             a.grad = g.view(a.shape).to(a.dtype)
         self.outers[f].step()
         alpha = self.fragment_update_alpha
-        for a, i in zip(anchors, self.fragments[f], strict=True):
+        for a, piece in zip(anchors, self.pieces[f], strict=True):
             a.grad = None
-            p = params[i]
+            p = _piece(params, piece)
             local = p.clone() if alpha else None
             p.copy_(a)
             if local is not None:
@@ -189,3 +193,43 @@ class StreamingDiLoCoReplicator(Replicator):
                   f"state's sync in flight for fragment {f} holds {mean.numel()} values but "
                   f"that fragment has {size}; load a state saved over the same parameters.")
             self.in_flight[int(f)] = Pending.done(mean.to(self.anchors[0][0].device, copy=True))
+
+
+# A fragment's piece of one parameter: (parameter index, first element, end element).
+Piece = tuple[int, int, int]
+
+
+def _parameter_runs(n: int, frags: int) -> list[range]:
+    """Fragment f holds parameters [n*f // F, n*(f+1) // F): contiguous runs of whole ones."""
+    check(frags <= n, f"num_fragments={frags} is more than the {n} parameter tensors handed "
+                      "in; fragments are runs of whole parameters, so use num_fragments <= "
+                      f"{n} (or fragment_cut='elements').")
+    cuts = [n * f // frags for f in range(frags + 1)]
+    return [range(cuts[f], cuts[f + 1]) for f in range(frags)]
+
+
+def _element_pieces(params: list[torch.Tensor], frags: int) -> list[list[Piece]]:
+    """Fragment f holds elements [N*f // F, N*(f+1) // F) of the parameters laid end to end."""
+    sizes = [p.numel() for p in params]
+    total = sum(sizes)
+    check(frags <= total, f"num_fragments={frags} is more than the {total} parameter elements "
+                          f"handed in; use num_fragments <= {total}.")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    out = []
+    for f in range(frags):
+        lo, hi = total * f // frags, total * (f + 1) // frags
+        out.append([(i, max(lo, s) - s, min(hi, s + n) - s)
+                    for i, (s, n) in enumerate(zip(starts, sizes, strict=True))
+                    if max(lo, s) < min(hi, s + n)])
+    for i in {i for pieces in out for i, a, b in pieces if (a, b) != (0, sizes[i])}:
+        # a split parameter is read and written through a flat view of its storage
+        check(params[i].is_contiguous(), f"parameter {i} is not contiguous, so "
+              "fragment_cut='elements' cannot split it; use fragment_cut='parameters'.")
+    return out
+
+
+def _piece(params: list[torch.Tensor], piece: Piece) -> torch.Tensor:
+    """The parameter itself when the piece is all of it, else a flat view of its elements."""
+    i, start, end = piece
+    p = params[i]
+    return p if (start, end) == (0, p.numel()) else p.view(-1)[start:end]

@@ -250,6 +250,58 @@ def test_fragments_are_contiguous_runs_of_whole_parameters():
     assert rep.fragments == _cuts(6, 4)
 
 
+def test_element_cut_sends_equal_bytes_and_splits_a_parameter():
+    params = [p.detach() for p in _model().parameters()]  # 12, 3, 6, 2, 4, 2 elements: 29
+    rep = StreamingDiLoCoReplicator(sync_every=8, num_fragments=2, fragment_cut="elements")
+    rep.setup(params, None, 1)
+    # 29 elements in two: [0, 14) and [14, 29); the cut falls inside the third parameter
+    assert rep.pieces == [[(0, 0, 12), (1, 0, 2)], [(1, 2, 3), (2, 0, 6), (3, 0, 2), (4, 0, 4),
+                                                     (5, 0, 2)]]
+    assert [sum(rep.numels[f]) for f in range(2)] == [14, 15]
+
+
+def test_element_cut_moves_each_element_with_its_own_fragment():
+    """A fragment's first sync (alpha 0) moves its elements by Nesterov's first step, the rest not.
+
+    First step of torch's Nesterov SGD on g = anchor - local: buffer g, so the anchor moves by
+    lr (1 + momentum) g; with lr 0.5 and momentum 0.5: 0.25 anchor + 0.75 local.
+    """
+    torch.manual_seed(3)
+    params = [torch.randn(3, 3), torch.randn(5)]  # 14 elements: fragment 0 holds 7 of the first
+    rep = StreamingDiLoCoReplicator(sync_every=2, num_fragments=2, fragment_sync_delay=0,
+                                    outer_lr=0.5, outer_momentum=0.5, fragment_cut="elements")
+    rep.setup(params, None, 1)
+    flat = lambda: torch.cat([p.reshape(-1) for p in params])  # noqa: E731
+    anchor = flat().clone()
+    in_frag0 = torch.arange(14) < 7
+    for frag in (in_frag0, ~in_frag0):  # step 1 syncs fragment 0, step 2 fragment 1
+        for p in params:
+            p.add_(torch.randn(p.shape))  # an inner step
+        before = flat().clone()
+        rep.replicate([], [], CommStats())
+        rep.after_update(params, CommStats())
+        after = flat()
+        assert torch.allclose(after[frag], 0.25 * anchor[frag] + 0.75 * before[frag], atol=1e-6)
+        assert torch.equal(after[~frag], before[~frag])  # the other fragment did not sync
+        anchor[frag] = after[frag]
+
+
+def test_element_cut_on_parameter_boundaries_equals_the_parameter_cut():
+    def run(cut: str) -> list[torch.Tensor]:
+        torch.manual_seed(5)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3, bias=False),
+                                    torch.nn.Linear(3, 3, bias=False))  # 9 + 9: cuts agree
+        opt = build_optimizer("streaming-diloco", model, None, lr=LR, sync_every=2,
+                              num_fragments=2, fragment_sync_delay=0, fragment_cut=cut)
+        for s in range(1, 6):
+            _set_grads(list(model.parameters()), s, 0)
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for ours, theirs in zip(run("elements"), run("parameters"), strict=True):
+        assert torch.equal(ours, theirs)
+
+
 # -- bad input: one sentence each -----------------------------------------------------------------
 @pytest.mark.parametrize(("knobs", "words"), [
     ({"sync_every": 0}, "sync_every=0 must be a positive integer."),
@@ -270,6 +322,8 @@ def test_fragments_are_contiguous_runs_of_whole_parameters():
      "outer_format='int4' is unknown; use one of fp32, bf16, int8, 4bit."),
     ({"outer_lr": 0}, "outer_lr=0 must be a number > 0."),
     ({"outer_momentum": 1.0}, "outer_momentum=1.0 must lie in [0, 1)."),
+    ({"fragment_cut": "blocks"},
+     "fragment_cut='blocks' is unknown; use one of parameters, elements."),
 ])
 def test_bad_knobs_are_one_sentence(knobs, words):
     with pytest.raises(ValueError) as err:
@@ -283,7 +337,8 @@ def test_more_fragments_than_parameters_is_refused_at_setup():
     rep = StreamingDiLoCoReplicator(sync_every=14, num_fragments=7)  # fine until it sees params
     with pytest.raises(ValueError, match=r"^num_fragments=7 is more than the 6 parameter tensors "
                                          r"handed in; fragments are runs of whole parameters, so "
-                                         r"use num_fragments <= 6\.$"):
+                                         r"use num_fragments <= 6 \(or "
+                                         r"fragment_cut='elements'\)\.$"):
         FlexDeMo(_model().parameters(), lr=LR, replicator=rep)
 
 
