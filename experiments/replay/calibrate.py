@@ -53,7 +53,7 @@ _TIMEOUT_S = 300.0
 
 
 def _time_ops(group: Any, plan: list[tuple[str, int]], repeats: int,
-              gap_s: float) -> list[list[float]]:
+              gap_s: float, group_size: int = _RANKS) -> list[list[float]]:
     """Inside a rank: the seconds of each (op, payload bytes) of `plan`, `repeats` times each."""
     import torch
     import torch.distributed as dist
@@ -62,11 +62,11 @@ def _time_ops(group: Any, plan: list[tuple[str, int]], repeats: int,
     timings = []
     for op, payload in plan:
         data = torch.ones(max(1, payload // 4))
-        gathered = torch.empty(data.numel() * _RANKS)
+        gathered = torch.empty(data.numel() * group_size)
         times = []
         for _ in range(repeats):
             time.sleep(gap_s)  # an idle link, as after a step's compute
-            dist.barrier()  # on the default group: both ranks start together
+            dist.barrier()  # on the default group: every rank (every group) starts together
             t0 = time.perf_counter()
             if op == "all_reduce":
                 dist.all_reduce(data, group=group)
@@ -87,16 +87,23 @@ def _rank_main(spec: dict) -> None:
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
+    world, size = spec.get("world", _RANKS), spec.get("group_size", _RANKS)
+    if spec.get("pin"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})  # as pinned runs place rank r
     init = spec.get("init_method", "env://")
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=_RANKS)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         group = None
         if spec["shaping"] == "wall":
             topology = netsim.Topology.from_strings(_RANKS, 1, inter_bw=spec["rate_bps"])
             shaping.install(topology, mode="wall", run_dir=spec["work"])
             group = dist.new_group(list(range(_RANKS)), backend=shaping.BACKEND)
+        elif size < world:  # one group per emulated node, each timing its own collectives
+            groups = [dist.new_group(list(range(k, k + size))) for k in range(0, world, size)]
+            group = groups[rank // size]
         plan = [tuple(p) for p in spec["plan"]]
-        timings = _time_ops(group, plan, spec["repeats"], spec["gap_s"])
+        timings = _time_ops(group, plan, spec["repeats"], spec["gap_s"], size)
         if rank == 0:
             print(json.dumps({"times_s": timings}), flush=True)
         dist.barrier()
@@ -105,9 +112,9 @@ def _rank_main(spec: dict) -> None:
         shaping.uninstall()
 
 
-def _run_ranks(start: Callable[[int], subprocess.Popen]) -> str:
+def _run_ranks(start: Callable[[int], subprocess.Popen], world: int = _RANKS) -> str:
     """Start the ranks (`start(rank)`), wait (killing all on a failure); rank 0's stdout."""
-    procs = [start(k) for k in range(_RANKS)]
+    procs = [start(k) for k in range(world)]
     try:
         outputs = [p.communicate(timeout=_TIMEOUT_S) for p in procs]
     finally:
@@ -120,14 +127,22 @@ def _run_ranks(start: Callable[[int], subprocess.Popen]) -> str:
 
 
 def _measure(shaping: str, rate_bps: float, plan: list[tuple[str, int]], repeats: int,
-             gap_s: float) -> list[float]:
-    """Median seconds of each planned collective between two ranks on links of `rate_bps`."""
-    base_env = {**os.environ, "WORLD_SIZE": str(_RANKS), "TORCH_CPP_LOG_LEVEL": "ERROR",
+             gap_s: float, shape: tuple[int, int] = (1, _RANKS)) -> list[float]:
+    """Median seconds of each planned collective between two ranks on links of `rate_bps`.
+
+    Unshaped (`shaping` "off"), `shape` = (groups, ranks per group) runs that many groups at
+    once, rank r pinned to core r mod cores, each timing its own collectives (rank 0's group
+    reports): the intra-node traffic of every node of a pinned run of that shape.
+    """
+    world = shape[0] * shape[1] if shaping == "off" else _RANKS
+    base_env = {**os.environ, "WORLD_SIZE": str(world), "TORCH_CPP_LOG_LEVEL": "ERROR",
                 "OMP_NUM_THREADS": "1"}
     pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     with tempfile.TemporaryDirectory(prefix="flexbench-calibrate-") as work:
         spec = {"shaping": shaping, "rate_bps": rate_bps, "plan": plan, "repeats": repeats,
                 "gap_s": gap_s, "work": work}
+        if shaping == "off":
+            spec.update(world=world, group_size=shape[1], pin=True)
         command = [sys.executable, "-m", "experiments.replay.calibrate", "--rank"]
         if shaping == "kernel":
             with KernelNetwork(_RANKS, TcSettings(rate_bps)) as net:
@@ -139,7 +154,7 @@ def _measure(shaping: str, rate_bps: float, plan: list[tuple[str, int]], repeats
             argv = command + [json.dumps(spec)]
             out = _run_ranks(lambda k: subprocess.Popen(
                 argv, env={**base_env, "RANK": str(k), "GLOO_SOCKET_IFNAME": loopback_interface()},
-                start_new_session=True, **pipes))
+                start_new_session=True, **pipes), world)
     timings = json.loads(out.strip().splitlines()[-1])["times_s"]
     return [statistics.median(times) for times in timings]
 
@@ -162,14 +177,19 @@ def calibrate(shaping: str, rates: list[str], payloads: list[int], repeats: int 
 
 
 def loopback_link(payloads: list[int] | None = None, repeats: int = 5,
-                  gap_s: float = 0.02) -> tuple[Link, float]:
-    """The link two unshaped gloo ranks on this machine see (ranks of one node talk over
-    loopback): (latency per hop and bandwidth fitted by least squares on relative error over
-    all-reduces and all-gathers of `payloads`, the largest relative error of the fit)."""
+                  gap_s: float = 0.02, shape: tuple[int, int] = (1, _RANKS)) -> tuple[Link, float]:
+    """The link unshaped gloo ranks of one node see on this machine (they talk over loopback):
+    (latency per hop and bandwidth fitted by least squares on relative error over all-reduces
+    and all-gathers of `payloads`, the largest relative error of the fit).
+
+    `shape` (nodes, ranks per node): measured with every node's ranks at once, pinned as a run
+    of that shape pins them, so that ranks sharing a core (more ranks than cores) pay for it
+    here as they do there: a rank woken by its collective waits for the core.
+    """
     payloads = payloads or [64 << 10, 512 << 10, 2 << 20]
     plan = [(op, payload) for op in OPS for payload in payloads]
-    measured = _measure("off", 0.0, plan, repeats, gap_s)
-    volumes = [collective_volume(op, _RANKS, payload) for op, payload in plan]
+    measured = _measure("off", 0.0, plan, repeats, gap_s, shape)
+    volumes = [collective_volume(op, shape[1], payload) for op, payload in plan]
     rows = np.array([[v.latency_steps, v.paced_bytes] for v in volumes], dtype=float)
     weight = 1.0 / np.array(measured)
     (latency, per_byte), *_ = np.linalg.lstsq(rows * weight[:, None],
@@ -182,30 +202,32 @@ def loopback_link(payloads: list[int] | None = None, repeats: int = 5,
     return link, float(np.max(np.abs(fitted / np.array(measured) - 1.0)))
 
 
-def machine_loopback() -> tuple[Link, str]:
-    """This machine's loopback link (`loopback_link`), from the cache or measured now (~10 s),
-    and a line saying which and what it is."""
-    path = cache_path("loopback")
+def machine_loopback(shape: tuple[int, int] = (1, _RANKS)) -> tuple[Link, str]:
+    """This machine's loopback link at `shape` (`loopback_link`), from the cache or measured
+    now (~10 s), and a line saying which and what it is."""
+    name = "loopback" if shape == (1, _RANKS) else f"loopback-{shape[0]}x{shape[1]}"
+    path = cache_path(name)
     here = this_machine()
     try:
         body = json.loads(path.read_text())
         if body.get("machine") == here:
             link = Link(float(body["bandwidth"]), float(body["latency_s"]))
-            return link, f"{_describe_link(link)}, found in {path} ({body.get('made', '')})"
+            return link, (f"{_describe_link(link, shape)}, found in {path} "
+                          f"({body.get('made', '')})")
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none, damaged or another machine's: measure it
-    print("measuring this machine's loopback gloo link (about 10 s)", file=sys.stderr,
-          flush=True)
-    link, error = loopback_link()
+    print(f"measuring this machine's loopback gloo link at {shape[0]}x{shape[1]} (about 10 s)",
+          file=sys.stderr, flush=True)
+    link, error = loopback_link(shape=shape)
     made = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, fit error up to {error:.1%}"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps({"machine": here, "bandwidth": link.bandwidth,
                                    "latency_s": link.latency, "made": made}, indent=1) + "\n")
-    return link, f"{_describe_link(link)}, measured now ({made}), kept in {path}"
+    return link, f"{_describe_link(link, shape)}, measured now ({made}), kept in {path}"
 
 
-def _describe_link(link: Link) -> str:
-    return (f"loopback gloo {link.bandwidth * 8 / 1e9:.3g} Gbit/s, "
+def _describe_link(link: Link, shape: tuple[int, int]) -> str:
+    return (f"loopback gloo at {shape[0]}x{shape[1]} {link.bandwidth * 8 / 1e9:.3g} Gbit/s, "
             f"{link.latency * 1e6:.3g} us a hop")
 
 

@@ -182,7 +182,8 @@ def validate(
         predictions = sorted(
             median_step_time(simulate_run(run, inter_bw=bw, inter_lat=lat, nodes=target[0],
                                           gpus_per_node=target[1], compute_scale=factor,
-                                          calibration=calibration, **intra).frame["time_s"],
+                                          calibration=calibration,
+                                          **intra.get((source, target), {})).frame["time_s"],
                              warmup)
             for run in recorded[(method, source)]
         )
@@ -196,19 +197,25 @@ def validate(
     return Validation(pd.DataFrame(rows), f"{assumed} Judged on {_BASES[compute_from]}.")
 
 
-def _loopback_for(pairs: list[tuple[Shape, Shape]]) -> tuple[dict[str, str], str]:
-    """The intra link (run settings) that FSDP2's traffic added to a recording of one rank per
-    node is timed on, and a sentence saying so; none where no pair goes from 1 rank per node to
-    more."""
-    if not any(a[1] == 1 < b[1] for a, b in pairs):
-        return {}, ""
+def _loopback_for(pairs: list[tuple[Shape, Shape]]) -> tuple[dict, str]:
+    """Per (recorded, target) pair from one rank per node to more: the intra link (run
+    settings) FSDP2's added traffic is timed on, measured at the target's shape; and a sentence
+    saying so (empty where no pair needs one)."""
     from experiments.replay.calibrate import machine_loopback
 
-    link, how = machine_loopback()
-    settings = {"intra_bw": f"{link.bandwidth * 8 / 1e6:.6g}Mbit",
-                "intra_lat": f"{link.latency * 1e6:.6g}us"}
-    return settings, (f" FSDP2's intra-node traffic, which a recording of one rank per node "
-                      f"lacks, added from the layout and timed on this machine's {how}.")
+    settings, lines = {}, []
+    for a, b in pairs:
+        if a[1] == 1 < b[1]:
+            link, how = machine_loopback(b)
+            settings[(a, b)] = {"intra_bw": f"{link.bandwidth * 8 / 1e6:.6g}Mbit",
+                                "intra_lat": f"{link.latency * 1e6:.6g}us"}
+            lines.append(f"{shape_name(a)}->{shape_name(b)}: {how}")
+    if not lines:
+        return {}, ""
+    return settings, (" FSDP2's intra-node traffic, which a recording of one rank per node "
+                      "lacks, added from the layout and timed on this machine's loopback "
+                      "measured at the target's shape, its nodes' collectives at once and "
+                      f"pinned as the run is ({'; '.join(lines)}).")
 
 
 def _assumed(base: RunConfig, shaping: str, recordings: int, calibration: Calibration | None,

@@ -106,3 +106,19 @@ def test_the_loopback_link_is_measured_once_per_machine_and_then_found(tmp_path,
     stale = json.loads(cache_path("loopback").read_text()) | {"machine": "elsewhere"}
     cache_path("loopback").write_text(json.dumps(stale))
     assert "measured now" in machine_loopback()[1]  # another machine's file is not this one's
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_the_loopback_link_of_a_shape_times_every_nodes_group_at_once(tmp_path, monkeypatch):
+    from experiments.replay.calibrate import machine_loopback
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # 2 nodes x 2 ranks: two groups of two, each all-gathering into its own 2-shard buffer (a
+    # group of the wrong size fails the collective), kept apart from the 1x2 link in the cache
+    link, how = machine_loopback((2, 2))
+    assert link.bandwidth > 1e6 and link.latency >= 0.0
+    assert "loopback gloo at 2x2" in how and "measured now" in how
+    assert cache_path("loopback-2x2").is_file() and not cache_path("loopback").exists()
+    found, again = machine_loopback((2, 2))
+    assert found == link and f"found in {cache_path('loopback-2x2')}" in again
