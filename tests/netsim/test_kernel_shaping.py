@@ -89,23 +89,28 @@ def test_a_started_process_runs_in_its_nodes_namespace_with_the_rendezvous_env()
     assert _left_behind(os.getpid()) == []
 
 
+def _probe_ranks(net: kernel.KernelNetwork, nodes: list[int]) -> None:
+    """Rank k of netsim.kernel_probe in node nodes[k]: 1 MiB all-reduced twice; all exit 0."""
+    env = {**ENV, "WORLD_SIZE": str(len(nodes)), "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    argv = [sys.executable, "-m", "netsim.kernel_probe", "--rank", "--payload", str(1 << 20),
+            "--repeats", "2"]
+    procs = [net.start(node, argv, env={**env, "RANK": str(k)}, stdout=subprocess.PIPE)
+             for k, node in enumerate(nodes)]
+    try:
+        for p in procs:
+            p.communicate(timeout=90)
+            assert p.returncode == 0
+    finally:
+        kernel.stop(procs)
+
+
 @pytest.mark.dist
 @needs_kernel
 @pytest.mark.timeout(120)
 def test_same_namespace_ranks_talk_over_loopback_not_the_shaped_link():
     net = kernel.KernelNetwork(1, kernel.TcSettings(parse_bandwidth("20Mbit")))
     with net:
-        env = {**ENV, "WORLD_SIZE": "2", "TORCH_CPP_LOG_LEVEL": "ERROR"}
-        argv = [sys.executable, "-m", "netsim.kernel_probe", "--rank", "--payload",
-                str(1 << 20), "--repeats", "2"]
-        procs = [net.start(0, argv, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE)
-                 for r in range(2)]
-        try:
-            for p in procs:
-                p.communicate(timeout=90)
-                assert p.returncode == 0
-        finally:
-            kernel.stop(procs)
+        _probe_ranks(net, nodes=[0, 0])
         sent = net.sent_bytes()
     # Gloo bound both ranks to eth0's address, yet 2 MiB went over lo: eth0 saw only the
     # kernel's own few hundred bytes of IPv6 neighbour discovery.
@@ -129,17 +134,7 @@ def test_ack_priority_sends_the_pure_acks_in_a_band_of_their_own():
     net = kernel.KernelNetwork(2, kernel.TcSettings(parse_bandwidth("100Mbit"),
                                                     ack_priority=True))
     with net:
-        env = {**ENV, "WORLD_SIZE": "2", "TORCH_CPP_LOG_LEVEL": "ERROR"}
-        argv = [sys.executable, "-m", "netsim.kernel_probe", "--rank", "--payload",
-                str(1 << 20), "--repeats", "2"]
-        procs = [net.start(k, argv, env={**env, "RANK": str(k)}, stdout=subprocess.PIPE)
-                 for k in range(2)]
-        try:
-            for p in procs:
-                p.communicate(timeout=90)
-                assert p.returncode == 0
-        finally:
-            kernel.stop(procs)
+        _probe_ranks(net, nodes=[0, 1])
         acks, ack_packets = _class_sent(net.namespace(1), "20:1")
         data, _ = _class_sent(net.namespace(1), "20:2")
     # Every packet of the first band is a bare acknowledgement (52-66 bytes with TCP's
