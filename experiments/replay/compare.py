@@ -59,8 +59,8 @@ from experiments.replay.simulate import (
 )
 from experiments.report import intervals, metrics, ranking
 
-__all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "compare", "compute_basis", "configure",
-           "find_candidates", "main"]
+__all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "Inputs", "LossCurveRefused", "compare",
+           "compute_basis", "configure", "find_candidates", "gather", "main", "rank"]
 
 OUT_SUFFIXES = (".json", ".csv")
 AS_RECORDED = ("compute, intra-node collectives, payloads and their order as recorded (the "
@@ -69,6 +69,14 @@ ON_BASIS = ("intra-node collectives, payloads and their order as recorded, compu
             "basis above; only the inter-node links are modeled")
 LOSS_AS_RECORDED = "loss curve: each run's own per step, at its recorded cluster shape and batch"
 SAME_COMPUTE = ("method", "all")
+
+
+class LossCurveRefused(Exception):
+    """A run whose loss curve cannot be carried to the target's shape: no time to target."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"no time to target for {str(path)!r}: {reason}")
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -218,7 +226,7 @@ def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: Replay
         nodes=args.nodes or run.config.nodes,
         gpus_per_node=args.gpus_per_node or run.config.gpus_per_node, rule=settings.rule)
     if curve.refusal is not None:
-        raise ConfigError(f"no time to target for {str(run.path)!r}: {curve.refusal}")
+        raise LossCurveRefused(run.path, curve.refusal)
     replay, basis = replay_with(args, run, settings, steps=curve.steps_needed(),
                                 compute_s=compute_s)
     notes += [*(basis or [AS_RECORDED if compute_s is None else ON_BASIS]), *replay.graphs,
@@ -311,8 +319,23 @@ def _check_step_noise(args: argparse.Namespace,
                               "steps.parquet (compute_s); --step-noise cannot resample it.")
 
 
-def compare(args: argparse.Namespace) -> Comparison:
-    """Replay every run on the flags' network and rank the methods (ConfigError if refused)."""
+@dataclass(frozen=True)
+class Inputs:
+    """What every network a comparison replays on shares: the runs, target and compute basis."""
+
+    candidates: list[Candidate]
+    runs: list[tuple[Candidate, RecordedRun]]
+    """The finished candidates, read once."""
+    settings: ReplaySettings
+    target: float
+    target_rule: str
+    bases: dict[str, float]
+    """`compute_basis`'s per-variant compute per step ({}: each run's own)."""
+    basis_text: str
+
+
+def gather(args: argparse.Namespace) -> Inputs:
+    """Read and check the runs the flags name, their target and compute basis (ConfigError)."""
     check_replay_arguments(args)
     _check_same_compute(args)
     candidates, sweep_target = find_candidates([Path(p) for p in args.runs])
@@ -322,36 +345,63 @@ def compare(args: argparse.Namespace) -> Comparison:
     _check_step_noise(args, runs)
     target, rule = _target(args, sweep_target, runs)
     bases, basis_text = compute_basis(args, runs)
+    return Inputs(candidates, runs, settings, target, rule, bases, basis_text)
+
+
+def compare(args: argparse.Namespace) -> Comparison:
+    """Replay every run on the flags' network and rank the methods (ConfigError if refused)."""
+    return rank(args, gather(args))
+
+
+def rank(args: argparse.Namespace, given: Inputs, *,
+         left_out: dict[str, str] | None = None) -> Comparison:
+    """Every run of `given` replayed on the flags' network, the methods ranked.
+
+    A run whose loss curve cannot be carried to the flags' shape (gossip at a node count no
+    recording has) is refused with a ConfigError; with `left_out` its method is left out of
+    the ranking instead, and `left_out[variant]` says why.
+    """
     network = (f"the sites of {args.topology}" if args.topology is not None
                else f"{args.inter_bw} / {args.inter_lat or '0ms'}")
     notes: dict[str, list[str]] = {}
     rows = []
-    noise: dict[str, list[np.ndarray]] = {}
-    unfinished = [(c, None) for c in candidates if c.status != "done"]
-    for c, run in [*runs, *unfinished]:
+    unfinished = [(c, None) for c in given.candidates if c.status != "done"]
+    for c, run in [*given.runs, *unfinished]:
+        if left_out is not None and c.variant in left_out:
+            continue
         first_of_variant = c.variant not in notes
         mine = notes.setdefault(c.variant, [])
-        # The replay's rules are the same for every seed of a method: its first run's shown.
-        ttt, samples = _score(args, c, run, settings, target, mine if first_of_variant else [],
-                              mine, bases.get(c.variant))
-        noise.setdefault(c.variant, []).append(samples)
+        try:  # the replay's rules are the same for every seed of a method: its first run's shown
+            ttt, samples = _score(args, c, run, given.settings, given.target,
+                                  mine if first_of_variant else [], mine,
+                                  given.bases.get(c.variant))
+        except LossCurveRefused as refused:
+            if left_out is None:
+                raise ConfigError(str(refused)) from None
+            left_out[c.variant] = refused.reason
+            continue
         rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
                      "network": network, "time_to_target_s": ttt,
-                     "reached": math.isfinite(ttt), "run": str(c.path)})
+                     "reached": math.isfinite(ttt), "run": str(c.path),
+                     intervals.SAMPLES_COLUMN: samples})
     frame = pd.DataFrame(rows)
+    frame = frame[~frame["variant"].isin(list(left_out or ()))]  # no seed of it half-ranked
+    notes = {v: n for v, n in notes.items() if v not in (left_out or {})}
+    if not getattr(args, "step_noise", False):  # brackets over seeds alone
+        frame = frame.drop(columns=intervals.SAMPLES_COLUMN)
     table = metrics.speedups(frame, by=("network",))
     order = intervals.ranked({v: intervals.Interval(m, m, m, 1, "single")
                               for v, m in zip(table["variant"], table["ttt_median_s"],
                                               strict=True)})
     table = table.set_index("variant").loc[order].reset_index()
-    table = _widened(table, noise) if getattr(args, "step_noise", False) else table
     first = ranking.winners(frame).iloc[0]
     kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
-    assumptions = [f"target val_loss {target:.4f}: {rule}", *_grouped(notes),
-                   intervals.interval_note(kinds),
+    assumptions = [f"target val_loss {given.target:.4f}: {given.target_rule}",
+                   *_grouped(notes), intervals.interval_note(kinds),
                    step_noise.note() if getattr(args, "step_noise", False) else ""]
-    return Comparison(network, target, rule, frame, table, first,
-                      _sentence(table, first), [a for a in assumptions if a], basis_text)
+    frame = frame.drop(columns=intervals.SAMPLES_COLUMN, errors="ignore")
+    return Comparison(network, given.target, given.target_rule, frame, table, first,
+                      _sentence(table, first), [a for a in assumptions if a], given.basis_text)
 
 
 def _score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
@@ -366,16 +416,6 @@ def _score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
         return math.inf, np.full(step_noise.RESAMPLES, math.inf)
     ttt, samples = _time_to_target(args, run, settings, target, replay_notes, compute_s)
     return ttt, np.full(step_noise.RESAMPLES, ttt) if samples is None else samples
-
-
-def _widened(table: pd.DataFrame, noise: dict[str, list[np.ndarray]]) -> pd.DataFrame:
-    """The ranked table with each time-to-target bracket widened by its runs' resampled times."""
-    table = table.copy()
-    for i, row in table.iterrows():
-        wide = intervals.widened(_ttt_interval(row), noise[row["variant"]])
-        table.loc[i, ["ttt_low_s", "ttt_high_s", "ttt_interval"]] = [wide.low, wide.high,
-                                                                     wide.kind]
-    return table
 
 
 def _sentence(table: pd.DataFrame, first: pd.Series) -> str:
