@@ -269,8 +269,10 @@ def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
                  f" ({row.crossing}/{row.pairs} seed pairs cross in the grid)"
                  for row in table.itertuples()]
         fig.text(0.01, -0.02, "\n".join(lines), ha="left", va="top", fontsize=7)
+    widened = ("; ties decided on brackets widened by step-time variation"
+               if intervals.SAMPLES_COLUMN in sim else "")
     fig.suptitle(f"{res.name}: first to val_loss {metrics.target_text(res.runs)} per cell "
-                 "(runner-up's time / first's; hatched: a tie)", fontsize=9)
+                 f"(runner-up's time / first's; hatched: a tie{widened})", fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from experiments.replay import step_noise
 from experiments.report import intervals, ranking
 from flexdemo.methods import BASELINE
 
@@ -335,6 +336,7 @@ def _time_to_target_section(sim: pd.DataFrame, target: str) -> list[str]:
         f"speed-up vs {BASELINE}, paired by seed, median [bracket])\n",
         f"{intervals.interval_note(kinds)} \"no clear winner\": the speed-up's bracket "
         "includes 1.\n",
+        *([step_noise.note() + "\n"] if intervals.SAMPLES_COLUMN in sim else []),
         COMPUTE_BASIS + "\n",
         markdown_table(pivot(table, "cell"), index_name="method") + "\n",
         "### First to the target at each network point\n",
