@@ -59,7 +59,8 @@ from experiments.replay.simulate import (
 )
 from experiments.report import intervals, metrics, ranking
 
-__all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "Inputs", "LossCurveRefused", "compare",
+__all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "Inputs", "LossCurveRefused", "NothingToRank",
+           "compare",
            "compute_basis", "configure", "find_candidates", "gather", "main", "rank"]
 
 OUT_SUFFIXES = (".json", ".csv")
@@ -77,6 +78,10 @@ class LossCurveRefused(Exception):
     def __init__(self, path: Path, reason: str) -> None:
         super().__init__(f"no time to target for {str(path)!r}: {reason}")
         self.reason = reason
+
+
+class NothingToRank(ConfigError):
+    """Every method was left out (`rank`'s left_out): no ranking on this network."""
 
 
 @dataclass(frozen=True)
@@ -384,6 +389,9 @@ def rank(args: argparse.Namespace, given: Inputs, *,
                      "network": network, "time_to_target_s": ttt,
                      "reached": math.isfinite(ttt), "run": str(c.path),
                      intervals.SAMPLES_COLUMN: samples})
+    if not rows or left_out and all(c.variant in left_out for c in given.candidates):
+        raise NothingToRank(f"no method can be timed on {network}: "
+                            + "; ".join(f"{v}: {why}" for v, why in (left_out or {}).items()))
     frame = pd.DataFrame(rows)
     frame = frame[~frame["variant"].isin(list(left_out or ()))]  # no seed of it half-ranked
     notes = {v: n for v, n in notes.items() if v not in (left_out or {})}
@@ -492,7 +500,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+",
                         help="run folders (`flexbench run`) or sweep folders (`flexbench sweep`: "
                         "every training unit)")
-    add_replay_arguments(parser)
+    add_replay_arguments(parser, grid=True)
     parser.add_argument("--same-compute", choices=SAME_COMPUTE, default=None,
                         help="replay on one compute basis: each method's median recorded compute "
                         "per step over its seeds (method), or one for every run (all); default: "
@@ -504,24 +512,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="target validation loss (default: a sweep folder's own target, "
                         "else hsdp-adamw's median final val_loss + 2%%)")
     parser.add_argument("--out", action="append", default=None, metavar="FILE",
-                        help="write the comparison to FILE (.json or .csv: the ranked table); "
-                        "repeatable")
+                        help="write the comparison to FILE (.json or .csv: the ranked table, or "
+                        "with several --nodes or --inter-bw the map; .png or .svg: the map's "
+                        "figure); repeatable")
 
 
-def _check_outs(args: argparse.Namespace) -> list[Path]:
+def _check_outs(args: argparse.Namespace, is_map: bool) -> list[Path]:
     """The --out files, checked before anything is replayed (ConfigError, one sentence)."""
+    from experiments.replay.node_map import FIGURE_SUFFIXES
+
+    allowed = OUT_SUFFIXES + (FIGURE_SUFFIXES if is_map else ())
     outs = []
     for out in args.out or ():
-        if Path(out).suffix not in OUT_SUFFIXES:
-            raise ConfigError(f"--out {out!r} must end in .json or .csv.")
+        if Path(out).suffix not in allowed:
+            raise ConfigError(f"--out {out!r} must end in {', '.join(allowed)}"
+                              + ("" if is_map else " (a figure is drawn for a map: several "
+                                 "--nodes or --inter-bw)") + ".")
         outs.append(check_output_file(out, what="--out", reads=args.runs))
     return outs
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run `flexbench compare`."""
-    outs = _check_outs(args)
-    result = compare(args)
+    """Run `flexbench compare`: one network's ranking, or a map over several."""
+    from experiments.replay import node_map
+
+    grid = node_map.cells(args)
+    outs = _check_outs(args, is_map=len(grid) > 1)
+    if len(grid) > 1:
+        return node_map.main(args, grid, outs)
+    result = compare(grid[0])
     print(f"time to val_loss <= {result.target:.4f} on {result.network} "
           f"({len(result.runs)} runs replayed):")
     print(result.compute_basis)
