@@ -44,13 +44,11 @@ import numpy as np
 import pandas as pd
 
 from experiments.errors import ConfigError
-from experiments.io import check_output_file, write_atomic
 from experiments.replay import step_noise
 from experiments.replay.loss_curve import Recording, choose_loss_curve
 from experiments.replay.simulate import (
     RecordedRun,
     ReplaySettings,
-    add_replay_arguments,
     check_replay_arguments,
     declared_compute_scale,
     read_run,
@@ -59,9 +57,9 @@ from experiments.replay.simulate import (
 )
 from experiments.report import intervals, metrics, ranking
 
-__all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "Inputs", "LossCurveRefused", "NothingToRank",
-           "compare",
-           "compute_basis", "configure", "find_candidates", "gather", "main", "rank"]
+__all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "Inputs", "LossCurveRefused",
+           "NothingToRank", "cells", "compare", "compute_basis", "find_candidates", "gather",
+           "json_rows", "json_value", "rank", "record", "score_run", "table_text"]
 
 OUT_SUFFIXES = (".json", ".csv")
 AS_RECORDED = ("compute, intra-node collectives, payloads and their order as recorded (the "
@@ -353,9 +351,36 @@ def gather(args: argparse.Namespace) -> Inputs:
     return Inputs(candidates, runs, settings, target, rule, bases, basis_text)
 
 
+def cells(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """One namespace per (node count, bandwidth), each checked as a single comparison's flags
+    (ConfigError, one sentence, before anything is read)."""
+    nodes, bws = _values(args.nodes), _values(args.inter_bw)
+    if len(nodes) * len(bws) > 1 and args.topology is not None:
+        raise ConfigError("--topology fixes the node count and every link; a map over --nodes "
+                          "needs --inter-bw instead (drop one of them).")
+    for flag, values in (("--nodes", nodes), ("--inter-bw", bws)):
+        if len(set(values)) < len(values):
+            raise ConfigError(f"{flag} lists a value twice ({' '.join(map(str, values))}); give "
+                              "each once.")
+    made = [argparse.Namespace(**{**vars(args), "nodes": n, "inter_bw": bw})
+            for n in nodes for bw in bws]
+    for cell in made:
+        check_replay_arguments(cell)
+    return made
+
+
+def _values(given: object) -> list:
+    """A flag that takes one value or several, as a list ([None]: not given)."""
+    return list(given) if isinstance(given, (list, tuple)) else [given]
+
+
 def compare(args: argparse.Namespace) -> Comparison:
     """Replay every run on the flags' network and rank the methods (ConfigError if refused)."""
-    return rank(args, gather(args))
+    grid = cells(args)
+    if len(grid) > 1:
+        raise ConfigError("compare() answers for one network; several --nodes or --inter-bw "
+                          "make a map (experiments.replay.node_map).")
+    return rank(grid[0], gather(grid[0]))
 
 
 def rank(args: argparse.Namespace, given: Inputs, *,
@@ -368,33 +393,11 @@ def rank(args: argparse.Namespace, given: Inputs, *,
     """
     network = (f"the sites of {args.topology}" if args.topology is not None
                else f"{args.inter_bw} / {args.inter_lat or '0ms'}")
-    notes: dict[str, list[str]] = {}
-    rows = []
-    unfinished = [(c, None) for c in given.candidates if c.status != "done"]
-    for c, run in [*given.runs, *unfinished]:
-        if left_out is not None and c.variant in left_out:
-            continue
-        first_of_variant = c.variant not in notes
-        mine = notes.setdefault(c.variant, [])
-        try:  # the replay's rules are the same for every seed of a method: its first run's shown
-            ttt, samples = _score(args, c, run, given.settings, given.target,
-                                  mine if first_of_variant else [], mine,
-                                  given.bases.get(c.variant))
-        except LossCurveRefused as refused:
-            if left_out is None:
-                raise ConfigError(str(refused)) from None
-            left_out[c.variant] = refused.reason
-            continue
-        rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
-                     "network": network, "time_to_target_s": ttt,
-                     "reached": math.isfinite(ttt), "run": str(c.path),
-                     intervals.SAMPLES_COLUMN: samples})
-    if not rows or left_out and all(c.variant in left_out for c in given.candidates):
+    skipped = {} if left_out is None else left_out
+    frame, notes = _replayed(args, given, network, skipped if left_out is not None else None)
+    if frame.empty:
         raise NothingToRank(f"no method can be timed on {network}: "
-                            + "; ".join(f"{v}: {why}" for v, why in (left_out or {}).items()))
-    frame = pd.DataFrame(rows)
-    frame = frame[~frame["variant"].isin(list(left_out or ()))]  # no seed of it half-ranked
-    notes = {v: n for v, n in notes.items() if v not in (left_out or {})}
+                            + "; ".join(f"{v}: {why}" for v, why in skipped.items()))
     if not getattr(args, "step_noise", False):  # brackets over seeds alone
         frame = frame.drop(columns=intervals.SAMPLES_COLUMN)
     table = metrics.speedups(frame, by=("network",))
@@ -412,7 +415,40 @@ def rank(args: argparse.Namespace, given: Inputs, *,
                       _sentence(table, first), [a for a in assumptions if a], given.basis_text)
 
 
-def _score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
+def _replayed(args: argparse.Namespace, given: Inputs, network: str,
+              left_out: dict[str, str] | None) -> tuple[pd.DataFrame, dict[str, list[str]]]:
+    """One row per run timed on the network (with its resampled times), and each method's
+    replay notes; a method whose loss curve is refused goes into `left_out` (if given)."""
+    notes: dict[str, list[str]] = {}
+    rows = []
+    unfinished = [(c, None) for c in given.candidates if c.status != "done"]
+    for c, run in [*given.runs, *unfinished]:
+        if left_out is not None and c.variant in left_out:
+            continue
+        first_of_variant = c.variant not in notes
+        mine = notes.setdefault(c.variant, [])
+        try:  # the replay's rules are the same for every seed of a method: its first run's shown
+            ttt, samples = score_run(args, c, run, given.settings, given.target,
+                                     mine if first_of_variant else [], mine,
+                                     given.bases.get(c.variant))
+        except LossCurveRefused as refused:
+            if left_out is None:
+                raise ConfigError(str(refused)) from None
+            left_out[c.variant] = refused.reason
+            continue
+        rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
+                     "network": network, "time_to_target_s": ttt,
+                     "reached": math.isfinite(ttt), "run": str(c.path),
+                     intervals.SAMPLES_COLUMN: samples})
+    frame = pd.DataFrame(rows, columns=["variant", "method", "seed", "network",
+                                        "time_to_target_s", "reached", "run",
+                                        intervals.SAMPLES_COLUMN])
+    dropped = set(left_out or ())  # a method refused on one seed is not half-ranked
+    return (frame[~frame["variant"].isin(dropped)],
+            {v: n for v, n in notes.items() if v not in dropped})
+
+
+def score_run(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
            settings: ReplaySettings, target: float, replay_notes: list[str], notes: list[str],
            compute_s: float | None) -> tuple[float, np.ndarray]:
     """One candidate's time to target and its step-time resamples (a miss: inf in all)."""
@@ -477,82 +513,23 @@ def table_text(result: Comparison) -> str:
     return "\n".join(lines)
 
 
-def _record(result: Comparison) -> dict:
+def json_value(value: object) -> object:
+    """A table cell as JSON holds it: inf as "inf", NaN as null, numpy scalars as Python's."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else "inf"
+    return value.item() if hasattr(value, "item") else value
+
+
+def json_rows(frame: pd.DataFrame) -> list[dict]:
+    """A frame's rows as JSON objects (`json_value` per cell)."""
+    return [{k: json_value(v) for k, v in r.items()} for r in frame.to_dict("records")]
+
+
+def record(result: Comparison) -> dict:
     """The comparison as JSON: network, target and its rule, the table, sentence, assumptions."""
-    def clean(value: object) -> object:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None if math.isnan(value) else "inf"
-        return value.item() if hasattr(value, "item") else value
-
-    def rows(frame: pd.DataFrame) -> list[dict]:
-        return [{k: clean(v) for k, v in r.items()} for r in frame.to_dict("records")]
-
     return {"network": result.network, "target_val_loss": result.target,
             "target_rule": result.target_rule, "compute_basis": result.compute_basis,
             "sentence": result.sentence,
-            "ranking": rows(result.table), "runs": rows(result.runs),
-            "first": {k: clean(v) for k, v in result.first.to_dict().items()},
+            "ranking": json_rows(result.table), "runs": json_rows(result.runs),
+            "first": {k: json_value(v) for k, v in result.first.to_dict().items()},
             "assumptions": result.assumptions}
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `flexbench compare`."""
-    parser.add_argument("runs", nargs="+",
-                        help="run folders (`flexbench run`) or sweep folders (`flexbench sweep`: "
-                        "every training unit)")
-    add_replay_arguments(parser, grid=True)
-    parser.add_argument("--same-compute", choices=SAME_COMPUTE, default=None,
-                        help="replay on one compute basis: each method's median recorded compute "
-                        "per step over its seeds (method), or one for every run (all); default: "
-                        "each run's own")
-    parser.add_argument("--step-noise", action="store_true",
-                        help="widen each time-to-target bracket by the runs' recorded step-time "
-                        "variation (a block bootstrap of each run's compute per step)")
-    parser.add_argument("--target", type=float,
-                        help="target validation loss (default: a sweep folder's own target, "
-                        "else hsdp-adamw's median final val_loss + 2%%)")
-    parser.add_argument("--out", action="append", default=None, metavar="FILE",
-                        help="write the comparison to FILE (.json or .csv: the ranked table, or "
-                        "with several --nodes or --inter-bw the map; .png or .svg: the map's "
-                        "figure); repeatable")
-
-
-def _check_outs(args: argparse.Namespace, is_map: bool) -> list[Path]:
-    """The --out files, checked before anything is replayed (ConfigError, one sentence)."""
-    from experiments.replay.node_map import FIGURE_SUFFIXES
-
-    allowed = OUT_SUFFIXES + (FIGURE_SUFFIXES if is_map else ())
-    outs = []
-    for out in args.out or ():
-        if Path(out).suffix not in allowed:
-            raise ConfigError(f"--out {out!r} must end in {', '.join(allowed)}"
-                              + ("" if is_map else " (a figure is drawn for a map: several "
-                                 "--nodes or --inter-bw)") + ".")
-        outs.append(check_output_file(out, what="--out", reads=args.runs))
-    return outs
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run `flexbench compare`: one network's ranking, or a map over several."""
-    from experiments.replay import node_map
-
-    grid = node_map.cells(args)
-    outs = _check_outs(args, is_map=len(grid) > 1)
-    if len(grid) > 1:
-        return node_map.main(args, grid, outs)
-    result = compare(grid[0])
-    print(f"time to val_loss <= {result.target:.4f} on {result.network} "
-          f"({len(result.runs)} runs replayed):")
-    print(result.compute_basis)
-    print(table_text(result))
-    print(result.sentence)
-    for line in result.assumptions:
-        print(f"  {line}")
-    for out in outs:
-        if out.suffix == ".csv":
-            write_atomic(out, result.table.assign(compute_basis=result.compute_basis)
-                         .to_csv(index=False))
-        else:
-            write_atomic(out, json.dumps(_record(result), indent=2) + "\n")
-        print(f"-> {out}")
-    return 0

@@ -32,15 +32,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.errors import ConfigError
 from experiments.io import write_atomic
 from experiments.replay import compare
-from experiments.replay.simulate import check_replay_arguments
 from experiments.report import crossover, intervals, metrics, ranking
 from netsim.units import parse_bandwidth
 
-__all__ = ["FIGURE_SUFFIXES", "NodeMap", "cells", "main", "map_text", "node_map",
-           "plot_node_map"]
+__all__ = ["FIGURE_SUFFIXES", "NodeMap", "main", "map_text", "node_map", "plot_node_map"]
 
 FIGURE_SUFFIXES = (".png", ".svg")
 
@@ -61,25 +58,6 @@ class NodeMap:
     target_rule: str
     compute_basis: str
     assumptions: list[str]
-
-
-def cells(args: argparse.Namespace) -> list[argparse.Namespace]:
-    """One namespace per (node count, bandwidth), each checked as a single comparison's flags
-    (ConfigError, one sentence, before anything is read)."""
-    nodes = args.nodes if args.nodes is not None else [None]
-    bws = args.inter_bw if args.inter_bw is not None else [None]
-    if len(nodes) * len(bws) > 1 and args.topology is not None:
-        raise ConfigError("--topology fixes the node count and every link; a map over --nodes "
-                          "needs --inter-bw instead (drop one of them).")
-    for flag, values in (("--nodes", nodes), ("--inter-bw", bws)):
-        if len(set(values)) < len(values):
-            raise ConfigError(f"{flag} lists a value twice ({' '.join(map(str, values))}); give "
-                              "each once.")
-    made = [argparse.Namespace(**{**vars(args), "nodes": n, "inter_bw": bw})
-            for n in nodes for bw in bws]
-    for cell in made:
-        check_replay_arguments(cell)
-    return made
 
 
 def node_map(args: argparse.Namespace, grid: list[argparse.Namespace]) -> NodeMap:
@@ -208,7 +186,7 @@ def _time_at(args: argparse.Namespace, given: compare.Inputs, found: tuple | Non
         if key not in memo:
             cell = argparse.Namespace(**{**vars(args), "nodes": nodes, "inter_bw": bw,
                                          "step_noise": False})
-            memo[key], _ = compare._score(cell, candidate, run, given.settings, given.target,
+            memo[key], _ = compare.score_run(cell, candidate, run, given.settings, given.target,
                                           [], [], given.bases.get(candidate.variant))
         return memo[key]
 
@@ -219,7 +197,7 @@ def _cell_text(row: pd.Series) -> str:
     """'diloco 1.48× [1.43–2.13] clear', or '-' where no method was timed."""
     if not isinstance(row["first"], str):
         return "-"
-    if row["runner_up"] is None:
+    if not isinstance(row["runner_up"], str):
         return f"{row['first']} (alone)"
     return f"{row['first']} {ranking.margin_text(row)} {row['verdict']}"
 
@@ -308,9 +286,7 @@ def plot_node_map(result: NodeMap):
 
 def _record(result: NodeMap) -> dict:
     """The map as JSON: title, rule, target, basis, cells, crossovers, notes."""
-    def rows(frame: pd.DataFrame) -> list[dict]:
-        return json.loads(frame.to_json(orient="records"))
-
+    rows = compare.json_rows
     return {"title": _title(result), "latency": result.latency, "loss_scaling": result.rule,
             "target_val_loss": result.target, "target_rule": result.target_rule,
             "compute_basis": result.compute_basis, "cells": rows(result.first),

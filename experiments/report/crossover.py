@@ -327,7 +327,8 @@ def draw_cells(ax, first: pd.DataFrame, x: tuple[str, list], y: tuple[str, list]
         tie = row["verdict"] == "tie"
         ax.add_patch(Rectangle((i, j), 1, 1, facecolor=palette.get(row["first"], "white"),
                                alpha=0.55, hatch="//" if tie else None, edgecolor="white"))
-        runner_up = f"\nvs {_short(row['runner_up'])}" if row["runner_up"] else ""
+        runner_up = (f"\nvs {_short(row['runner_up'])}" if isinstance(row["runner_up"], str)
+                     else "")
         ax.text(i + 0.5, j + 0.5, f"{_short(row['first'])}\n{ranking.margin_text(row)}"
                 f"{runner_up}\n{row['verdict']}", ha="center", va="center", fontsize=6.5,
                 wrap=True)
