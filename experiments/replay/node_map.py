@@ -237,8 +237,10 @@ def _legend(result: NodeMap) -> list[str]:
     for row in result.crossovers.itertuples():
         span = intervals.Interval(row.nodes_median, row.nodes_low, row.nodes_high,
                                   row.crossing, row.interval)
-        lines.append(f"{row.variant} against {metrics.BASELINE} at {row.inter_bw}: faster "
-                     f"{row.faster} {span.median:g} nodes{span.bracket(lambda v: f'{v:g}')} "
+        where = f"{span.median:g} nodes{span.bracket(lambda v: f'{v:g}')}"
+        side = {"below": f"faster below {where}", "above": f"faster from {where} on"}.get(
+            row.faster, f"changes order at {where} (the seed pairs disagree on the side)")
+        lines.append(f"{row.variant} against {metrics.BASELINE} at {row.inter_bw}: {side} "
                      f"({row.crossing}/{row.pairs} seed pairs cross between the grid's node "
                      "counts; per pair the first node count of the new order, by bisection)")
     return lines
