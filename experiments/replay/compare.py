@@ -24,6 +24,9 @@ network alone decides, the methods' own compute differences are dropped too). Th
 compute is scaled uniformly (its intra-node collectives stay as recorded). A declared
 --compute-profile or --step-compute already puts every run on one basis.
 
+Several --nodes or --inter-bw make a map over their cells instead (`node_map`, each cell this
+module's `rank`); the command's flags and printing are in `compare_cli`.
+
 A run that diverged (run.json status "diverged") is a miss: its time to target is inf, as in a
 sweep's table, and the output names it. Refused (one sentence, exit 2, nothing written): bad
 network or flag values, runs of different workloads, runs recorded on different cluster shapes
