@@ -132,3 +132,30 @@ def test_bad_map_flags_are_one_sentence_and_write_nothing(
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(300)
+@needs_units
+def test_a_cell_where_no_method_can_be_timed_stays_blank_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "ada.json"
+    assert cli.main(["compare", *(str(DECENTRALIZED / u) for u in UNITS[2:]), "--nodes", "4",
+                     "8", "--inter-bw", "1Gbit", "--target", "3.2", "--out", str(out)]) == 0
+    cells = pd.DataFrame(json.loads(out.read_text())["cells"]).set_index("nodes")
+    assert cells.loc[4, "first"] == "ada" and cells.loc[4, "left_out"] == ""
+    assert pd.isna(cells.loc[8, "first"]) and cells.loc[8, "verdict"] == "none"
+    assert "recordings are at 4 nodes, not 8" in cells.loc[8, "left_out"]
+    assert "left out at 8 nodes, 1Gbit: ada:" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(300)
+@needs_units
+def test_with_step_noise_the_map_decides_on_the_widened_brackets(tmp_path: Path) -> None:
+    code, out = _map(tmp_path, "--step-noise")
+    assert code == 0
+    record = json.loads(out.read_text())
+    timed = [c for c in record["cells"] if c["runner_up"] is not None]
+    assert timed and {c["decided_by"] for c in timed} == {"seeds and step-time variation"}
+    assert any("the time brackets that decided: seeds and step-time variation" in n
+               for n in record["notes"])
