@@ -146,3 +146,25 @@ def test_report_step_noise_refuses_a_unit_without_compute_and_writes_nothing(
     with pytest.raises(SystemExit) as exit_:
         cli.main(["report", str(bare), "--step-noise=yes"])
     assert exit_.value.code == 2
+
+
+QUICK = Path(__file__).resolve().parents[2] / "results" / "quick"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not (QUICK / "runs.parquet").exists(), reason="needs results/quick")
+def test_at_a_grid_point_the_reports_widened_brackets_are_compares() -> None:
+    from experiments.replay import compare
+
+    argv = ["compare", str(QUICK), "--inter-bw", "100Mbit", "--inter-lat", "20ms",
+            "--step-noise"]
+    result = compare.compare(cli.build_parser(argv).parse_args(argv))
+    runs = pd.read_parquet(QUICK / "runs.parquet")
+    steps = pd.read_parquet(QUICK / "steps.parquet")
+    sim = runs[(runs["source"] == "sim") & (runs["network"] == "100Mbit / 20ms")]
+    table = metrics.speedups(step_times.with_step_noise(sim, steps), by=("network",))
+    mine, theirs = table.set_index("variant"), result.table.set_index("variant")
+    for column in ("ttt_median_s", "ttt_low_s", "ttt_high_s"):
+        pd.testing.assert_series_equal(mine[column].sort_index(), theirs[column].sort_index(),
+                                       rtol=1e-9)
+    assert (mine["ttt_high_s"] - mine["ttt_low_s"] > 0).all()
