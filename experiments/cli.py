@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("experiments.run.command", "train one method on nodes x ranks, write its results"),
     "simulate": ("experiments.replay.simulate",
                  "replay a run's communication trace on another network"),
-    "compare": ("experiments.replay.compare",
+    "compare": ("experiments.replay.compare_cli",
                 "rank the methods of recorded runs or a sweep by time to target on one network"),
     "validate-sim": ("experiments.replay.validate", "compare the cost model with shaped real runs"),
     "calibrate": ("experiments.replay.calibrate", "fit the model's goodput and per-message cost"),

@@ -24,6 +24,9 @@ network alone decides, the methods' own compute differences are dropped too). Th
 compute is scaled uniformly (its intra-node collectives stay as recorded). A declared
 --compute-profile or --step-compute already puts every run on one basis.
 
+Several --nodes or --inter-bw make a map over their cells instead (`node_map`, each cell this
+module's `rank`); the command's flags and printing are in `compare_cli`.
+
 A run that diverged (run.json status "diverged") is a miss: its time to target is inf, as in a
 sweep's table, and the output names it. Refused (one sentence, exit 2, nothing written): bad
 network or flag values, runs of different workloads, runs recorded on different cluster shapes
@@ -44,13 +47,11 @@ import numpy as np
 import pandas as pd
 
 from experiments.errors import ConfigError
-from experiments.io import check_output_file, write_atomic
 from experiments.replay import step_noise
 from experiments.replay.loss_curve import Recording, choose_loss_curve
 from experiments.replay.simulate import (
     RecordedRun,
     ReplaySettings,
-    add_replay_arguments,
     check_replay_arguments,
     declared_compute_scale,
     read_run,
@@ -59,8 +60,9 @@ from experiments.replay.simulate import (
 )
 from experiments.report import intervals, metrics, ranking
 
-__all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "compare", "compute_basis", "configure",
-           "find_candidates", "main"]
+__all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "Inputs", "LossCurveRefused",
+           "NothingToRank", "cells", "compare", "compute_basis", "find_candidates", "gather",
+           "json_rows", "json_value", "rank", "record", "score_run", "table_text"]
 
 OUT_SUFFIXES = (".json", ".csv")
 AS_RECORDED = ("compute, intra-node collectives, payloads and their order as recorded (the "
@@ -69,6 +71,18 @@ ON_BASIS = ("intra-node collectives, payloads and their order as recorded, compu
             "basis above; only the inter-node links are modeled")
 LOSS_AS_RECORDED = "loss curve: each run's own per step, at its recorded cluster shape and batch"
 SAME_COMPUTE = ("method", "all")
+
+
+class LossCurveRefused(Exception):
+    """A run whose loss curve cannot be carried to the target's shape: no time to target."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"no time to target for {str(path)!r}: {reason}")
+        self.reason = reason
+
+
+class NothingToRank(ConfigError):
+    """Every method was left out (`rank`'s left_out): no ranking on this network."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +232,7 @@ def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: Replay
         nodes=args.nodes or run.config.nodes,
         gpus_per_node=args.gpus_per_node or run.config.gpus_per_node, rule=settings.rule)
     if curve.refusal is not None:
-        raise ConfigError(f"no time to target for {str(run.path)!r}: {curve.refusal}")
+        raise LossCurveRefused(run.path, curve.refusal)
     replay, basis = replay_with(args, run, settings, steps=curve.steps_needed(),
                                 compute_s=compute_s)
     notes += [*(basis or [AS_RECORDED if compute_s is None else ON_BASIS]), *replay.graphs,
@@ -311,8 +325,23 @@ def _check_step_noise(args: argparse.Namespace,
                               "steps.parquet (compute_s); --step-noise cannot resample it.")
 
 
-def compare(args: argparse.Namespace) -> Comparison:
-    """Replay every run on the flags' network and rank the methods (ConfigError if refused)."""
+@dataclass(frozen=True)
+class Inputs:
+    """What every network a comparison replays on shares: the runs, target and compute basis."""
+
+    candidates: list[Candidate]
+    runs: list[tuple[Candidate, RecordedRun]]
+    """The finished candidates, read once."""
+    settings: ReplaySettings
+    target: float
+    target_rule: str
+    bases: dict[str, float]
+    """`compute_basis`'s per-variant compute per step ({}: each run's own)."""
+    basis_text: str
+
+
+def gather(args: argparse.Namespace) -> Inputs:
+    """Read and check the runs the flags name, their target and compute basis (ConfigError)."""
     check_replay_arguments(args)
     _check_same_compute(args)
     candidates, sweep_target = find_candidates([Path(p) for p in args.runs])
@@ -322,39 +351,107 @@ def compare(args: argparse.Namespace) -> Comparison:
     _check_step_noise(args, runs)
     target, rule = _target(args, sweep_target, runs)
     bases, basis_text = compute_basis(args, runs)
+    return Inputs(candidates, runs, settings, target, rule, bases, basis_text)
+
+
+def cells(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """One namespace per (node count, bandwidth), each checked as a single comparison's flags
+    (ConfigError, one sentence, before anything is read)."""
+    nodes, bws = _values(args.nodes), _values(args.inter_bw)
+    if len(nodes) * len(bws) > 1 and args.topology is not None:
+        raise ConfigError("--topology fixes the node count and every link; a map over --nodes "
+                          "needs --inter-bw instead (drop one of them).")
+    for flag, values in (("--nodes", nodes), ("--inter-bw", bws)):
+        if len(set(values)) < len(values):
+            raise ConfigError(f"{flag} lists a value twice ({' '.join(map(str, values))}); give "
+                              "each once.")
+    made = [argparse.Namespace(**{**vars(args), "nodes": n, "inter_bw": bw})
+            for n in nodes for bw in bws]
+    for cell in made:
+        check_replay_arguments(cell)
+    return made
+
+
+def _values(given: object) -> list:
+    """A flag that takes one value or several, as a list ([None]: not given)."""
+    return list(given) if isinstance(given, (list, tuple)) else [given]
+
+
+def compare(args: argparse.Namespace) -> Comparison:
+    """Replay every run on the flags' network and rank the methods (ConfigError if refused)."""
+    grid = cells(args)
+    if len(grid) > 1:
+        raise ConfigError("compare() answers for one network; several --nodes or --inter-bw "
+                          "make a map (experiments.replay.node_map).")
+    return rank(grid[0], gather(grid[0]))
+
+
+def rank(args: argparse.Namespace, given: Inputs, *,
+         left_out: dict[str, str] | None = None) -> Comparison:
+    """Every run of `given` replayed on the flags' network, the methods ranked.
+
+    A run whose loss curve cannot be carried to the flags' shape (gossip at a node count no
+    recording has) is refused with a ConfigError; with `left_out` its method is left out of
+    the ranking instead, and `left_out[variant]` says why.
+    """
     network = (f"the sites of {args.topology}" if args.topology is not None
                else f"{args.inter_bw} / {args.inter_lat or '0ms'}")
-    notes: dict[str, list[str]] = {}
-    rows = []
-    noise: dict[str, list[np.ndarray]] = {}
-    unfinished = [(c, None) for c in candidates if c.status != "done"]
-    for c, run in [*runs, *unfinished]:
-        first_of_variant = c.variant not in notes
-        mine = notes.setdefault(c.variant, [])
-        # The replay's rules are the same for every seed of a method: its first run's shown.
-        ttt, samples = _score(args, c, run, settings, target, mine if first_of_variant else [],
-                              mine, bases.get(c.variant))
-        noise.setdefault(c.variant, []).append(samples)
-        rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
-                     "network": network, "time_to_target_s": ttt,
-                     "reached": math.isfinite(ttt), "run": str(c.path)})
-    frame = pd.DataFrame(rows)
+    skipped = {} if left_out is None else left_out
+    frame, notes = _replayed(args, given, network, skipped if left_out is not None else None)
+    if frame.empty:
+        raise NothingToRank(f"no method can be timed on {network}: "
+                            + "; ".join(f"{v}: {why}" for v, why in skipped.items()))
+    if not getattr(args, "step_noise", False):  # brackets over seeds alone
+        frame = frame.drop(columns=intervals.SAMPLES_COLUMN)
     table = metrics.speedups(frame, by=("network",))
     order = intervals.ranked({v: intervals.Interval(m, m, m, 1, "single")
                               for v, m in zip(table["variant"], table["ttt_median_s"],
                                               strict=True)})
     table = table.set_index("variant").loc[order].reset_index()
-    table = _widened(table, noise) if getattr(args, "step_noise", False) else table
     first = ranking.winners(frame).iloc[0]
     kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
-    assumptions = [f"target val_loss {target:.4f}: {rule}", *_grouped(notes),
-                   intervals.interval_note(kinds),
+    assumptions = [f"target val_loss {given.target:.4f}: {given.target_rule}",
+                   *_grouped(notes), intervals.interval_note(kinds),
                    step_noise.note() if getattr(args, "step_noise", False) else ""]
-    return Comparison(network, target, rule, frame, table, first,
-                      _sentence(table, first), [a for a in assumptions if a], basis_text)
+    frame = frame.drop(columns=intervals.SAMPLES_COLUMN, errors="ignore")
+    return Comparison(network, given.target, given.target_rule, frame, table, first,
+                      _sentence(table, first), [a for a in assumptions if a], given.basis_text)
 
 
-def _score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
+def _replayed(args: argparse.Namespace, given: Inputs, network: str,
+              left_out: dict[str, str] | None) -> tuple[pd.DataFrame, dict[str, list[str]]]:
+    """One row per run timed on the network (with its resampled times), and each method's
+    replay notes; a method whose loss curve is refused goes into `left_out` (if given)."""
+    notes: dict[str, list[str]] = {}
+    rows = []
+    unfinished = [(c, None) for c in given.candidates if c.status != "done"]
+    for c, run in [*given.runs, *unfinished]:
+        if left_out is not None and c.variant in left_out:
+            continue
+        first_of_variant = c.variant not in notes
+        mine = notes.setdefault(c.variant, [])
+        try:  # the replay's rules are the same for every seed of a method: its first run's shown
+            ttt, samples = score_run(args, c, run, given.settings, given.target,
+                                     mine if first_of_variant else [], mine,
+                                     given.bases.get(c.variant))
+        except LossCurveRefused as refused:
+            if left_out is None:
+                raise ConfigError(str(refused)) from None
+            left_out[c.variant] = refused.reason
+            continue
+        rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
+                     "network": network, "time_to_target_s": ttt,
+                     "reached": math.isfinite(ttt), "run": str(c.path),
+                     intervals.SAMPLES_COLUMN: samples})
+    frame = pd.DataFrame(rows, columns=["variant", "method", "seed", "network",
+                                        "time_to_target_s", "reached", "run",
+                                        intervals.SAMPLES_COLUMN])
+    dropped = set(left_out or ())  # a method refused on one seed is not half-ranked
+    return (frame[~frame["variant"].isin(dropped)],
+            {v: n for v, n in notes.items() if v not in dropped})
+
+
+def score_run(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
            settings: ReplaySettings, target: float, replay_notes: list[str], notes: list[str],
            compute_s: float | None) -> tuple[float, np.ndarray]:
     """One candidate's time to target and its step-time resamples (a miss: inf in all)."""
@@ -366,16 +463,6 @@ def _score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
         return math.inf, np.full(step_noise.RESAMPLES, math.inf)
     ttt, samples = _time_to_target(args, run, settings, target, replay_notes, compute_s)
     return ttt, np.full(step_noise.RESAMPLES, ttt) if samples is None else samples
-
-
-def _widened(table: pd.DataFrame, noise: dict[str, list[np.ndarray]]) -> pd.DataFrame:
-    """The ranked table with each time-to-target bracket widened by its runs' resampled times."""
-    table = table.copy()
-    for i, row in table.iterrows():
-        wide = intervals.widened(_ttt_interval(row), noise[row["variant"]])
-        table.loc[i, ["ttt_low_s", "ttt_high_s", "ttt_interval"]] = [wide.low, wide.high,
-                                                                     wide.kind]
-    return table
 
 
 def _sentence(table: pd.DataFrame, first: pd.Series) -> str:
@@ -429,71 +516,23 @@ def table_text(result: Comparison) -> str:
     return "\n".join(lines)
 
 
-def _record(result: Comparison) -> dict:
+def json_value(value: object) -> object:
+    """A table cell as JSON holds it: inf as "inf", NaN as null, numpy scalars as Python's."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else "inf"
+    return value.item() if hasattr(value, "item") else value
+
+
+def json_rows(frame: pd.DataFrame) -> list[dict]:
+    """A frame's rows as JSON objects (`json_value` per cell)."""
+    return [{k: json_value(v) for k, v in r.items()} for r in frame.to_dict("records")]
+
+
+def record(result: Comparison) -> dict:
     """The comparison as JSON: network, target and its rule, the table, sentence, assumptions."""
-    def clean(value: object) -> object:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None if math.isnan(value) else "inf"
-        return value.item() if hasattr(value, "item") else value
-
-    def rows(frame: pd.DataFrame) -> list[dict]:
-        return [{k: clean(v) for k, v in r.items()} for r in frame.to_dict("records")]
-
     return {"network": result.network, "target_val_loss": result.target,
             "target_rule": result.target_rule, "compute_basis": result.compute_basis,
             "sentence": result.sentence,
-            "ranking": rows(result.table), "runs": rows(result.runs),
-            "first": {k: clean(v) for k, v in result.first.to_dict().items()},
+            "ranking": json_rows(result.table), "runs": json_rows(result.runs),
+            "first": {k: json_value(v) for k, v in result.first.to_dict().items()},
             "assumptions": result.assumptions}
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `flexbench compare`."""
-    parser.add_argument("runs", nargs="+",
-                        help="run folders (`flexbench run`) or sweep folders (`flexbench sweep`: "
-                        "every training unit)")
-    add_replay_arguments(parser)
-    parser.add_argument("--same-compute", choices=SAME_COMPUTE, default=None,
-                        help="replay on one compute basis: each method's median recorded compute "
-                        "per step over its seeds (method), or one for every run (all); default: "
-                        "each run's own")
-    parser.add_argument("--step-noise", action="store_true",
-                        help="widen each time-to-target bracket by the runs' recorded step-time "
-                        "variation (a block bootstrap of each run's compute per step)")
-    parser.add_argument("--target", type=float,
-                        help="target validation loss (default: a sweep folder's own target, "
-                        "else hsdp-adamw's median final val_loss + 2%%)")
-    parser.add_argument("--out", action="append", default=None, metavar="FILE",
-                        help="write the comparison to FILE (.json or .csv: the ranked table); "
-                        "repeatable")
-
-
-def _check_outs(args: argparse.Namespace) -> list[Path]:
-    """The --out files, checked before anything is replayed (ConfigError, one sentence)."""
-    outs = []
-    for out in args.out or ():
-        if Path(out).suffix not in OUT_SUFFIXES:
-            raise ConfigError(f"--out {out!r} must end in .json or .csv.")
-        outs.append(check_output_file(out, what="--out", reads=args.runs))
-    return outs
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run `flexbench compare`."""
-    outs = _check_outs(args)
-    result = compare(args)
-    print(f"time to val_loss <= {result.target:.4f} on {result.network} "
-          f"({len(result.runs)} runs replayed):")
-    print(result.compute_basis)
-    print(table_text(result))
-    print(result.sentence)
-    for line in result.assumptions:
-        print(f"  {line}")
-    for out in outs:
-        if out.suffix == ".csv":
-            write_atomic(out, result.table.assign(compute_basis=result.compute_basis)
-                         .to_csv(index=False))
-        else:
-            write_atomic(out, json.dumps(_record(result), indent=2) + "\n")
-        print(f"-> {out}")
-    return 0

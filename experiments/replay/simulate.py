@@ -402,16 +402,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="CSV file for the per-step times")
 
 
-def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
-    """The target network, cluster, compute and loss-rule flags of a replay (simulate, compare)."""
-    parser.add_argument("--inter-bw", help="inter-node bandwidth, e.g. 1Gbit (or --topology)")
+def add_replay_arguments(parser: argparse.ArgumentParser, *, grid: bool = False) -> None:
+    """The target network, cluster, compute and loss-rule flags of a replay (simulate, compare).
+
+    `grid`: --inter-bw and --nodes take one value or several (compare's map over their cells).
+    """
+    several = {"nargs": "+"} if grid else {}
+    parser.add_argument("--inter-bw", **several,
+                        help="inter-node bandwidth, e.g. 1Gbit (or --topology)"
+                        + ("; several: a map over them" if grid else ""))
     parser.add_argument("--inter-lat", default=None, help="inter-node latency, e.g. 20ms "
                         "(default 0ms)")
     parser.add_argument("--topology", default=None, metavar="FILE",
                         help="a TOML file of sites (uplink, downlink, links inside, RTT matrix; "
                         "experiments/configs/sites.toml) instead of --inter-bw/--inter-lat/"
                         "--node-link; the node count is the file's")
-    parser.add_argument("--nodes", type=int, help="nodes to simulate (default: the run's)")
+    parser.add_argument("--nodes", type=int, **several,
+                        help="nodes to simulate (default: the run's)"
+                        + ("; several: a map over them" if grid else ""))
     parser.add_argument("--gpus-per-node", type=int, help="ranks per node (default: the run's)")
     speed = parser.add_mutually_exclusive_group()
     speed.add_argument("--compute-scale", type=float, default=None,

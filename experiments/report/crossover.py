@@ -27,7 +27,7 @@ import pandas as pd
 from experiments.report import intervals, metrics, ranking
 
 __all__ = ["FTOL", "RTOL", "Crossing", "crossover_bandwidth", "crossover_markdown",
-           "crossover_table", "crossings", "plot_crossover_map"]
+           "crossover_nodes", "crossover_table", "crossings", "draw_cells", "plot_crossover_map"]
 
 RTOL = 0.005  # relative bandwidth tolerance of a crossover: 0.5%, far inside any seed spread
 FTOL = 1e-4  # or: the two times to target within 0.01% of each other
@@ -109,6 +109,30 @@ def crossings(grid: list[float], method: TimeAt, baseline: TimeAt, *,
                                  ends=(lo, hi))
         found.append(Crossing(bw, "below" if lo < 0 else "above"))
     return found
+
+
+def crossover_nodes(method: Callable[[int], float], baseline: Callable[[int], float],
+                    low: int, high: int) -> int | None:
+    """The first node count in (low, high] from which the method and baseline keep the order
+    they have at `high` (method faster or not), by bisection over whole node counts.
+
+    `method` and `baseline` map a node count to a time to target. None when the order at
+    `low` is already the order at `high` (no swap between them); like `crossover_bandwidth`
+    it assumes one swap between the two ends.
+    """
+    def faster(n: int) -> bool:
+        return method(n) < baseline(n)
+
+    side = faster(high)
+    if low >= high or faster(low) == side:
+        return None
+    while high - low > 1:  # invariant: faster(low) != side == faster(high)
+        middle = (low + high) // 2
+        if faster(middle) == side:
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def _unit_time(run_dir: Path, latency: str, target: float) -> TimeAt:
@@ -269,8 +293,10 @@ def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
                  f" ({row.crossing}/{row.pairs} seed pairs cross in the grid)"
                  for row in table.itertuples()]
         fig.text(0.01, -0.02, "\n".join(lines), ha="left", va="top", fontsize=7)
+    widened = ("; ties decided on brackets widened by step-time variation"
+               if intervals.SAMPLES_COLUMN in sim else "")
     fig.suptitle(f"{res.name}: first to val_loss {metrics.target_text(res.runs)} per cell "
-                 "(runner-up's time / first's; hatched: a tie)", fontsize=9)
+                 f"(runner-up's time / first's; hatched: a tie{widened})", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -278,21 +304,35 @@ def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
 def _draw_cells(ax, first: pd.DataFrame, bws: list[float], lats: list[float],
                 palette: dict) -> None:
     """One panel of the map: a coloured cell per (bandwidth, latency) with its winner's text."""
-    from matplotlib.patches import Rectangle
-
-    for _, row in first.iterrows():
-        x, y = bws.index(row["inter_bw_bps"]), lats.index(row["inter_lat_s"])
-        tie = row["verdict"] == "tie"
-        ax.add_patch(Rectangle((x, y), 1, 1, facecolor=palette.get(row["first"], "white"),
-                               alpha=0.55, hatch="//" if tie else None, edgecolor="white"))
-        runner_up = f"\nvs {_short(row['runner_up'])}" if row["runner_up"] else ""
-        ax.text(x + 0.5, y + 0.5, f"{_short(row['first'])}\n{ranking.margin_text(row)}"
-                f"{runner_up}\n{row['verdict']}", ha="center", va="center", fontsize=6.5,
-                wrap=True)
-    ax.set(xlim=(0, len(bws)), ylim=(0, len(lats)), xlabel="inter-node bandwidth",
-           ylabel="inter-node latency")
+    draw_cells(ax, first, ("inter_bw_bps", bws), ("inter_lat_s", lats), palette)
+    ax.set(xlabel="inter-node bandwidth", ylabel="inter-node latency")
     ax.set_xticks([i + 0.5 for i in range(len(bws))], [_bits(b) for b in bws])
     ax.set_yticks([i + 0.5 for i in range(len(lats))], [f"{v * 1e3:g}ms" for v in lats])
+
+
+def draw_cells(ax, first: pd.DataFrame, x: tuple[str, list], y: tuple[str, list],
+               palette: dict) -> None:
+    """A coloured cell per `ranking.winners` row at (x column's value, y column's value), with
+    the winner, its margin over the runner-up and the verdict; a tie hatched. `x` and `y` are
+    (column, the values in axis order); a row without a first (nothing timed) stays blank."""
+    from matplotlib.patches import Rectangle
+
+    (x_key, xs), (y_key, ys) = x, y
+    for _, row in first.iterrows():
+        i, j = xs.index(row[x_key]), ys.index(row[y_key])
+        if not isinstance(row["first"], str):
+            ax.text(i + 0.5, j + 0.5, "no method\ntimed", ha="center", va="center",
+                    fontsize=6.5, color="grey")
+            continue
+        tie = row["verdict"] == "tie"
+        ax.add_patch(Rectangle((i, j), 1, 1, facecolor=palette.get(row["first"], "white"),
+                               alpha=0.55, hatch="//" if tie else None, edgecolor="white"))
+        runner_up = (f"\nvs {_short(row['runner_up'])}" if isinstance(row["runner_up"], str)
+                     else "")
+        ax.text(i + 0.5, j + 0.5, f"{_short(row['first'])}\n{ranking.margin_text(row)}"
+                f"{runner_up}\n{row['verdict']}", ha="center", va="center", fontsize=6.5,
+                wrap=True)
+    ax.set(xlim=(0, len(xs)), ylim=(0, len(ys)))
 
 
 def _short(variant: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.io import run_digest, write_atomic
-from experiments.report import crossover, graphs, metrics, validation
+from experiments.report import crossover, graphs, intervals, metrics, step_times, validation
 
 __all__ = [
     "Results",
@@ -238,6 +238,8 @@ def plot_time_to_target(res: Results):
     bracket = ("95% bootstrap interval" if kinds == {"bootstrap"} else
                "min–max (2 seeds: a range, not an interval)" if "bootstrap" not in kinds else
                "interval from 3 seeds, range below")
+    if intervals.SAMPLES_COLUMN in sim:
+        bracket += ", widened by step-time variation"
     fig.suptitle(f"{res.name}: time to val_loss {metrics.target_text(res.runs)} (median over "
                  f"seeds, {bracket}; speed-up paired by seed; not reached = not drawn)",
                  fontsize=10)
@@ -358,9 +360,13 @@ def plot_frontier(res: Results):
     return fig
 
 
-def write_report(path: Path | str) -> list[Path]:
+def write_report(path: Path | str, *, step_noise: bool = False) -> list[Path]:
     """Write every figure (PNG and SVG) into <path>/figures, the tables into summary.md, and
-    speedups.parquet again from runs.parquet."""
+    speedups.parquet again from runs.parquet.
+
+    `step_noise` widens every time-to-target bracket, and the tie/clear verdicts with it, by
+    each unit's recorded step-time variation (`step_times`); speedups.parquet stays over seeds.
+    """
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
@@ -369,6 +375,8 @@ def write_report(path: Path | str) -> list[Path]:
     res = load_results(path)
     if "own_compute_final_s" not in res.runs and (res.runs["source"] == "measured").any():
         res.runs = validation.own_compute(res.path, res.runs)  # scored before it was recorded
+    if step_noise:  # checked before anything is written: a unit without compute_s is refused
+        res.runs = step_times.with_step_noise(res.runs, res.steps)
     written: list[Path] = []
     figures = {"loss_vs_wallclock": plot_loss_vs_time, "time_to_target": plot_time_to_target,
                "bytes_per_step": plot_bytes_per_step, "frontier": plot_frontier}
@@ -399,7 +407,8 @@ def write_report(path: Path | str) -> list[Path]:
     # speedups.parquet is derived from runs.parquet alone: rewritten so that an older sweep's
     # file carries the current columns (paired speed-ups with their brackets).
     table = io.BytesIO()
-    metrics.sweep_speedups(res.runs).to_parquet(table, index=False)
+    seeds_only = res.runs.drop(columns=intervals.SAMPLES_COLUMN, errors="ignore")
+    metrics.sweep_speedups(seeds_only).to_parquet(table, index=False)
     write_atomic(res.path / "speedups.parquet", table.getvalue())
     written.append(res.path / "speedups.parquet")
     return written
@@ -408,10 +417,14 @@ def write_report(path: Path | str) -> list[Path]:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench report`."""
     parser.add_argument("results", type=Path, help="a sweep's output folder, e.g. results/quick")
+    parser.add_argument("--step-noise", action="store_true",
+                        help="widen each time-to-target bracket (and decide tie or clear on it) "
+                        "by the units' recorded step-time variation (a block bootstrap of each "
+                        "unit's compute per step, as `flexbench compare --step-noise`)")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench report`."""
-    for path in write_report(args.results):
+    for path in write_report(args.results, step_noise=args.step_noise):
         print(path)
     return 0

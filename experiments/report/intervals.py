@@ -20,13 +20,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CONFIDENCE", "MIN_SEEDS", "RESAMPLES", "Interval", "interval_note", "median_interval",
-           "ranked", "ratio", "ratio_interval", "separation", "widened"]
+__all__ = ["CONFIDENCE", "MIN_SEEDS", "RESAMPLES", "SAMPLES_COLUMN", "Interval", "interval_note",
+           "median_interval", "ranked", "ratio", "ratio_interval", "separation", "time_interval",
+           "widened"]
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 MIN_SEEDS = 3  # below this a bootstrap interval pretends more than the data holds: the range
 _RNG_SEED = 0  # fixed: a report's brackets do not move between runs of `flexbench report`
+# A runs frame column holding, per run, its time to target under resampled step times (an
+# array; `experiments.replay.step_noise`). Present only when asked for (--step-noise).
+SAMPLES_COLUMN = "ttt_samples"
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,15 @@ def widened(interval: Interval, samples: list[np.ndarray], *,
     if not math.isnan(interval.low):
         low, high = min(low, interval.low), max(high, interval.high)
     return Interval(interval.median, low, high, interval.n, kind)
+
+
+def time_interval(runs) -> Interval:
+    """One method's median time to target over its runs (a DataFrame) with its bracket: over
+    seeds, widened by each run's resampled step times where `runs` has SAMPLES_COLUMN."""
+    seeds = median_interval(runs["time_to_target_s"].astype(float))
+    if SAMPLES_COLUMN not in runs.columns:
+        return seeds
+    return widened(seeds, [np.asarray(s, dtype=float) for s in runs[SAMPLES_COLUMN]])
 
 
 def ratio(baseline_ttt: float, ttt: float) -> float:

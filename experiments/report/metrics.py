@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from experiments.replay import step_noise
 from experiments.report import intervals, ranking
 from flexdemo.methods import BASELINE
 
@@ -132,9 +133,10 @@ def speedups(
     `paired` says which): a run that never reaches the target has speed-up 0; when the baseline
     never does, a run that does gets inf; when neither does (or there is no baseline), NaN.
     Columns: ttt_median_s, ttt_min_s, ttt_max_s and the bracket ttt_low_s..ttt_high_s of kind
-    ttt_interval; speedup_median, speedup_min, speedup_max (over the pairs) and speedup_low..
-    speedup_high of kind speedup_interval (`intervals.Interval.kind`); baseline_ttt_s is the
-    baseline's median.
+    ttt_interval (widened by each run's resampled step times where `runs` has
+    `intervals.SAMPLES_COLUMN`: --step-noise); speedup_median, speedup_min, speedup_max (over
+    the pairs) and speedup_low..speedup_high of kind speedup_interval
+    (`intervals.Interval.kind`); baseline_ttt_s is the baseline's median.
     """
     keys = list(by)
     join = [*keys, cohort] if cohort in runs.columns else keys
@@ -144,7 +146,7 @@ def speedups(
     rows = []
     for group, g in runs.groupby([*keys, variant, "method"], dropna=False, sort=False):
         times = g["time_to_target_s"].astype(float)
-        ttt = intervals.median_interval(times)
+        ttt = intervals.time_interval(g)
         base = base_times.get(_key(tuple(g.iloc[0][c] for c in join)), {})
         speed, paired = intervals.ratio_interval(base, dict(zip(g["seed"], times, strict=True)))
         pair_ratios = _pair_ratios(base, g["seed"], times, paired)
@@ -303,6 +305,9 @@ def winners_markdown(table: pd.DataFrame, *, key: str = "network") -> str:
     note = ("verdict: clear (bootstrap brackets apart and the margin's excludes 1), tie (they "
             "overlap, or the margin's includes 1), or apart on 2 seeds (ranges apart: too few "
             "seeds for an interval)")
+    if "decided_by" in table and (table["decided_by"] == ranking.WITH_STEP_NOISE).any():
+        note += ("; the time brackets that decided are over seeds widened by each run's "
+                 "recorded step-time variation (--step-noise), the margin's over seeds")
     return markdown_table(shown, index_name=key) + "\n\n" + note
 
 
@@ -331,6 +336,7 @@ def _time_to_target_section(sim: pd.DataFrame, target: str) -> list[str]:
         f"speed-up vs {BASELINE}, paired by seed, median [bracket])\n",
         f"{intervals.interval_note(kinds)} \"no clear winner\": the speed-up's bracket "
         "includes 1.\n",
+        *([step_noise.note() + "\n"] if intervals.SAMPLES_COLUMN in sim else []),
         COMPUTE_BASIS + "\n",
         markdown_table(pivot(table, "cell"), index_name="method") + "\n",
         "### First to the target at each network point\n",

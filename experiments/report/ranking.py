@@ -5,7 +5,9 @@
 Methods are ranked by their median time to target over seeds (a miss is inf, ranked last, never
 dropped). The margin is the runner-up's time over the first's, paired by seed where the two
 share seeds (`intervals.ratio_interval`); the verdict is "tie" when that margin's bracket
-includes 1 or the two time brackets overlap (`intervals.separation`).
+includes 1 or the two time brackets overlap (`intervals.separation`). Where the runs carry
+their times under resampled step times (`intervals.SAMPLES_COLUMN`, `--step-noise`), the time
+brackets that decide are the widened ones, and `decided_by` says so.
 """
 
 from __future__ import annotations
@@ -17,25 +19,28 @@ import pandas as pd
 
 from experiments.report import intervals
 
-__all__ = ["WINNER_COLUMNS", "margin_text", "winners"]
+__all__ = ["SEEDS_ONLY", "WINNER_COLUMNS", "WITH_STEP_NOISE", "margin_text", "winners"]
 
 WINNER_COLUMNS = ["first", "runner_up", "first_ttt_s", "runner_up_ttt_s", "margin_median",
-                  "margin_low", "margin_high", "margin_interval", "verdict", "seeds"]
+                  "margin_low", "margin_high", "margin_interval", "verdict", "seeds", "decided_by"]
+
+SEEDS_ONLY = "seeds"
+WITH_STEP_NOISE = "seeds and step-time variation"
 
 
 def winners(runs: pd.DataFrame, *, by: Sequence[str] = ("network",),
             variant: str = "variant") -> pd.DataFrame:
     """Per `by` group: the first variant to the target, the runner-up, the margin and verdict."""
     keys = list(by)
+    decided_by = WITH_STEP_NOISE if intervals.SAMPLES_COLUMN in runs.columns else SEEDS_ONLY
     rows = []
     for group, here in runs.groupby(keys, dropna=False, sort=False):
         per = {name: g for name, g in here.groupby(variant, sort=False)}
-        times = {name: intervals.median_interval(g["time_to_target_s"].astype(float))
-                 for name, g in per.items()}
+        times = {name: intervals.time_interval(g) for name, g in per.items()}
         order = intervals.ranked(times)
         row = dict(zip(keys, group if isinstance(group, tuple) else (group,), strict=True))
         row.update(first=order[0], first_ttt_s=times[order[0]].median,
-                   seeds=times[order[0]].n)
+                   seeds=times[order[0]].n, decided_by=decided_by)
         if len(order) == 1:
             row.update(runner_up=None, runner_up_ttt_s=math.nan, margin_median=math.nan,
                        margin_low=math.nan, margin_high=math.nan, margin_interval="none",

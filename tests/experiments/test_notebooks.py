@@ -80,3 +80,21 @@ def test_a_relative_results_folder_is_taken_from_where_the_user_stands(tmp_path,
     monkeypatch.setenv("PWD", str(tmp_path))  # the shell Jupyter was started from
     monkeypatch.chdir(ROOT / "notebooks")  # where the kernel runs
     assert report.results_folder() == tmp_path / "runs" / "quick"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not (QUICK / "runs.parquet").exists(),
+                    reason="needs the committed quick sweep")
+@pytest.mark.dist
+def test_the_bandwidth_notebook_widens_its_brackets_with_step_noise(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from experiments.replay import step_noise
+
+    monkeypatch.setenv("FLEXBENCH_STEP_NOISE", "1")
+    nb = _execute(ROOT / "notebooks" / "bandwidth_sweep.ipynb", QUICK, monkeypatch)
+    shown = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/markdown", ""))
+                    for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "brackets widened by step-time variation" in shown
+    assert step_noise.note() in shown
+    assert "the time brackets that decided are over seeds widened" in shown
