@@ -12,6 +12,11 @@ on relative error:
 The model then runs on calibrated links (`Calibration.link`): the bandwidth times `goodput`, the
 latency plus `per_message_s`. The fit is made once per shaping mode and machine and written to a
 small JSON file; it is never tuned per validation point.
+
+Where the samples time an op kind at two sizes or more, that op gets a fit of its own too
+(`Calibration.ops`): under kernel shaping gloo's all-gather took 1.2-1.5x its link time where
+its all-reduce took 1.0-1.1x, which one goodput cannot fit. The model prices each op of a
+calibrated kind with its own pair (`Topology.op_costs`, relative to the shared link).
 """
 
 from __future__ import annotations
@@ -49,9 +54,21 @@ class Sample:
         return steps + self.wire_bytes / (goodput * self.rate_bps)
 
 
+def _check_fit(goodput: float, per_message_s: float, what: str) -> None:
+    if not (math.isfinite(goodput) and 0 < goodput <= 1.5):
+        raise ValueError(f"{what} goodput {goodput!r} must be in (0, 1.5].")
+    if not (math.isfinite(per_message_s) and abs(per_message_s) < 1.0):
+        raise ValueError(f"{what} per_message_s {per_message_s!r} must be a finite number of "
+                         "seconds below 1.")
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """A shaping mode's fitted goodput factor and per-message cost, with the samples behind it."""
+    """A shaping mode's fitted goodput factor and per-message cost, with the samples behind it.
+
+    `ops` maps an op kind ("all_gather") to its own (goodput, per_message_s), fitted on its
+    samples alone; an op kind not in it is priced with the shared pair.
+    """
 
     shaping: str
     goodput: float
@@ -59,13 +76,19 @@ class Calibration:
     samples: tuple[Sample, ...] = field(default=())
     made: str = ""  # when and where, for the reader of the file
     machine: str = ""  # the machine it was fitted on (experiments.replay.calibrate.this_machine)
+    ops: tuple[tuple[str, float, float], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.goodput) and 0 < self.goodput <= 1.5):
-            raise ValueError(f"calibration goodput {self.goodput!r} must be in (0, 1.5].")
-        if not (math.isfinite(self.per_message_s) and abs(self.per_message_s) < 1.0):
-            raise ValueError(f"calibration per_message_s {self.per_message_s!r} must be a "
-                             "finite number of seconds below 1.")
+        _check_fit(self.goodput, self.per_message_s, "calibration")
+        for op, goodput, per_message_s in self.ops:
+            _check_fit(goodput, per_message_s, f"calibration {op}")
+
+    def op_costs(self) -> tuple[tuple[str, float, float], ...]:
+        """Per calibrated op kind: (op, bandwidth factor, latency per hop added, which may be
+        negative) on top of the shared calibrated link, so that the op runs at its own goodput
+        and per-message cost (the model keeps a hop's latency at 0 or more)."""
+        return tuple((op, goodput / self.goodput, per_message_s - self.per_message_s)
+                     for op, goodput, per_message_s in self.ops)
 
     def link(self, link: Link) -> Link:
         """`link` as the model prices it: goodput times its rate, its latency plus the cost."""
@@ -85,17 +108,26 @@ class Calibration:
         links = {node: self.link(link) for node, link in topology.node_links}
         return Topology(topology.nodes, topology.accelerators_per_node, topology.intra,
                         self.link(topology.inter), nic=topology.nic,
-                        node_speed=topology.node_speed, node_links=links)
+                        node_speed=topology.node_speed, node_links=links,
+                        op_costs=self.op_costs())
 
     def describe(self) -> str:
         """One line saying what the model assumes, for command output and notes."""
+        own = "; ".join(f"{op} {goodput:.1%}, {per_message_s * 1e3:+.2f} ms"
+                        for op, goodput, per_message_s in self.ops)
         return (f"calibrated for {self.shaping} shaping: goodput {self.goodput:.1%} of the rate, "
                 f"{self.per_message_s * 1e3:+.2f} ms per message"
+                f"{' (per op kind: ' + own + ')' if own else ''}"
                 f"{' (' + self.made + ')' if self.made else ''}")
 
+    def fit_for(self, op: str) -> tuple[float, float]:
+        """(goodput, per_message_s) the model prices `op` with."""
+        own = {o: (g, m) for o, g, m in self.ops}
+        return own.get(op, (self.goodput, self.per_message_s))
+
     def max_error(self) -> float:
-        """Largest relative error of the fit over its own samples."""
-        return max((abs(s.predicted(self.goodput, self.per_message_s) / s.measured_s - 1)
+        """Largest relative error of the fit over its own samples (each op at its own pair)."""
+        return max((abs(s.predicted(*self.fit_for(s.op)) / s.measured_s - 1)
                     for s in self.samples), default=0.0)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -106,19 +138,17 @@ class Calibration:
         """The file's text."""
         body = {"format": _FORMAT, "shaping": self.shaping, "goodput": self.goodput,
                 "per_message_s": self.per_message_s, "made": self.made, "machine": self.machine,
+                "ops": {op: {"goodput": g, "per_message_s": m} for op, g, m in self.ops},
                 "max_fit_error": self.max_error(), "samples": [asdict(s) for s in self.samples]}
         return json.dumps(body, indent=1) + "\n"
 
 
-def fit_calibration(samples: list[Sample], shaping: str, made: str = "",
-                    machine: str = "") -> Calibration:
-    """Least-squares goodput and per-message cost over `samples`, weighting relative errors.
+def _fit(samples: list[Sample]) -> tuple[float, float]:
+    """(goodput, per_message_s) by least squares on relative error; ValueError if none fits.
 
     Unknowns a = per_message_s and b = 1 / goodput in
     measured - steps * latency = steps * a + (wire / rate) * b, each row divided by measured.
     """
-    if len(samples) < 2:
-        raise ValueError(f"a calibration needs at least 2 samples, got {len(samples)}.")
     rows = np.array([[s.latency_steps, s.wire_bytes / s.rate_bps] for s in samples], dtype=float)
     target = np.array([s.measured_s - s.latency_steps * s.latency_s for s in samples])
     weight = 1.0 / np.array([s.measured_s for s in samples])
@@ -130,8 +160,28 @@ def fit_calibration(samples: list[Sample], shaping: str, made: str = "",
     if 1.0 / inverse_goodput > 1.5:
         raise ValueError(f"the calibration samples imply {1.0 / inverse_goodput:.3g} times the "
                          "configured rate; the links were not shaped as configured.")
-    return Calibration(shaping, float(1.0 / inverse_goodput), float(per_message),
-                       tuple(samples), made, machine)
+    return float(1.0 / inverse_goodput), float(per_message)
+
+
+def fit_calibration(samples: list[Sample], shaping: str, made: str = "",
+                    machine: str = "") -> Calibration:
+    """The shared goodput and per-message cost over all `samples`, and a pair per op kind
+    timed at two sizes or more (an op whose own samples fit no pair keeps the shared one)."""
+    if len(samples) < 2:
+        raise ValueError(f"a calibration needs at least 2 samples, got {len(samples)}.")
+    goodput, per_message = _fit(samples)
+    ops = []
+    for op in sorted({s.op for s in samples}):
+        own = [s for s in samples if s.op == op]
+        if len({s.wire_bytes / s.rate_bps for s in own}) < 2:
+            continue
+        try:
+            fitted = _fit(own)
+            _check_fit(*fitted, f"calibration {op}")
+        except ValueError:
+            continue  # too few or too noisy to fit alone: the shared pair prices it
+        ops.append((op, *fitted))
+    return Calibration(shaping, goodput, per_message, tuple(samples), made, machine, tuple(ops))
 
 
 def load_calibration(path: str | os.PathLike, shaping: str | None = None) -> Calibration:
@@ -153,9 +203,14 @@ def load_calibration(path: str | os.PathLike, shaping: str | None = None) -> Cal
                          "`flexbench calibrate --out FILE`.")
     try:
         samples = tuple(Sample(**s) for s in body.get("samples", []))
+        if "ops" in body:
+            ops = tuple((str(op), float(fit["goodput"]), float(fit["per_message_s"]))
+                        for op, fit in (body["ops"] or {}).items())
+        else:  # written before fits per op kind: fit them on the samples it kept
+            ops = fit_calibration(list(samples), "any").ops if len(samples) > 1 else ()
         found = Calibration(str(body["shaping"]), float(body["goodput"]),
                             float(body["per_message_s"]), samples, str(body.get("made", "")),
-                            str(body.get("machine", "")))
+                            str(body.get("machine", "")), ops)
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"calibration file {where!r} is damaged ({err}); write it again with "
                          "`flexbench calibrate --out FILE`.") from None

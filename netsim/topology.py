@@ -115,6 +115,9 @@ class Topology:
     member latency per hop (`link_for`). `sites` (netsim.sites.Sites) groups the nodes into
     sites with links of their own inside, a shared uplink each and round-trip times between them;
     `inter` is then the sites' flat view (`Sites.flat_view`) and node_links are not allowed.
+    `op_costs` (from `netsim.calibration.Calibration.op_costs`) prices some collective kinds on
+    inter-node links apart: (op, bandwidth factor, latency per hop added), what a calibration
+    measured of that op kind against the shared fit.
     """
 
     nodes: int
@@ -125,6 +128,7 @@ class Topology:
     node_speed: tuple[float, ...] = field(default=())
     node_links: NodeLinks = field(default=())
     sites: Sites | None = None
+    op_costs: tuple[tuple[str, float, float], ...] = field(default=())
 
     def __post_init__(self) -> None:
         for name in ("nodes", "accelerators_per_node"):

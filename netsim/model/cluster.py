@@ -155,6 +155,8 @@ class Cluster:
         self._init_sites(specs)
         # Every inter-node op spans all nodes here: it pays the largest latency of any of them.
         self.path = topology.inter_link()
+        # A calibration's own fit per op kind: (bandwidth factor, latency per hop added).
+        self.op_costs = {op: (factor, extra) for op, factor, extra in topology.op_costs}
         g = topology.accelerators_per_node
         if topology.nic == "per-accelerator":
             self.nics = {
@@ -472,13 +474,16 @@ class Cluster:
             yield from self._across_sites(spec, j)
             done.succeed()
             return
-        yield self.env.timeout(volume.latency_steps * self.path.latency)
-        nbytes = volume.paced_bytes
+        factor, extra = self.op_costs.get(spec.op, (1.0, 0.0)) if spec.inter else (1.0, 0.0)
+        yield self.env.timeout(volume.latency_steps * max(0.0, self.path.latency + extra))
+        share = 1.0 if spec.scope in ("replicate", "world") else spec.nic_share
+        self.node_egress_bytes += volume.paced_bytes * share
+        # An op kind calibrated apart moves its bytes at its own goodput: as if it moved
+        # 1/factor times them at the shared one.
+        nbytes = volume.paced_bytes / factor
         # Each class moves its bytes through its own NICs; the op ends with the slowest, so a
         # slow link paces the whole ring (every class's NIC carries the same flows).
         flows = []
-        share = 1.0 if spec.scope in ("replicate", "world") else spec.nic_share
-        self.node_egress_bytes += nbytes * share
         for c in range(len(self.classes)):
             if spec.scope == "replicate":
                 flows.append(self._nic(c, j).transfer(nbytes))

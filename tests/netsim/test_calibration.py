@@ -40,6 +40,42 @@ def test_fit_recovers_the_overheads_that_made_the_timings():
     assert plain.goodput == pytest.approx(1.0) and plain.per_message_s == pytest.approx(0.0)
 
 
+def test_each_op_kind_timed_at_several_sizes_gets_a_fit_of_its_own():
+    gather = [s for s in _samples(0.7, 0.003) if s.op == "all_gather"]
+    reduce = [s for s in _samples(0.98, 0.001) if s.op == "all_reduce"]
+    cal = fit_calibration(gather + reduce, "kernel")
+    assert [op for op, *_ in cal.ops] == ["all_gather", "all_reduce"]
+    assert cal.fit_for("all_gather") == pytest.approx((0.7, 0.003), rel=1e-9)
+    assert cal.fit_for("all_reduce") == pytest.approx((0.98, 0.001), rel=1e-9)
+    assert cal.fit_for("reduce_scatter") == (cal.goodput, cal.per_message_s)  # the shared fit
+    assert 0.7 < cal.goodput < 0.98 and cal.max_error() < 1e-9
+    assert "per op kind: all_gather 70.0%, +3.00 ms; all_reduce 98.0%, +1.00 ms" in cal.describe()
+    # relative to the shared fit, as the model applies it on the calibrated link
+    (_, gather_factor, gather_extra), _ = cal.op_costs()
+    assert gather_factor == pytest.approx(0.7 / cal.goodput)
+    assert gather_extra == pytest.approx(0.003 - cal.per_message_s)
+    # an op timed at one size only is priced with the shared fit
+    one_size = [s for s in gather if s.payload_bytes == 256 << 10 and s.rate_bps == 2.5e6]
+    assert [op for op, *_ in fit_calibration(reduce + one_size, "kernel").ops] == ["all_reduce"]
+
+
+def test_the_model_prices_a_calibrated_op_kind_at_its_own_goodput():
+    # flexdemo's only inter-node op is its all-gather (its FSDP2 traffic stays inside the node).
+    plain = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms")
+    half_rate = simulate_run(RUN, inter_bw="5Mbit", inter_lat="1ms")
+    gathers_at_half = Calibration("wall", 1.0, 0.0, ops=(("all_gather", 0.5, 0.0),))
+    reduces_at_half = Calibration("wall", 1.0, 0.0, ops=(("all_reduce", 0.5, 0.0),))
+    for cal, expected in ((gathers_at_half, half_rate), (reduces_at_half, plain)):
+        got = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms", calibration=cal)
+        assert got.frame["time_s"].tolist() == pytest.approx(expected.frame["time_s"].tolist(),
+                                                             rel=1e-12)
+    # a per-message cost of its own adds one latency step per hop of that op
+    slower = Calibration("wall", 1.0, 0.0, ops=(("all_gather", 1.0, 0.004),))
+    got = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms", calibration=slower)
+    later = simulate_run(RUN, inter_bw="10Mbit", inter_lat="5ms")
+    assert got.frame["time_s"].tolist() == pytest.approx(later.frame["time_s"].tolist(), rel=1e-12)
+
+
 def test_fit_refuses_timings_that_do_not_grow_with_size():
     shrinking = [Sample("all_reduce", size, 2.5e6, 0.0, 2, float(size), seconds)
                  for size, seconds in ((1 << 10, 0.5), (1 << 20, 0.01))]
@@ -84,6 +120,9 @@ def test_file_round_trip_and_clear_refusals(tmp_path):
     with pytest.raises(ValueError, match="is not a netsim-calibration/1 file"):
         load_calibration(tmp_path / "other.json")
     body = json.loads(path.read_text())
+    older = {k: v for k, v in body.items() if k != "ops"}  # a file from before fits per op
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert load_calibration(tmp_path / "older.json").ops == cal.ops != ()
     body["goodput"] = -1
     (tmp_path / "damaged.json").write_text(json.dumps(body))
     with pytest.raises(ValueError, match="is damaged"):
