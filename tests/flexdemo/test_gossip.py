@@ -90,7 +90,8 @@ def _mixes_by_the_matrix(rank, world, graph):
         values = [float((k + 1) ** 2) for k in range(world)]  # one distinct value per node
         params = [torch.full((5,), values[rank], dtype=torch.float64)]
         opt.replicator.after_update(params, CommStats())
-        expected = (graphs.mixing_matrix(graph, world)[rank] @ torch.tensor(values)).item()
+        expected = (graphs.mixing_matrix(graph, world)[rank]
+                    @ torch.tensor(values, dtype=torch.float64)).item()
         assert params[0].tolist() == pytest.approx([expected] * 5, rel=1e-12)
     finally:
         shaping.uninstall()

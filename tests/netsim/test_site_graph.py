@@ -107,3 +107,31 @@ def test_a_run_refuses_a_site_graph_its_sites_or_node_count_do_not_fit(tmp_path,
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1, err
         assert not out.exists()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_a_site_graph_run_on_2_sites_of_4_gloo_ranks_replays_on_its_sites(tmp_path, capsys):
+    # sites:2 on 2 sites of 2 nodes, shaped on the virtual clock: gateways 0 and 2 send to 2
+    # peers a step (their site's other node and the other gateway), nodes 1 and 3 to 1.
+    sites = tmp_path / "two.toml"
+    sites.write_text("".join(f'[[site]]\nname = "{name}"\nnodes = 2\nuplink = "100Mbit"\n'
+                             'intra_bw = "1Gbit"\n\n' for name in "ab")
+                     + '[rtt]\nmatrix = [["0ms", "20ms"], ["20ms", "0ms"]]\n')
+    out = tmp_path / "run"
+    assert main(["run", "--method", "gossip", "--graph", "sites:2", "--nodes", "4",
+                 "--gpus-per-node", "1", "--topology", str(sites), "--shaping", "virtual",
+                 "--workload", "vision-tiny", "--steps", "3", "--eval-every", "3",
+                 "--out", str(out)]) == 0
+    trace = pd.read_parquet(out / "trace.parquet")
+    sends = trace[(trace["op"] == "send") & (trace["phase"] == "train")]
+    per_rank = sends.groupby("rank").size().to_dict()
+    assert per_rank == {0: 6, 1: 3, 2: 6, 3: 3}  # 3 steps x degree 2, 1, 2, 1
+    assert set(zip(sends["rank"], sends["peer"], strict=True)) == {
+        (0, 1), (0, 2), (1, 0), (2, 3), (2, 0), (3, 2)}
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--topology", str(sites), "--out",
+                 str(tmp_path / "sim.csv")]) == 0
+    printed = capsys.readouterr().out
+    assert "gossip graph sites:2 rebuilt on 4 nodes: 2 sites of 2 nodes" in printed
+    assert "first round: 2 messages cross sites" in printed
