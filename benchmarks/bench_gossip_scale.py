@@ -4,9 +4,9 @@
 
 Reads the 16-node recordings (gossip on ring, exponential, one-peer-exponential and sites:4, and
 hsdp-adamw as the centralized reference; lm-tiny, 100 steps) and replays each with netsim's model
-at 16, 64, 256 and 1,024 nodes of one rank on two networks:
+at 16, 64, 256 and 1,024 nodes of one rank on three networks:
 
-- flat: every node on 1 Gbit/s, 10 ms (the decentralized study's faster point);
+- flat: every node on 100 Mbit/s or on 1 Gbit/s, 10 ms (the decentralized study's two points);
 - sites: 4 sites of N/4 nodes with the uplinks (10, 10, 5, 2 Gbit/s), inside links (100 Gbit/s,
   5 us) and RTTs (80-300 ms) of experiments/configs/sites-1024.toml (that very file at 1,024).
 
@@ -46,9 +46,10 @@ GRAPHS = ("ring", "exponential", "one-peer-exponential", "sites:4")
 BASELINE = "hsdp-adamw"
 RECORDED_NODES = 16
 NODE_COUNTS = (16, 64, 256, 1024)
-FLAT = {"inter_bw": "1Gbit", "inter_lat": "10ms"}
+NETWORKS = {"100 Mbit/s": {"inter_bw": "100Mbit", "inter_lat": "10ms"},
+            "1 Gbit/s": {"inter_bw": "1Gbit", "inter_lat": "10ms"}}
+SITES = "4 sites"
 TARGET_FRACTION = 0.6
-STEPS_BEYOND = 20  # replayed steps where only the step time is asked for
 
 
 def unit_runs(units: Path, arm: str) -> list[RecordedRun]:
@@ -76,8 +77,7 @@ def cross_site_messages(graph: str, nodes: int, path: Path) -> float:
 
 def replay(run: RecordedRun, nodes: int, network: dict, scale: float) -> Replay:
     """`run` replayed at `nodes` on `network`, its compute scaled by `scale`."""
-    steps = None if nodes == RECORDED_NODES else STEPS_BEYOND
-    return simulate_run(run, nodes=nodes, steps=steps, compute_scale=scale, **network)
+    return simulate_run(run, nodes=nodes, compute_scale=scale, **network)
 
 
 def refusal(run: RecordedRun, nodes: int) -> str | None:
@@ -88,10 +88,10 @@ def refusal(run: RecordedRun, nodes: int) -> str | None:
 
 
 def arm_cells(runs: list[RecordedRun], nodes: int, networks: dict, compute_s: float,
-              target: float) -> dict[str, str]:
-    """One row's cells: the step time and the time to target (or why none) per network."""
-    cells = {}
-    for label, network in networks.items():
+              target: float) -> tuple[list[str], list[str]]:
+    """One row's cells per network: the median step time, and the time to target or why none."""
+    steps_cells, target_cells = [], []
+    for network in networks.values():
         steps, times = [], []
         for run in runs:
             scale = compute_s / float(run.steps["compute_s"].median())
@@ -100,10 +100,9 @@ def arm_cells(runs: list[RecordedRun], nodes: int, networks: dict, compute_s: fl
             if nodes == RECORDED_NODES:
                 points = loss_on_time_axis(run.steps, sim.frame)
                 times.append(time_to_target(points["time_s"], points["val_loss"], target))
-        cells[f"step {label}"] = f"{statistics.median(steps) * 1e3:,.1f} ms"
-        cells[f"to target {label}"] = (_bracket(times) if times
-                                       else _refused(runs[0], nodes))
-    return cells
+        steps_cells.append(f"{statistics.median(steps) * 1e3:,.1f} ms")
+        target_cells.append(_bracket(times) if times else _refused(runs[0], nodes))
+    return steps_cells, target_cells
 
 
 def _refused(run: RecordedRun, nodes: int) -> str:
@@ -161,22 +160,23 @@ def main() -> None:
           f"steps, median of {len(arms[BASELINE])} seeds); compute: every unit rescaled to "
           f"{compute_s * 1e3:.0f} ms per step (median), the same for every graph")
     study_at_16(arms)
-    print("\n| nodes | graph | busiest degree | messages across sites a round | step, flat "
-          "1 Gbit/s 10 ms | step, 4 sites | to target, flat | to target, 4 sites |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    names = [*NETWORKS, SITES]
+    print(f"\n| nodes | graph | busiest degree | messages across sites a round | "
+          f"{' | '.join(f'step, {n}' for n in names)} | to target: {' · '.join(names)} |")
+    print("|" + " --- |" * (5 + len(names)))
     with tempfile.TemporaryDirectory() as tmp:
         for nodes in NODE_COUNTS:
             sites = site_file(nodes, Path(tmp))
-            networks = {"flat": FLAT, "sites": {"topology_file": str(sites)}}
+            networks = {**NETWORKS, SITES: {"topology_file": str(sites)}}
             for arm in (*GRAPHS, BASELINE):
-                cells = arm_cells(arms[arm], nodes, networks, compute_s, target)
+                steps, targets = arm_cells(arms[arm], nodes, networks, compute_s, target)
                 degree = ("(all-reduce)" if arm == BASELINE
                           else str(busiest_degree(arm, nodes)))
                 crossing = ("-" if arm == BASELINE
                             else f"{cross_site_messages(arm, nodes, sites):,.4g}")
-                print(f"| {nodes} | {arm} | {degree} | {crossing} | {cells['step flat']} | "
-                      f"{cells['step sites']} | {cells['to target flat']} | "
-                      f"{cells['to target sites']} |", flush=True)
+                reach = (" · ".join(targets) if len(set(targets)) > 1 else targets[0])
+                print(f"| {nodes} | {arm} | {degree} | {crossing} | {' | '.join(steps)} | "
+                      f"{reach} |", flush=True)
 
 
 if __name__ == "__main__":
