@@ -31,11 +31,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import torch
+
 from experiments.replay.loss_curve import LossScaling, Recording, choose_loss_curve
 from experiments.replay.simulate import RecordedRun, loss_on_time_axis, read_run, simulate_run
 from experiments.report.graphs import permutation_p, spearman
 from experiments.report.metrics import baseline_target_at, time_to_target
-from flexdemo.graphs import busiest_degree, mean_degree, peers, period
+from flexdemo.graphs import busiest_degree, mean_degree, mixing_matrix, peers, period
 from netsim.model import Replay
 from netsim.sites import gossip_round, load_sites
 
@@ -73,6 +75,18 @@ def cross_site_messages(graph: str, nodes: int, path: Path) -> float:
     rounds = range(period(graph, nodes))
     return statistics.mean(sum(gossip_round(sites, lambda k, r=r: peers(graph, nodes, k, r)).remote)
                            for r in rounds)
+
+
+def spectral_gap(graph: str, nodes: int) -> float:
+    """1 - |lambda_2| of a round's mixing matrix: how much of the disagreement between replicas
+    one round removes, asymptotically (per round, from a period's product when time-varying)."""
+    product = torch.eye(nodes, dtype=torch.float64)
+    rounds = period(graph, nodes)
+    for r in range(rounds):
+        product = mixing_matrix(graph, nodes, r) @ product
+    # The product of symmetric rounds is not symmetric: its singular values bound the rate.
+    values = torch.linalg.svdvals(product - torch.full_like(product, 1 / nodes))
+    return 1 - float(values[0]) ** (1 / rounds)
 
 
 def replay(run: RecordedRun, nodes: int, network: dict, scale: float) -> Replay:
@@ -161,21 +175,22 @@ def main() -> None:
           f"{compute_s * 1e3:.0f} ms per step (median), the same for every graph")
     study_at_16(arms)
     names = [*NETWORKS, SITES]
-    print(f"\n| nodes | graph | busiest degree | messages across sites a round | "
+    print(f"\n| nodes | graph | busiest degree | spectral gap | messages across sites a round | "
           f"{' | '.join(f'step, {n}' for n in names)} | to target: {' · '.join(names)} |")
-    print("|" + " --- |" * (5 + len(names)))
+    print("|" + " --- |" * (6 + len(names)))
     with tempfile.TemporaryDirectory() as tmp:
         for nodes in NODE_COUNTS:
             sites = site_file(nodes, Path(tmp))
             networks = {**NETWORKS, SITES: {"topology_file": str(sites)}}
             for arm in (*GRAPHS, BASELINE):
                 steps, targets = arm_cells(arms[arm], nodes, networks, compute_s, target)
-                degree = ("(all-reduce)" if arm == BASELINE
-                          else str(busiest_degree(arm, nodes)))
+                degree, gap = (("(all-reduce)", "1 (exact mean)") if arm == BASELINE
+                               else (str(busiest_degree(arm, nodes)),
+                                     f"{spectral_gap(arm, nodes):.3g}"))
                 crossing = ("-" if arm == BASELINE
                             else f"{cross_site_messages(arm, nodes, sites):,.4g}")
                 reach = (" · ".join(targets) if len(set(targets)) > 1 else targets[0])
-                print(f"| {nodes} | {arm} | {degree} | {crossing} | {' | '.join(steps)} | "
+                print(f"| {nodes} | {arm} | {degree} | {gap} | {crossing} | {' | '.join(steps)} | "
                       f"{reach} |", flush=True)
 
 
