@@ -111,13 +111,13 @@ def refusal(run: RecordedRun, nodes: int) -> str | None:
 
 def arm_cells(runs: list[RecordedRun], nodes: int, networks: dict, scales: dict[Path, float],
               target: float) -> tuple[list[str], list[str]]:
-    """One row's cells per network: the median step time, and the time to target or why none."""
+    """One row's cells per network: the mean step time, and the time to target or why none."""
     steps_cells, target_cells = [], []
     for network in networks.values():
         steps, times = [], []
         for run in runs:
             sim = replay(run, nodes, network, scales[run.path])
-            steps.append(float(sim.frame["step_time_s"].median()))
+            steps.append(float(sim.frame["step_time_s"].mean()))  # a period's costly rounds count
             if nodes == RECORDED_NODES:
                 points = loss_on_time_axis(run.steps, sim.frame)
                 times.append(time_to_target(points["time_s"], points["val_loss"], target))
