@@ -37,7 +37,9 @@ gloo).
 
 Gossip runs (method gossip, or ada, whose graph steps.parquet records per step) are replayed on
 their communication graph rebuilt at the target node count: each node exchanges with its
-neighbours there, so a step costs what the graph's degree costs, whatever the node count.
+neighbours there, so a step costs what the graph's degree costs, whatever the node count. A site
+graph (sites:S) is rebuilt on S sites of the target's nodes, the busiest node (a gateway) setting
+each round's pace; with --topology its sites must be the file's (RunConfig.topology()).
 """
 
 from __future__ import annotations
