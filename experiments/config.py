@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.errors import ConfigError
 from flexdemo.devices import BACKENDS
+from flexdemo.graphs import graph_problem, site_blocks, site_count
 from flexdemo.knobs import StepKnobs
 
 # The one list of methods and their knobs: the optimizer package owns them.
@@ -314,6 +315,10 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
         if sites.nodes != self.nodes:
             raise ConfigError(f"topology_file {path!r} holds {sites.nodes} nodes but nodes is "
                               f"{self.nodes}; give nodes = {sites.nodes}.")
+        graph = self.knob_values().get("graph") if self.record.gossips else None
+        problem = None if graph is None else site_graph_mismatch(graph, sites, path)
+        if problem is not None:
+            raise ConfigError(problem)
         try:
             return Topology.on_sites(sites, self.gpus_per_node,
                                      Link(self.intra_bw, self.intra_lat))
@@ -357,6 +362,31 @@ def load_site_file(path: str) -> Sites:
         return load_sites(path)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def site_graph_mismatch(graph: str, sites: Sites, path: str) -> str | None:
+    """Why the gossip graph ``graph`` does not fit the sites of file ``path``, or None.
+
+    A site graph's sites must be the topology's: the same count, each the same consecutive
+    nodes. Other graphs are built on the sites' nodes as numbered, whatever the sites.
+    """
+    count = site_count(graph)
+    if count is None or graph_problem(graph, sites.nodes) is not None:
+        return None  # not a site graph, or one the node count refuses on its own
+    blocks = [tuple(block) for block in site_blocks(graph, sites.nodes)]
+    if blocks == [tuple(site.nodes) for site in sites.sites]:
+        return None
+    theirs = ", ".join(f"{site.name} {_span(site.nodes)}" for site in sites.sites)
+    return (f"graph={graph!r} puts the nodes in {count} sites of {len(blocks[0])} consecutive "
+            f"nodes, but topology_file {path!r} has {len(sites.sites)} sites ({theirs}); "
+            f"give graph=sites:{len(sites.sites)} or a site file of {count} such sites.")
+
+
+def _span(nodes: tuple[int, ...]) -> str:
+    """A site's nodes in few characters: "0-7" when consecutive, else the list."""
+    if list(nodes) == list(range(nodes[0], nodes[0] + len(nodes))):
+        return f"{nodes[0]}-{nodes[-1]}"
+    return str(list(nodes))
 
 
 def shared_for(method: str, settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,16 @@ the regular graphs here that is ``1/(d+1)``.
   ``i XOR 2^(t mod ceil(log2 n))`` (2^k hops away), weights 1/2; when n is a power of two,
   log2(n) steps give the exact average (recursive doubling). A partner >= n sits the step out.
 - ``complete``: every other node; one step is the exact average.
+- ``sites:S`` (S >= 2 dividing n): S sites of n/S consecutive nodes; inside each site the
+  exponential graph of the site (the complete graph up to 4 nodes a site), and across sites a
+  ring of gateways: the first node of site s also talks to the first node of sites s-1 and
+  s+1. Exponential inside because a site's links are fast but a node's messages per round
+  should grow with log2 of the site, not with the site (complete on 256 nodes is 255 messages
+  a round). One gateway per site because a site's uplink is the scarce link: the ring of
+  gateways puts 2 messages a round on each uplink whatever the site's size (1 on two sites),
+  where pairing node i of every site with node i of the next would put 2 n/S there. The price
+  is slower mixing across sites: one edge, of weight 1/(d+3) (d the in-site degree), joins two
+  sites. Not vertex-transitive: the gateways have 2 peers more than the other nodes.
 
 :func:`graph_ladder` orders the graphs that fit a node count from sparsest to densest, for Ada.
 """
@@ -26,6 +36,8 @@ if TYPE_CHECKING:  # torch only in mixing_matrix: settings checks read the rest 
     import torch
 
 GRAPHS = ("ring", "torus", "exponential", "one-peer-exponential", "complete")
+SITE_GRAPH = "sites"
+"""The family of site graphs, named ``sites:S`` for S sites (not in :data:`GRAPHS`: it takes S)."""
 
 # The fewest nodes a graph is built on (a 2-node ring is one edge, as the 2-node complete graph).
 MIN_NODES = {"ring": 2, "torus": 4, "exponential": 2, "one-peer-exponential": 2, "complete": 2}
@@ -42,10 +54,44 @@ def fitting_graphs(nodes: int) -> list[str]:
     return [g for g in GRAPHS if graph_problem(g, nodes) is None]
 
 
+def site_count(graph: str) -> int | None:
+    """S of a site graph ``sites:S``; None for a graph of another family or a malformed S."""
+    family, _, count = graph.partition(":")
+    if family != SITE_GRAPH or not count.isdigit():
+        return None
+    return int(count)
+
+
+def graph_name_problem(graph: object) -> str | None:
+    """One sentence saying why ``graph`` names no graph, or None when it names one."""
+    if isinstance(graph, str) and graph in GRAPHS:
+        return None
+    if isinstance(graph, str) and graph.partition(":")[0] == SITE_GRAPH:
+        count = site_count(graph)
+        if count is None or count < 2:
+            return (f"graph={graph!r} needs a whole number of sites >= 2 after 'sites:', such "
+                    "as sites:4.")
+        return None
+    return f"graph={graph!r} is unknown; use one of {', '.join(GRAPHS)}, or sites:S."
+
+
+def _site_problem(graph: str, nodes: int) -> str | None:
+    """Why the site graph ``graph`` cannot be built on ``nodes`` nodes, or None."""
+    count = site_count(graph)
+    if nodes % count:
+        return (f"graph={graph!r} needs {count} equal sites of consecutive nodes, but "
+                f"nodes={nodes} is not a multiple of {count}; use a node count that "
+                f"{count} divides.")
+    return None
+
+
 def graph_problem(graph: str, nodes: int) -> str | None:
     """One sentence saying why ``graph`` cannot run on ``nodes`` nodes, or None when it can."""
-    if graph not in GRAPHS:
-        return f"graph={graph!r} is unknown; use one of {', '.join(GRAPHS)}."
+    problem = graph_name_problem(graph)
+    if problem is not None:
+        return problem
+    if site_count(graph) is not None:
+        return _site_problem(graph, nodes)
     need = MIN_NODES[graph]
     if nodes < need:
         return (f"graph={graph!r} needs at least {need} nodes, got nodes={nodes}; "
@@ -76,10 +122,34 @@ def _torus_peers(nodes: int, node: int) -> set[int]:
             for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1))}
 
 
+def site_blocks(graph: str, nodes: int) -> list[range]:
+    """The sites of the site graph ``graph`` on ``nodes`` nodes, each a range of nodes."""
+    check_graph(graph, nodes)
+    count = site_count(graph)
+    if count is None:
+        raise ValueError(f"graph={graph!r} is not a site graph (sites:S).")
+    size = nodes // count
+    return [range(s * size, (s + 1) * size) for s in range(count)]
+
+
+def _site_peers(count: int, nodes: int, node: int) -> set[int]:
+    """``node``'s peers in the site graph of ``count`` sites: in-site exponential, gateways."""
+    size = nodes // count
+    site, position = divmod(node, size)
+    first = site * size
+    found = {first + (position + s * h) % size for h in _hops(size) for s in (1, -1)}
+    if position == 0:  # the site's gateway: the gateways of the sites before and after
+        found |= {((site + s) % count) * size for s in (1, -1)}
+    return found
+
+
 def peers(graph: str, nodes: int, node: int, step: int = 0) -> list[int]:
     """The distinct nodes ``node`` exchanges with at gossip round ``step`` (0-based), sorted."""
     check_graph(graph, nodes)
-    if graph == "ring":
+    count = site_count(graph)
+    if count is not None:
+        found = _site_peers(count, nodes, node)
+    elif graph == "ring":
         found = {(node + 1) % nodes, (node - 1) % nodes}
     elif graph == "torus":
         found = _torus_peers(nodes, node)
@@ -93,6 +163,27 @@ def peers(graph: str, nodes: int, node: int, step: int = 0) -> list[int]:
         found = set(range(nodes))
     found.discard(node)
     return sorted(found)
+
+
+def busiest_degree(graph: str, nodes: int, step: int = 0) -> int:
+    """Peers of the busiest node at round ``step``: on a vertex-transitive graph, any node's."""
+    if graph == "one-peer-exponential" or site_count(graph) is not None:
+        # Off a power of two some one-peer nodes sit a round out; a site's gateway has 2 more.
+        return max(degree_of(graph, nodes, node, step) for node in range(nodes))
+    return degree_of(graph, nodes, 0, step)
+
+
+def site_layout(graph: str, nodes: int) -> str:
+    """The site graph ``graph`` on ``nodes`` nodes in words: its sites and their degrees."""
+    count = site_count(graph)
+    if count is None:
+        raise ValueError(f"graph={graph!r} is not a site graph (sites:S).")
+    size = nodes // count
+    inside = len(_site_peers(count, nodes, 1)) if size > 1 else 0
+    nodes_word = "node" if size == 1 else "nodes"
+    return (f"{count} sites of {size} {nodes_word}, exponential inside (degree {inside}), a "
+            f"ring of gateways (each site's first node) across: degree "
+            f"{len(_site_peers(count, nodes, 0))} at the {count} gateways, {inside} elsewhere")
 
 
 def degree_of(graph: str, nodes: int, node: int, step: int = 0) -> int:

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from ._checks import check, in_unit_interval, int_at_least
 from .chunking import CHUNKINGS
-from .graphs import GRAPHS, graph_ladder, graph_problem
+from .graphs import graph_ladder, graph_name_problem, graph_problem
 
 __all__ = ["BASES", "EXCHANGES", "FRAGMENT_CUTS", "MAX_DCT_CHUNK", "VALUE_DTYPES",
            "VALUE_FORMATS", "AdaKnobs", "DeMoKnobs", "DiLoCoKnobs", "EveryKnobs", "GossipKnobs",
@@ -385,13 +385,15 @@ class GossipKnobs(EveryKnobs):
     """:class:`~flexdemo.replicators.GossipReplicator`'s knobs."""
 
     graph: str = "ring"
-    """Communication graph: ring, torus, exponential, one-peer-exponential or complete."""
+    """Communication graph: ring, torus, exponential, one-peer-exponential, complete, or
+    sites:S (S sites of consecutive nodes, exponential inside, a ring of gateways across)."""
 
     def check(self) -> None:
         """``graph`` is a known graph."""
         super().check()
-        check(self.graph in GRAPHS,
-              f"graph={self.graph!r} is unknown; use one of {', '.join(GRAPHS)}.")
+        problem = graph_name_problem(self.graph)
+        if problem is not None:
+            raise ValueError(problem)
 
     def problem(self, nodes: int) -> str | None:
         """Why the graph cannot be built on ``nodes`` nodes, or None."""

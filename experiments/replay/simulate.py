@@ -37,7 +37,9 @@ gloo).
 
 Gossip runs (method gossip, or ada, whose graph steps.parquet records per step) are replayed on
 their communication graph rebuilt at the target node count: each node exchanges with its
-neighbours there, so a step costs what the graph's degree costs, whatever the node count.
+neighbours there, so a step costs what the graph's degree costs, whatever the node count. A site
+graph (sites:S) is rebuilt on S sites of the target's nodes, the busiest node (a gateway) setting
+each round's pace; with --topology its sites must be the file's (RunConfig.topology()).
 """
 
 from __future__ import annotations
@@ -71,7 +73,14 @@ from experiments.replay.loss_curve import (
 )
 from experiments.replay.reshard import MISSING_INTRA, reshard_trace, run_layout
 from experiments.report.metrics import time_to_target
-from flexdemo.graphs import degree_of, graph_problem, peers, period
+from flexdemo.graphs import (
+    busiest_degree,
+    graph_problem,
+    peers,
+    period,
+    site_count,
+    site_layout,
+)
 from flexdemo.methods import RECORDS
 from netsim.calibration import Calibration, load_calibration
 from netsim.costs import ALGORITHM_CHOICES
@@ -147,12 +156,8 @@ def _recorded_config(run_dir: Path, meta: Any) -> RunConfig:
 @lru_cache(maxsize=4096)
 def _busiest_degree(graph: str, nodes: int, round_: int) -> int:
     """Peers of the busiest node of `graph` on `nodes` nodes at gossip round `round_`."""
-    round_ %= period(graph, nodes)
-    if graph == "one-peer-exponential":
-        # Off a power of two some nodes sit a round out; the busiest one paces its neighbours.
-        return max(degree_of(graph, nodes, node, round_) for node in range(nodes))
-    # The other graphs are vertex-transitive: every node has node 0's degree.
-    return degree_of(graph, nodes, 0, round_)
+    # The busiest node paces its neighbours, and through them every node of a connected graph.
+    return busiest_degree(graph, nodes, round_ % period(graph, nodes))
 
 
 def gossip_degrees(
@@ -183,7 +188,11 @@ def gossip_degrees(
         degree = "/".join(str(d) for d in found)
         extra = (f" (one new peer a round, {period(graph, nodes)}-round period)"
                  if graph == "one-peer-exponential" else "")
-        lines.append(f"{method} graph {graph} rebuilt on {nodes} nodes: degree {degree}{extra}")
+        if site_count(graph) is not None:
+            degree = f"{site_layout(graph, nodes)}; the busiest node, a gateway, paces a round"
+        else:
+            degree = f"degree {degree}{extra}"
+        lines.append(f"{method} graph {graph} rebuilt on {nodes} nodes: {degree}")
     return degrees, lines
 
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 import flexdemo
 from flexdemo import graphs
+from flexdemo.wire import CommStats
 from netsim import shaping
 from tests.dist_utils import inter_rows, run_ranks, shaped_world, train_step
 
@@ -70,6 +71,30 @@ def _gossip(rank, world, per_node, graph_names):
 def test_gossip_on_4_nodes_of_1_rank_every_graph():
     run_ranks(_gossip, 4, 1, ["ring", "torus", "exponential", "one-peer-exponential",
                               "complete"])
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_gossip_on_2_sites_of_2_nodes_mixes_by_the_site_graph():
+    # sites:2 on 4 nodes: {0, 1} and {2, 3}; gateways 0 and 2 join the sites (degree 2), 1 and 3
+    # talk to their gateway alone (degree 1).
+    assert [graphs.degree_of("sites:2", 4, k) for k in range(4)] == [2, 1, 2, 1]
+    run_ranks(_gossip, 4, 1, ["sites:2"])
+    run_ranks(_mixes_by_the_matrix, 4, "sites:2")
+
+
+def _mixes_by_the_matrix(rank, world, graph):
+    """A gossip round replaces node i's parameters by row i of W applied to all the replicas."""
+    _, _, _, opt = shaped_world(rank, world, 1, "gossip", graph=graph)
+    try:
+        values = [float((k + 1) ** 2) for k in range(world)]  # one distinct value per node
+        params = [torch.full((5,), values[rank], dtype=torch.float64)]
+        opt.replicator.after_update(params, CommStats())
+        expected = (graphs.mixing_matrix(graph, world)[rank]
+                    @ torch.tensor(values, dtype=torch.float64)).item()
+        assert params[0].tolist() == pytest.approx([expected] * 5, rel=1e-12)
+    finally:
+        shaping.uninstall()
 
 
 @pytest.mark.dist

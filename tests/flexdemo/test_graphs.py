@@ -7,11 +7,17 @@ import torch
 
 from flexdemo.graphs import (
     GRAPHS,
+    busiest_degree,
     check_graph,
+    degree_of,
     fitting_graphs,
+    graph_problem,
+    mean_degree,
     mixing_matrix,
     peers,
     period,
+    site_blocks,
+    site_layout,
     torus_shape,
 )
 
@@ -113,3 +119,62 @@ def test_bad_graph_is_one_clear_sentence(graph, nodes, words):
 
 def test_every_graph_fits_some_node_count():
     assert set(fitting_graphs(8)) == set(GRAPHS)
+
+
+# -- sites:S: exponential inside each site, a ring of gateways (each site's first node) across --
+def test_site_graph_peers_and_metropolis_hastings_weights_in_closed_form():
+    # 16 nodes in 4 sites of 4: inside, the exponential graph of 4 is complete (degree 3); the
+    # gateways 0, 4, 8, 12 also talk to the gateways of the sites before and after (degree 5).
+    assert peers("sites:4", 16, 0) == [1, 2, 3, 4, 12]
+    assert peers("sites:4", 16, 5) == [4, 6, 7]
+    assert peers("sites:4", 16, 8) == [4, 9, 10, 11, 12]
+    w = mixing_matrix("sites:4", 16)
+    assert torch.allclose(w, w.T) and (w >= 0).all()
+    assert torch.allclose(w.sum(1), torch.ones(16, dtype=w.dtype))
+    assert torch.allclose(w.sum(0), torch.ones(16, dtype=w.dtype))
+    # w_ij = 1 / (1 + max(d_i, d_j)): 1/6 at a gateway (degree 5), 1/4 between two others.
+    assert w[0, 4] == pytest.approx(1 / 6) and w[0, 12] == pytest.approx(1 / 6)
+    assert w[0, 1] == pytest.approx(1 / 6) and w[5, 6] == pytest.approx(1 / 4)
+    assert w[0, 0] == pytest.approx(1 - 5 / 6) and w[5, 5] == pytest.approx(1 - 1 / 6 - 2 / 4)
+    assert w[1, 4] == 0 and w[0, 8] == 0  # no other edge leaves a site; no chord of the ring
+    assert busiest_degree("sites:4", 16) == 5 and mean_degree("sites:4", 16) == 3.5
+
+
+def test_site_graph_on_two_sites_and_large_sites():
+    # Two sites: the gateway ring is one edge; sites of 8: exponential of 8 (degree 5).
+    assert peers("sites:2", 16, 0) == [1, 2, 4, 6, 7, 8]
+    assert peers("sites:2", 16, 9) == [8, 10, 11, 13, 15]
+    assert busiest_degree("sites:2", 16) == 6
+    # 1,024 nodes in 4 sites of 256: 2 log2(256) - 1 = 15 inside, 17 at a gateway; only the
+    # gateways' 8 edge ends leave their site.
+    site_of = [k // 256 for k in range(1024)]
+    crossing = sum(site_of[j] != site_of[k] for k in range(1024) for j in peers("sites:4", 1024, k))
+    assert crossing == 8 and busiest_degree("sites:4", 1024) == 17
+    assert degree_of("sites:4", 1024, 1) == 15
+    assert [list(b) for b in site_blocks("sites:2", 4)] == [[0, 1], [2, 3]]
+    assert "4 sites of 256 nodes, exponential inside (degree 15)" in site_layout("sites:4", 1024)
+
+
+def test_site_graph_reaches_consensus():
+    x = _distinct(16)
+    w = mixing_matrix("sites:4", 16)
+    for _ in range(400):
+        x = w @ x
+    assert torch.allclose(x, _distinct(16).mean(0).expand_as(x), atol=1e-9)
+
+
+@pytest.mark.parametrize(("graph", "nodes", "words"), [
+    ("sites:3", 16, "graph='sites:3' needs 3 equal sites of consecutive nodes, but nodes=16 is "
+                    "not a multiple of 3; use a node count that 3 divides."),
+    ("sites:1", 4, "graph='sites:1' needs a whole number of sites >= 2 after 'sites:'"),
+    ("sites:x", 4, "graph='sites:x' needs a whole number of sites >= 2 after 'sites:'"),
+    ("sites", 4, "graph='sites' needs a whole number of sites >= 2"),
+    ("site:4", 4, "graph='site:4' is unknown; use one of ring, torus, exponential, "
+                  "one-peer-exponential, complete, or sites:S."),
+])
+def test_bad_site_graph_is_one_clear_sentence(graph, nodes, words):
+    with pytest.raises(ValueError) as err:
+        check_graph(graph, nodes)
+    assert words in str(err.value)
+    assert str(err.value).count(". ") == 0 and str(err.value).endswith(".")
+    assert graph_problem(graph, nodes) == str(err.value)
