@@ -97,12 +97,6 @@ class TcSettings:
         """
         return max(64 << 20, int(self.rate_bps * 0.5))
 
-    ack_priority: bool = False
-    """Pure TCP acknowledgements leave ahead of queued data (an htb under the tbf, two bands):
-    what a host's fq_codel does for a sparse flow, which this kernel lacks. Without it, the
-    acknowledgements of one direction's connection wait behind the other connection's data in
-    the deep queue when both directions are busy."""
-
     def tbf(self) -> list[str]:
         """`tc qdisc add` arguments after the parent: a token bucket at the rate."""
         return ["tbf", "rate", f"{int(self.rate_bps * 8)}bit", "burst", str(self.burst_bytes),
@@ -113,7 +107,6 @@ class TcSettings:
         return {"qdisc": "tbf", "rate_bit_s": int(self.rate_bps * 8),
                 "burst_bytes": self.burst_bytes, "limit_bytes": self.limit_bytes,
                 "netem_delay_s": self.delay_s or None, "mtu": self.mtu,
-                "ack_priority": self.ack_priority,
                 "where": f"egress of each node's {INTERFACE} and of its port on the hub bridge"}
 
 
@@ -133,30 +126,6 @@ def _run(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
         why = (proc.stderr or proc.stdout).strip().splitlines()
         raise KernelShapingError(f"`{' '.join(args)}` failed: {why[-1] if why else 'no output'}.")
     return proc
-
-
-# u32 matches of a pure TCP acknowledgement: IPv4 without options, under 128 bytes in all,
-# TCP flags exactly ACK (byte 13 of the TCP header, 33 of the packet).
-_PURE_ACK = ["match", "ip", "protocol", "6", "0xff", "match", "u8", "0x05", "0x0f", "at", "0",
-             "match", "u16", "0x0000", "0xff80", "at", "2", "match", "u8", "0x10", "0xff", "at",
-             "33"]
-
-
-def _ack_bands(ns: str, dev: str, parent: str, limit_bytes: int) -> None:
-    """Under the tbf at `parent`: an htb whose first band (pure ACKs) is always served first.
-
-    Both bands' rates are far above any shaped rate, so htb only orders them (by prio) and the
-    tbf above still sets the pace; each band queues as deep as the tbf did (no drops).
-    """
-    qdisc = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
-    _run(qdisc + ["parent", parent, "handle", "20:", "htb", "default", "2"])
-    for band, prio in (("1", "0"), ("2", "1")):
-        _run(["tc", "-n", ns, "class", "add", "dev", dev, "parent", "20:", "classid",
-              f"20:{band}", "htb", "rate", "10gbit", "burst", "1m", "cburst", "1m", "quantum",
-              "65536", "prio", prio])
-        _run(qdisc + ["parent", f"20:{band}", "bfifo", "limit", str(limit_bytes)])
-    _run(["tc", "-n", ns, "filter", "add", "dev", dev, "parent", "20:", "protocol", "ip", "prio",
-          "1", "u32", *_PURE_ACK, "flowid", "20:1"])
 
 
 def _effective_caps() -> int:
@@ -399,12 +368,8 @@ class KernelNetwork:
             _run(tc + ["root", "handle", "1:", "netem", "delay",
                        f"{settings.delay_s * 1e6:.0f}us"])
             _run(tc + ["parent", "1:1", "handle", "10:"] + settings.tbf())
-            inner = "10:1"
         else:
             _run(tc + ["root", "handle", "1:"] + settings.tbf())
-            inner = "1:1"
-        if settings.ack_priority:
-            _ack_bands(ns, dev, inner, settings.limit_bytes)
 
     def _ip(self, ns: str, *args: str) -> None:
         _run(["ip", "-n", ns, *args])

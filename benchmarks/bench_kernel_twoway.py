@@ -1,17 +1,17 @@
-"""Do a kernel-shaped link's acknowledgements wait behind the other direction's data?
+"""Are kernel-shaped links as fast for gloo's all-gather as for a plain two-way TCP exchange?
 
-    python benchmarks/bench_kernel_acks.py [--rate 20Mbit] [--repeats 7]     # root, idle machine
+    python benchmarks/bench_kernel_twoway.py [--rate 20Mbit] [--repeats 7]   # root, idle machine
 
-Two emulated nodes (`netsim.kernel.KernelNetwork`) exchange a payload both ways at once, timed
-over `--repeats` rounds (each after an idle gap, as after a step's compute), as
+Two emulated nodes (`netsim.kernel.KernelNetwork`, tbf on both ends of each link) exchange a
+payload both ways at once, timed over `--repeats` rounds (each after an idle gap, as after a
+step's compute), as
 
-- `1 socket`: one TCP connection carrying both directions (acknowledgements ride on data);
-- `2 sockets`: one connection per direction, so each direction's acknowledgements are packets of
-  their own, queued with the other connection's data;
-- gloo's all-gather and all-reduce between two ranks (what training sends);
+- `1 socket`: one TCP connection carrying both directions (as gloo's one connection per pair);
+- `2 sockets`: one connection per direction;
+- gloo's all-gather and all-reduce between two ranks (what training sends).
 
-each with the tbf alone and with `TcSettings(ack_priority=True)` (pure ACKs served first).
-Prints the median time over the link's time (payload / rate; 1.00 is the rate) and the spread.
+Prints the median time over the link's time (payload / rate; 1.00 is the rate) with the range:
+the figures behind the per-op-kind calibration (`netsim.calibration`).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _gloo(net: KernelNetwork, op: str, nbytes: int, repeats: int) -> list[float]
 
 
 def main() -> int:
-    """Time every case with and without ACK priority; print the ratios side by side."""
+    """Time every case through tbf; print the ratios."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", default="20Mbit")
     p.add_argument("--payloads", nargs="+", type=int, default=[256 << 10, 2 << 20])
@@ -112,17 +112,14 @@ def main() -> int:
              ("gloo all_gather", lambda n, b: _gloo(n, "all_gather", b, args.repeats)),
              ("gloo all_reduce", lambda n, b: _gloo(n, "all_reduce", b, args.repeats))]
     print(f"time / (payload / rate) at {args.rate}, median [min-max] of {args.repeats}")
-    print("| case | payload | tbf alone | tbf + ACK priority |")
-    print("| --- | --- | --- | --- |")
+    print("| case | payload | time / link time |")
+    print("| --- | --- | --- |")
     for name, measure in cases:
         for nbytes in args.payloads:
-            cells = []
-            for ack in (False, True):
-                with KernelNetwork(2, TcSettings(rate, ack_priority=ack)) as net:
-                    ratios = [t * rate / nbytes for t in measure(net, nbytes)]
-                cells.append(f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-"
-                             f"{max(ratios):.2f}]")
-            print(f"| {name} | {nbytes:,} | {cells[0]} | {cells[1]} |", flush=True)
+            with KernelNetwork(2, TcSettings(rate)) as net:
+                ratios = [t * rate / nbytes for t in measure(net, nbytes)]
+            print(f"| {name} | {nbytes:,} | {statistics.median(ratios):.2f} "
+                  f"[{min(ratios):.2f}-{max(ratios):.2f}] |", flush=True)
     return 0
 
 
