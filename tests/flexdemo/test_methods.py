@@ -73,9 +73,10 @@ def test_flexdemo_and_demo_differ_only_in_their_records():
 @pytest.mark.parametrize(("method", "knobs", "words"), [
     ("hsdp-adamw", {"topk": 4}, "method 'hsdp-adamw' does not read topk; it takes no knobs."),
     ("gossip", {"chunk": 4, "decay": 0.5},
-     "method 'gossip' does not read chunk, decay; it takes replicate_every, graph, base."),
+     "method 'gossip' does not read chunk, decay; it takes replicate_every, graph, base, "
+     "beta1."),
     ("none", {"replicate_every": 2}, "method 'none' does not read replicate_every; it takes "
-                                     "base, sign."),
+                                     "base, sign, beta1."),
 ])
 def test_a_knob_the_method_does_not_read_is_refused(method, knobs, words):
     with pytest.raises(ValueError) as err:
