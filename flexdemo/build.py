@@ -47,7 +47,8 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
     the method does not read is refused (ValueError, one sentence). ``seed`` seeds what a
     replicator draws (random's rows, Ada's sample); None: the replicator's own default.
     ``ada`` also gets the mesh's shard group, over which the ranks of a node agree on the
-    measured spread.
+    measured spread. A ``beta1`` knob replaces ``betas[0]`` of the adamw base (ValueError, one
+    sentence, where the method steps with the sign base).
     """
     record = method_record(method)
     lr = record.lr if lr is None else lr
@@ -58,6 +59,12 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
                                  weight_decay=weight_decay)
     cls = REPLICATORS[record.replicator]
+    if step.beta1 is not None:
+        base = step.base or cls.default_base
+        if base != "adamw":
+            raise ValueError(f"beta1={step.beta1!r} is the adamw base's, but method {method!r} "
+                             f"steps with base {base!r}; give base adamw or no beta1.")
+        betas = (step.beta1, betas[1])
     wiring = {"node_group": _node_group(mesh)} if cls.uses_node_group else {}
     replicator = cls(rep_knobs, **wiring)
     return FlexDeMo(model.parameters(), lr=lr, weight_decay=weight_decay, sign=step.sign,

@@ -132,13 +132,21 @@ class StepKnobs(Knobs):
     sign: bool | None = None
     """Take sign() of the update before the base step; None: the method's (yes for the DeMo
     family but flexdemo-adamw, random, striding and none)."""
+    beta1: float | None = None
+    """The adamw base's first-moment decay, in [0, 1); None: 0.9, AdamW's. 0 steps on each
+    update alone, normalized by AdamW's second moment (a DeMo replicator keeps its own
+    momentum). Refused with the sign base."""
 
     def check(self) -> None:
-        """The base is a known one; sign is a bool."""
+        """The base is a known one; sign is a bool; beta1 lies in [0, 1), not with base sign."""
         if self.base is not None:
             check_base(self.base)
         check(self.sign is None or isinstance(self.sign, bool),
               f"sign={self.sign!r} must be true or false.")
+        if self.beta1 is not None:
+            in_unit_interval("beta1", self.beta1, closed_low=True, closed_high=False)
+            check(self.base != "sign", f"beta1={self.beta1!r} is the adamw base's; the sign "
+                                       "base keeps no moments (give base adamw or no beta1).")
 
 
 @dataclass(frozen=True)

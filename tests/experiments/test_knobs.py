@@ -68,7 +68,7 @@ def test_flags_left_out_take_the_methods_defaults():
      "method 'hsdp-adamw' does not read topk; it takes no knobs."),
     (["--method", "diloco", "--graph", "ring", "--no-sign"],
      "method 'diloco' does not read graph, sign; it takes diloco_h, outer_lr, outer_momentum, "
-     "base."),
+     "base, beta1."),
     (["--method", "demo", "--rate", "0.5"], "method 'demo' does not read rate; it takes "
                                             "replicate_every, skip_every, decay"),
 ])

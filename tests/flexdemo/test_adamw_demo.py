@@ -55,6 +55,43 @@ def test_on_one_rank_its_step_is_adamw_fed_the_decoded_update(weight_decay: floa
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_beta1_sets_the_adamw_base_first_moment_decay():
+    # One replica, beta1 0: each step is torch's AdamW with betas (0, 0.999) on the raw gradient.
+    flex, plain, default = _model(), _model(), _model()
+    opt = build_optimizer("flexdemo-adamw", flex, None, lr=LR, beta1=0.0)
+    assert opt.base.betas == (0.0, 0.999)
+    ref = torch.optim.AdamW(plain.parameters(), lr=LR, betas=(0.0, 0.999))
+    ref_default = torch.optim.AdamW(default.parameters(), lr=LR)  # beta1 0.9
+    for step in range(4):
+        for model, optimizer in ((flex, opt), (plain, ref), (default, ref_default)):
+            _backward(model, step)
+            optimizer.step()
+    # Without beta1's averaging, the DCT round trip's rounding (relative to a chunk's largest
+    # gradient) reaches a small coordinate's step directly: about 0.4% of lr per step here.
+    for a, b in zip(flex.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0.0, atol=0.02 * LR)
+    far = max((a - c).abs().max().item() for a, c in zip(flex.parameters(),
+                                                          default.parameters(), strict=True))
+    assert far > 1.0 * LR  # beta1 0.9 would have moved elsewhere
+
+
+@pytest.mark.parametrize(("knobs", "words"), [
+    ({"beta1": 1.0}, "beta1=1.0 must lie in [0, 1)"),
+    ({"beta1": 0.0, "base": "sign"}, "sign base keeps no moments"),
+])
+def test_bad_beta1_is_refused_in_one_sentence(knobs: dict, words: str):
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace(")", r"\)")):
+        method_record("flexdemo-adamw").settings(knobs)
+
+
+def test_beta1_on_a_method_whose_default_base_is_sign_is_refused():
+    # flexdemo's base is its replicator's (sign): only the optimizer's builder knows it.
+    with pytest.raises(ValueError, match="steps with base 'sign'"):
+        build_optimizer("flexdemo", _model(), None, beta1=0.0)
+    opt = build_optimizer("flexdemo", _model(), None, base="adamw", sign=False, beta1=0.5)
+    assert opt.base.betas == (0.5, 0.999)
+
+
 def test_the_adamw_base_takes_an_lr_carrying_update_in_gradient_units():
     shard = torch.zeros(4)
     grad = torch.tensor([1e-3, -2e-4, 5e-5, 0.0])
