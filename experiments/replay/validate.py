@@ -14,7 +14,8 @@ wait for, so the recording measures what the shaped run computes. `--extrapolate
 records on FROM and predicts and measures TO (default 2x2:4x1 2x1:2x2 2x2:3x1), the replay
 re-sharding payloads for TO's ranks per node and scaling the optimizer step to TO's shard
 (`experiments.replay.compute_rules`); a recording of one rank per node gets FSDP2's intra-node
-traffic added, timed on this machine's loopback link (`calibrate.machine_loopback`); where
+traffic added, timed on this machine's loopback link measured at the target's shape (every
+node's group at once, pinned as the run: `calibrate.machine_loopback`); where
 either shape has more ranks than cores, compute is scaled by the host-contention rule
 (`host_contention`). Each rule is printed with the table.
 
