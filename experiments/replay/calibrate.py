@@ -160,8 +160,9 @@ def _measure(shaping: str, rate_bps: float, plan: list[tuple[str, int]], repeats
 
 
 def calibrate(shaping: str, rates: list[str], payloads: list[int], repeats: int = 5,
-              gap_s: float = 0.1) -> Calibration:
-    """Time every (op, payload) at every rate under `shaping` and fit the calibration."""
+              gap_s: float = 0.1, per_op: bool = False) -> Calibration:
+    """Time every (op, payload) at every rate under `shaping` and fit the calibration
+    (`per_op`: the model prices each op kind with its own fit)."""
     plan = [(op, payload) for op in OPS for payload in payloads]
     samples = []
     for rate in tqdm(rates, desc=f"calibrate ({shaping})", unit="rate"):
@@ -173,7 +174,7 @@ def calibrate(shaping: str, rates: list[str], payloads: list[int], repeats: int 
                                   volume.bytes_sent, seconds))
     made = (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()}, "
             f"{os.cpu_count()} cores, {len(samples)} samples")
-    return fit_calibration(samples, shaping, made, this_machine())
+    return fit_calibration(samples, shaping, made, this_machine(), per_op)
 
 
 def loopback_link(payloads: list[int] | None = None, repeats: int = 5,
@@ -296,6 +297,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         metavar="BYTES", help="payload sizes per rank (default 32 KiB, 256 KiB, "
                         "2 MiB)")
     parser.add_argument("--repeats", type=int, default=5, help="timings per point (median kept)")
+    parser.add_argument("--per-op", action="store_true",
+                        help="let the model price each op kind with its own fit (fitted and "
+                        "written either way; off by default, see the README)")
     parser.add_argument("--out", required=True, help="JSON file for the calibration")
 
 
@@ -314,7 +318,8 @@ def main(args: argparse.Namespace) -> int:
 
         check_privileges()
     try:
-        found = calibrate(args.shaping, args.rates, args.payloads, args.repeats)
+        found = calibrate(args.shaping, args.rates, args.payloads, args.repeats,
+                          per_op=args.per_op)
     except (RuntimeError, subprocess.TimeoutExpired) as err:
         print(f"flexbench calibrate: {err}", file=sys.stderr)
         return 1

@@ -43,13 +43,18 @@ def test_fit_recovers_the_overheads_that_made_the_timings():
 def test_each_op_kind_timed_at_several_sizes_gets_a_fit_of_its_own():
     gather = [s for s in _samples(0.7, 0.003) if s.op == "all_gather"]
     reduce = [s for s in _samples(0.98, 0.001) if s.op == "all_reduce"]
-    cal = fit_calibration(gather + reduce, "kernel")
+    fitted_only = fit_calibration(gather + reduce, "kernel")
+    assert fitted_only.op_costs() == () and "fitted, not applied" in fitted_only.describe()
+    assert fitted_only.fit_for("all_gather") == (fitted_only.goodput, fitted_only.per_message_s)
+    cal = fit_calibration(gather + reduce, "kernel", per_op=True)
+    assert cal.ops == fitted_only.ops
     assert [op for op, *_ in cal.ops] == ["all_gather", "all_reduce"]
     assert cal.fit_for("all_gather") == pytest.approx((0.7, 0.003), rel=1e-9)
     assert cal.fit_for("all_reduce") == pytest.approx((0.98, 0.001), rel=1e-9)
     assert cal.fit_for("reduce_scatter") == (cal.goodput, cal.per_message_s)  # the shared fit
     assert 0.7 < cal.goodput < 0.98 and cal.max_error() < 1e-9
-    assert "per op kind: all_gather 70.0%, +3.00 ms; all_reduce 98.0%, +1.00 ms" in cal.describe()
+    assert ("per op kind, applied: all_gather 70.0%, +3.00 ms; all_reduce 98.0%, +1.00 ms"
+            in cal.describe())
     # relative to the shared fit, as the model applies it on the calibrated link
     (_, gather_factor, gather_extra), _ = cal.op_costs()
     assert gather_factor == pytest.approx(0.7 / cal.goodput)
@@ -63,14 +68,16 @@ def test_the_model_prices_a_calibrated_op_kind_at_its_own_goodput():
     # flexdemo's only inter-node op is its all-gather (its FSDP2 traffic stays inside the node).
     plain = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms")
     half_rate = simulate_run(RUN, inter_bw="5Mbit", inter_lat="1ms")
-    gathers_at_half = Calibration("wall", 1.0, 0.0, ops=(("all_gather", 0.5, 0.0),))
-    reduces_at_half = Calibration("wall", 1.0, 0.0, ops=(("all_reduce", 0.5, 0.0),))
-    for cal, expected in ((gathers_at_half, half_rate), (reduces_at_half, plain)):
+    gathers_at_half = Calibration("wall", 1.0, 0.0, ops=(("all_gather", 0.5, 0.0),), per_op=True)
+    reduces_at_half = Calibration("wall", 1.0, 0.0, ops=(("all_reduce", 0.5, 0.0),), per_op=True)
+    not_applied = Calibration("wall", 1.0, 0.0, ops=(("all_gather", 0.5, 0.0),))
+    for cal, expected in ((gathers_at_half, half_rate), (reduces_at_half, plain),
+                          (not_applied, plain)):
         got = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms", calibration=cal)
         assert got.frame["time_s"].tolist() == pytest.approx(expected.frame["time_s"].tolist(),
                                                              rel=1e-12)
     # a per-message cost of its own adds one latency step per hop of that op
-    slower = Calibration("wall", 1.0, 0.0, ops=(("all_gather", 1.0, 0.004),))
+    slower = Calibration("wall", 1.0, 0.0, ops=(("all_gather", 1.0, 0.004),), per_op=True)
     got = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms", calibration=slower)
     later = simulate_run(RUN, inter_bw="10Mbit", inter_lat="5ms")
     assert got.frame["time_s"].tolist() == pytest.approx(later.frame["time_s"].tolist(), rel=1e-12)
