@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 import torch
@@ -214,7 +215,7 @@ def _element_pieces(params: list[torch.Tensor], frags: int) -> list[list[Piece]]
     total = sum(sizes)
     check(frags <= total, f"num_fragments={frags} is more than the {total} parameter elements "
                           f"handed in; use num_fragments <= {total}.")
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    starts = [0, *itertools.accumulate(sizes)][:-1]
     out = []
     for f in range(frags):
         lo, hi = total * f // frags, total * (f + 1) // frags
