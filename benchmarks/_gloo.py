@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.distributed as dist
 
-from netsim.processes import loopback_interface
+from netsim.processes import init_process_group, loopback_interface
 
 
 def join_gloo(rank: int, world: int, store: str) -> None:
     """Join a gloo world of `world` ranks through the file `store`, one torch thread a rank."""
     os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from _gloo import join_gloo
 
@@ -33,6 +32,7 @@ from experiments.config import RunConfig, shared_for
 from experiments.run.launch import launch
 from experiments.workloads import make_workload
 from flexdemo.replicators.sampled_spread import SampledSpread
+from netsim import shaping
 
 NODES = 4
 WINDOWS = ((1, 50), (51, 100), (101, 200), (201, 300))
@@ -62,7 +62,7 @@ def _spread_rank(rank: int, graph: str, steps: int, store: str, out: str) -> Non
         opt.zero_grad(set_to_none=True)
     if rank == 0:
         Path(out).write_text(json.dumps(seen))
-    dist.destroy_process_group()
+    shaping.teardown()
 
 
 def spread(steps: int) -> None:

@@ -32,6 +32,7 @@ from torch import nn
 
 from flexdemo import VALUE_FORMATS, BlockLayout, DeMoReplicator, FlexDeMo, all_reduce_bytes
 from flexdemo.codec import clamp_topk
+from netsim import shaping
 
 TOPK, CHUNK, LR = 32, 64, 1e-3
 FORMATS = ("bf16", "fp32", "bf16-packed", "int8", "int2", "sign")
@@ -165,7 +166,7 @@ def _worker(rank: int, world: int, store: str, steps: int, warmup: int,
                   "cpu_ms": statistics.median(r["cpu_ms"])}
                  for r in runs], steps, reference_bytes(mlp()))
     dist.barrier()
-    dist.destroy_process_group()
+    shaping.teardown()
 
 
 def _verdict(ok: bool) -> str:

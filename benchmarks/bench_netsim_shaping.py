@@ -103,7 +103,7 @@ def _worker(rank: int, out: str) -> None:
                 )
         print(f"unshaped 4-byte all-reduce baseline: {baseline * 1e3:.3f} ms")
         sys.stdout.flush()
-    dist.destroy_process_group()
+    shaping.teardown()
 
 
 def main() -> None:

@@ -24,6 +24,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _gloo import join_gloo  # noqa: E402
 
+from netsim import shaping  # noqa: E402
+
 WORLD = 2
 
 
@@ -81,7 +83,7 @@ def _rank(rank: int, store: str, device_name: str, out: str) -> None:
     if rank == 0:
         Path(out).write_text(json.dumps({"device": device_name, "torch": torch.__version__,
                                          "collectives": found}, indent=2) + "\n")
-    dist.destroy_process_group()
+    shaping.teardown()
 
 
 def main() -> int:

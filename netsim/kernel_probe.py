@@ -20,6 +20,7 @@ import sys
 import time
 
 from netsim.kernel import KernelNetwork, TcSettings, stop
+from netsim.processes import init_process_group
 from netsim.units import parse_bandwidth
 
 __all__ = ["measure_goodput", "main"]
@@ -30,8 +31,10 @@ def _rank_main(payload: int, repeats: int) -> None:
     import torch
     import torch.distributed as dist
 
+    from netsim import shaping
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")  # env:// rendezvous on MASTER_ADDR:MASTER_PORT
+    init_process_group("gloo")  # env:// rendezvous on MASTER_ADDR:MASTER_PORT
     try:
         data = torch.ones(payload // 4, dtype=torch.float32)
         dist.all_reduce(torch.ones(1024))  # connections made before the clock starts
@@ -44,7 +47,7 @@ def _rank_main(payload: int, repeats: int) -> None:
         if dist.get_rank() == 0:
             print(json.dumps({"times_s": times}), flush=True)
     finally:
-        dist.destroy_process_group()
+        shaping.teardown()
 
 
 def measure_goodput(rate_bps: float, payload: int = 4 << 20, repeats: int = 3,

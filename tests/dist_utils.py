@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from netsim.processes import loopback_interface
+from netsim import shaping
+from netsim.processes import init_process_group, loopback_interface
 
 
 def init_loopback(rank: int, world: int, store: str) -> None:
@@ -23,7 +24,7 @@ def init_loopback(rank: int, world: int, store: str) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
     # Each rank gets one thread so a 4-rank world does not oversubscribe a 2-core machine.
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 
 
 def _entry(rank: int, world: int, store: str, fn: Callable, args: tuple) -> None:
@@ -32,7 +33,7 @@ def _entry(rank: int, world: int, store: str, fn: Callable, args: tuple) -> None
         fn(rank, world, *args)
         dist.barrier()
     finally:
-        dist.destroy_process_group()
+        shaping.teardown()
 
 
 def run_ranks(fn: Callable, world: int, *args) -> None:

@@ -37,7 +37,7 @@ from netsim import parse_bandwidth
 from netsim.calibration import Calibration, Sample, fit_calibration, load_calibration
 from netsim.costs import collective_volume
 from netsim.kernel import KernelNetwork, TcSettings, stop
-from netsim.processes import loopback_interface
+from netsim.processes import init_process_group, loopback_interface
 from netsim.topology import Link
 
 __all__ = ["calibrate", "configure", "main", "DEFAULT_RATES", "DEFAULT_PAYLOADS", "OPS",
@@ -92,7 +92,7 @@ def _rank_main(spec: dict) -> None:
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[rank % len(cores)]})  # as pinned runs place rank r
     init = spec.get("init_method", "env://")
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         group = None
         if spec["shaping"] == "wall":
@@ -108,8 +108,7 @@ def _rank_main(spec: dict) -> None:
             print(json.dumps({"times_s": timings}), flush=True)
         dist.barrier()
     finally:
-        dist.destroy_process_group()
-        shaping.uninstall()
+        shaping.teardown()
 
 
 def _run_ranks(start: Callable[[int], subprocess.Popen], world: int = _RANKS) -> str:

@@ -35,11 +35,10 @@ from experiments.run.rank import (
     raise_on_sigterm,
     rank_error,
     run_one_rank,
-    teardown,
 )
 from experiments.run.watchdog import RankStalled, Watchdog
 from flexdemo.devices import backend_for, visible_cuda_devices
-from netsim.processes import loopback_interface
+from netsim.processes import init_process_group, loopback_interface
 
 __all__ = ["check_timeout", "launch", "RunFailed"]
 
@@ -157,6 +156,7 @@ def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
     import torch.distributed as dist
 
     from experiments.run.train import run_rank
+    from netsim import shaping
 
     world = int(os.environ["WORLD_SIZE"])
     if world % cfg.nodes:
@@ -171,7 +171,7 @@ def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
         folder.create()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.gpus_per_node))
     # No launcher watches these ranks: a peer that stalls makes the collectives time out.
-    dist.init_process_group(_backend(cfg, local), timeout=timedelta(seconds=cfg.stall_timeout))
+    init_process_group(_backend(cfg, local), timeout=timedelta(seconds=cfg.stall_timeout))
     try:
         result = run_rank(cfg)  # netsim's NIC files: its default folder, shared by a host's ranks
         gathered: list[Any] | None = [None] * world if is_writer else None
@@ -184,7 +184,7 @@ def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
     finally:
         if is_writer:
             folder.discard()
-        teardown()
+        shaping.teardown()
 
 
 # What one spawned rank needs at least: an interpreter with torch imported, a model, buffers.

@@ -7,7 +7,6 @@ runs `run_one_rank`, which calls the training body in `experiments.run.train`.
 from __future__ import annotations
 
 import ctypes
-import gc
 import os
 import re
 import select
@@ -23,10 +22,9 @@ from experiments.errors import Stopped, is_users_file
 from experiments.logs import configure_logging
 from experiments.run.folder import RunFolder, write_rank_result
 from experiments.run.watchdog import Heartbeat
-from netsim.processes import pid_alive
+from netsim.processes import init_process_group, pid_alive
 
-__all__ = ["die_with_launcher", "pin_to_core", "raise_on_sigterm", "rank_error", "run_one_rank",
-           "teardown"]
+__all__ = ["die_with_launcher", "pin_to_core", "raise_on_sigterm", "rank_error", "run_one_rank"]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -48,6 +46,8 @@ def run_one_rank(rank: int, cfg: RunConfig, backend: str, folder: RunFolder, qui
     import torch
     import torch.distributed as dist
 
+    from netsim import shaping
+
     torch.set_num_threads(cfg.threads_per_rank)
     if cfg.pin_cores:
         pin_to_core(rank)
@@ -57,8 +57,8 @@ def run_one_rank(rank: int, cfg: RunConfig, backend: str, folder: RunFolder, qui
         os.environ["TQDM_DISABLE"] = "1"
     heartbeat = Heartbeat(folder.progress(rank))
     # The launcher's watchdog ends stalled runs; the collective timeout is only a backstop.
-    dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
-                            timeout=timedelta(seconds=max(600.0, 2 * cfg.stall_timeout)))
+    init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
+                       timeout=timedelta(seconds=max(600.0, 2 * cfg.stall_timeout)))
     try:
         from experiments.run.train import run_rank
 
@@ -66,7 +66,7 @@ def run_one_rank(rank: int, cfg: RunConfig, backend: str, folder: RunFolder, qui
         write_rank_result(result, folder.work)
         dist.barrier()  # leave together: no rank tears down while a peer still talks to it
     finally:
-        teardown()
+        shaping.teardown()
         heartbeat.close()
 
 
@@ -90,26 +90,6 @@ def _quiet_tqdm_internals() -> None:
 
     tqdm.tqdm.set_lock(threading.RLock())
     tqdm.tqdm.monitor_interval = 0
-
-
-def teardown() -> None:
-    """Release every process group while all threads still run (not at interpreter exit).
-
-    Groups that outlive `destroy_process_group()` (netsim's wrapped gloo groups, reachable
-    from the model's mesh and the optimizer) would otherwise be destroyed during interpreter
-    shutdown, racing gloo's own threads: the rare "terminate called without an active
-    exception" abort at exit.
-    """
-    import torch.distributed as dist
-
-    from netsim import shaping
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    shaping.uninstall()  # shuts down and drops netsim's wrapped gloo/nccl backends
-    # gloo's threads end only when the last reference to a group goes; the model, mesh and
-    # optimizer of the finished run form cycles that still hold some.
-    gc.collect()
 
 
 def die_with_launcher(launcher_pid: int) -> None:

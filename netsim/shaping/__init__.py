@@ -25,11 +25,13 @@ functions here are the process-level conveniences: `install` makes the current S
 
 Teardown, in this order: `dist.destroy_process_group()`, then `shaping.uninstall()` (shuts down
 and drops every wrapped backend netsim made, closes NIC files, removes the run folder netsim
-made), then drop the objects that still hold groups (model, optimizer, mesh) and `gc.collect()`.
+made), then drop the objects that still hold groups (model, optimizer, mesh) and `gc.collect()`;
+`teardown()` does all of it.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch.distributed as dist
@@ -48,6 +50,7 @@ __all__ = [
     "ShapedProcessGroup",
     "install",
     "uninstall",
+    "teardown",
     "clock",
     "clean_stale_run_dirs",
 ]
@@ -96,6 +99,27 @@ def uninstall() -> None:
     while _OPEN:
         _OPEN.pop().close()
     _CURRENT = None
+
+
+def teardown() -> None:
+    """Destroy every process group, uninstall, and free the groups now, not at interpreter exit.
+
+    A group freed during interpreter shutdown races gloo's own threads: one that drops a tensor
+    then takes the GIL and aborts the process ("terminate called without an active exception",
+    rare, at exit). gloo's threads end only when the last reference to a group goes: the finished
+    run's model, mesh and optimizer form cycles that hold some, and DTensor's sharding
+    propagation caches its outputs, whose specs hold the mesh (and through it the groups).
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    uninstall()  # shuts down and drops netsim's wrapped gloo/nccl backends
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:  # a torch without DTensor's cache keeps no mesh in it
+        pass
+    else:
+        _clear_sharding_prop_cache()
+    gc.collect()
 
 
 def clock() -> float:

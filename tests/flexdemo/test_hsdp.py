@@ -13,6 +13,8 @@ from flexdemo import (
     parallelize,
     replicate_group,
 )
+from netsim import shaping
+from netsim.processes import init_process_group
 from tests.dist_utils import run_ranks
 
 NODES, PER_NODE, LR = 2, 2, 0.01
@@ -201,8 +203,8 @@ def test_backward_marks_allow_a_model_that_changes_a_block_output_in_place(tmp_p
                 x = h
             return self.head(x)
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
+    init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                       world_size=1)
     try:
         model = parallelize(Net(), build_mesh(1, 1), inter_all_reduce=True)
         marks: list[int] = []
@@ -212,4 +214,4 @@ def test_backward_marks_allow_a_model_that_changes_a_block_output_in_place(tmp_p
             model(torch.randn(4, 8))  # evaluation marks nothing
         assert len(fsdp_units(model)) == 3 and marks == [1, 0, 2]  # inner last-first, root last
     finally:
-        dist.destroy_process_group()
+        shaping.teardown()

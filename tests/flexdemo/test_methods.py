@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from flexdemo import (
     METHODS,
@@ -22,6 +21,8 @@ from flexdemo import (
     parallelize,
 )
 from flexdemo.knobs import DeMoKnobs
+from netsim import shaping
+from netsim.processes import init_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,14 +51,14 @@ def test_hsdp_adamw_builds_on_a_one_rank_gloo_group(tmp_path):
     record = method_record("hsdp-adamw")
     with pytest.raises(ValueError, match=r"^method='hsdp-adamw' needs a \(replicate, shard\) "):
         build_optimizer("hsdp-adamw", _tiny(), None)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
+    init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                       world_size=1)
     try:
         mesh = build_mesh(1, 1)
         model = parallelize(_tiny(), mesh, inter_all_reduce=record.inter_all_reduce)
         assert type(build_optimizer("hsdp-adamw", model, mesh)) is torch.optim.AdamW
     finally:
-        dist.destroy_process_group()
+        shaping.teardown()
 
 
 def test_flexdemo_and_demo_differ_only_in_their_records():

@@ -138,8 +138,7 @@ def _three_nodes(rank: int, world: int, store: str, out: str) -> None:
     result["compute"] = recorded_compute(trace).sum()
     result["clock"] = shaping.clock()
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
-    shaping.uninstall()
+    shaping.teardown()
 
 
 @pytest.mark.dist

@@ -77,7 +77,7 @@ def _two_rank_modes(rank: int, world: int, store: str, out: str) -> None:
         results[mode]["compute"] = recorded_compute(trace).sum()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump(results, fh)
-    dist.destroy_process_group()
+    shaping.teardown()
 
 
 @pytest.mark.dist
@@ -161,7 +161,7 @@ def _four_ranks(rank: int, world: int, store: str, out: str) -> None:
     res["summary"] = _summary(rec)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump(res, fh)
-    dist.destroy_process_group()
+    shaping.teardown()
 
 
 @pytest.mark.dist

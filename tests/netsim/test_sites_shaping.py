@@ -39,7 +39,7 @@ def _ranks(rank: int, world: int, store: str, out: str) -> None:
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump({"ops": rows["op"].tolist(), "modeled": rows["modeled_s"].tolist(),
                    "value": x[0].item()}, fh)
-    dist.destroy_process_group()
+    shaping.teardown()
 
 
 @pytest.mark.dist
