@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments.config import METHODS, RunConfig, shared_for
 from experiments.errors import ConfigError
 from experiments.replay import step_noise
 from experiments.replay.loss_curve import Recording, choose_loss_curve
@@ -59,6 +60,7 @@ from experiments.replay.simulate import (
     replay_with,
 )
 from experiments.report import intervals, metrics, ranking
+from experiments.sweep.plan import variant_label
 
 __all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "Inputs", "LossCurveRefused",
            "NothingToRank", "cells", "compare", "compute_basis", "find_candidates", "gather",
@@ -163,14 +165,29 @@ def _sweep_units(path: Path) -> tuple[list[Candidate], float | None]:
 
 
 def _run_candidate(path: Path) -> Candidate:
-    """A run folder as a candidate: its method is its variant, its config's seed its seed."""
+    """A run folder as a candidate: its variant is its method labelled with the knobs it set
+    away from the method's defaults, as a sweep labels its variants (`flexdemo[decay=0.9]`);
+    its config's seed is its seed."""
     try:
         config = json.loads((path / "run.json").read_text())["config"]
-        return Candidate(path, str(config["method"]), str(config["method"]),
-                         int(config.get("seed", 0)))
+        method, seed = str(config["method"]), int(config.get("seed", 0))
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(f"{str(path / 'run.json')!r} is not a run's record (no config with a "
                           "method).") from None
+    return Candidate(path, _variant(config, method), method, seed)
+
+
+def _variant(config: dict, method: str) -> str:
+    """`method[knob=value,...]` for the knobs whose values differ from the method's defaults."""
+    if method not in METHODS:
+        return method  # read_run refuses it with its own sentence
+    # Stored configs hold resolved knob values (older ones None where a knob came later); a
+    # config relabelled with another method keeps knobs that method does not read.
+    stored = RunConfig.from_dict(shared_for(method, config)).knob_values()
+    defaults = RunConfig(method=method).knob_values()
+    # A None default is decided when the optimizer is built (sign, value_dtype): not comparable.
+    return variant_label(method, {k: v for k, v in stored.items()
+                                  if defaults.get(k) is not None and v != defaults[k]})
 
 
 def _check_same_training(runs: list[tuple[Candidate, RecordedRun]],

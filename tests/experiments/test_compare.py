@@ -89,6 +89,21 @@ def test_a_diverged_run_is_a_miss_named_in_the_output(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_run_folders_of_one_method_with_other_knobs_are_variants(tmp_path: Path) -> None:
+    runs = _copy_runs(tmp_path, "hsdp-adamw-s0", "flexdemo-s0")
+    tuned = tmp_path / "flexdemo-decay"
+    shutil.copytree(runs[1], tuned)
+    meta = json.loads((tuned / "run.json").read_text())
+    meta["config"]["decay"] = 0.9  # its trace stays the default's: only the label is tested
+    (tuned / "run.json").write_text(json.dumps(meta))
+    result = _compare(*map(str, [*runs, tuned]), "--inter-bw", "10Mbit", "--inter-lat", "1ms",
+                      "--target", "2.9")
+    # Labelled as a sweep labels its variants; the run with every default keeps the bare name.
+    assert sorted(result.runs["variant"]) == ["flexdemo", "flexdemo[decay=0.9]", "hsdp-adamw"]
+    assert set(result.runs["method"]) == {"flexdemo", "hsdp-adamw"}
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", ["bad-bandwidth", "bad-latency", "workloads", "not-a-run",
                                   "same-seed", "out-suffix", "no-target", "two-bases"])
 def test_compare_refuses_in_one_sentence_and_writes_nothing(
