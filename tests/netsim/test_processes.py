@@ -4,6 +4,7 @@
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -32,15 +33,29 @@ _SCRIPT = textwrap.dedent("""
     dist.all_reduce(param.grad)
     dist.destroy_process_group()
     gc.collect()
-    tasks = sorted(os.listdir("/proc/self/task"))
-    print(",".join(open(f"/proc/self/task/{t}/comm").read().strip() for t in tasks))
+    from tests.netsim.test_processes import threads_after_exits
+    print(",".join(threads_after_exits()))
 """)
 
 
-def _threads() -> list[str]:
-    """This process's thread names."""
-    tasks = sorted(Path("/proc/self/task").iterdir())
-    return [(task / "comm").read_text().strip() for task in tasks]
+def threads_after_exits(wait_s: float = 5.0) -> list[str]:
+    """This process's thread names, once no gloo thread is listed or after `wait_s`.
+
+    A joined thread can stay listed in /proc for a moment after the join returns (the kernel
+    clears the thread id the join waits on before it removes the task); a thread still running,
+    as gloo's are while a group is alive, stays listed for good.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        names = []
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                names.append((task / "comm").read_text().strip())
+            except OSError:  # the task ended between the listing and the read
+                continue
+        if not any("gloo" in n for n in names) or time.monotonic() > deadline:
+            return names
+        time.sleep(0.05)
 
 
 @pytest.mark.dist
@@ -62,7 +77,7 @@ def _train_then_teardown(rank: int, world: int, store: str, out: str) -> None:
     del recorder, model, mesh, opt  # the caller's handles; teardown frees what else holds groups
     dist.barrier()
     shaping.teardown()
-    Path(out, f"rank{rank}.txt").write_text(",".join(_threads()))
+    Path(out, f"rank{rank}.txt").write_text(",".join(threads_after_exits()))
 
 
 @pytest.mark.dist
