@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,3 +90,23 @@ def inter_rows(recorder, step: int):
     """The recorder's inter-node collective rows of `step`."""
     trace = recorder.frame()
     return trace[(trace["step"] == step) & (trace["kind"] == "collective") & trace["inter"]]
+
+
+def threads_after_exits(wait_s: float = 5.0) -> list[str]:
+    """This process's thread names, once no gloo thread is listed or after `wait_s`.
+
+    A joined thread can stay listed in /proc for a moment after the join returns (the kernel
+    clears the thread id the join waits on before it removes the task); a thread still running,
+    as gloo's are while a group is alive, stays listed for good.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        names = []
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                names.append((task / "comm").read_text().strip())
+            except OSError:  # the task ended between the listing and the read
+                continue
+        if not any("gloo" in n for n in names) or time.monotonic() > deadline:
+            return names
+        time.sleep(0.05)

@@ -4,7 +4,6 @@
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from netsim import shaping
-from tests.dist_utils import init_loopback, shaped_world, train_step
+from tests.dist_utils import init_loopback, shaped_world, threads_after_exits, train_step
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,29 +32,9 @@ _SCRIPT = textwrap.dedent("""
     dist.all_reduce(param.grad)
     dist.destroy_process_group()
     gc.collect()
-    from tests.netsim.test_processes import threads_after_exits
+    from tests.dist_utils import threads_after_exits
     print(",".join(threads_after_exits()))
 """)
-
-
-def threads_after_exits(wait_s: float = 5.0) -> list[str]:
-    """This process's thread names, once no gloo thread is listed or after `wait_s`.
-
-    A joined thread can stay listed in /proc for a moment after the join returns (the kernel
-    clears the thread id the join waits on before it removes the task); a thread still running,
-    as gloo's are while a group is alive, stays listed for good.
-    """
-    deadline = time.monotonic() + wait_s
-    while True:
-        names = []
-        for task in Path("/proc/self/task").iterdir():
-            try:
-                names.append((task / "comm").read_text().strip())
-            except OSError:  # the task ended between the listing and the read
-                continue
-        if not any("gloo" in n for n in names) or time.monotonic() > deadline:
-            return names
-        time.sleep(0.05)
 
 
 @pytest.mark.dist

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from netsim import Topology, TraceRecorder, comm_per_step, shaping, simulate
 from netsim.shaping import run_dir, work
-from tests.dist_utils import init_loopback
+from tests.dist_utils import init_loopback, threads_after_exits
 from tests.timing import SleepLog, recorded_compute
 
 
@@ -265,7 +265,7 @@ def _close_releases(rank: int, world: int, store: str, out: str) -> None:
     # lets go. Nothing of netsim's may be that holder, so dropping the caller's handle suffices.
     del group
     gc.collect()
-    res["gloo_threads_left"] = _gloo_threads()
+    res["gloo_threads_left"] = sum("gloo" in name for name in threads_after_exits())
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump(res, fh)
 
