@@ -25,16 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.config import RunConfig, parse_overrides, shared_for  # noqa: E402
 from experiments.replay.validate import median_step_time, parse_shape  # noqa: E402
 from experiments.run.launch import launch  # noqa: E402
-
-
-def compute_outside_collectives(trace: pd.DataFrame, warmup: int) -> float:
-    """Median over steps of the slowest rank's step span minus the spans of its collectives."""
-    steps = trace[trace["kind"] == "step"].set_index(["step", "rank"])
-    ops = trace[trace["kind"] == "collective"]
-    blocked = (ops["end_s"] - ops["start_s"]).groupby([ops["step"], ops["rank"]]).sum()
-    span = steps["end_s"] - steps["start_s"]
-    compute = span.sub(blocked.reindex(span.index, fill_value=0.0)).groupby(level="step").max()
-    return float(compute[compute.index >= warmup].median())
+from netsim.trace import compute_outside_collectives  # noqa: E402
 
 
 def main() -> int:
@@ -69,8 +60,8 @@ def main() -> int:
                 out = launch(cfg, Path(tmp) / f"{method}-{k}", quiet=True)
                 ends = pd.read_parquet(out / "steps.parquet")["wall_time_s"]
                 steps.append(median_step_time(ends, args.warmup))
-                computes.append(compute_outside_collectives(
-                    pd.read_parquet(out / "trace.parquet"), args.warmup))
+                compute = compute_outside_collectives(pd.read_parquet(out / "trace.parquet"))
+                computes.append(float(compute[compute.index >= args.warmup].median()))
             mid = statistics.median(steps)
             devs = [100 * (s / mid - 1) for s in steps]
             spread = 100 * (max(steps) / min(steps) - 1)

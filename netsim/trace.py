@@ -45,6 +45,7 @@ __all__ = [
     "validate_trace",
     "load_trace",
     "comm_per_step",
+    "compute_outside_collectives",
     "waited_after_step",
 ]
 
@@ -428,3 +429,17 @@ def comm_per_step(trace: pd.DataFrame) -> pd.DataFrame:
     return per_step.astype({c: "float64" for c in _PER_STEP if c != "inter_calls"}).astype(
         {"inter_calls": "int64"}
     ).reset_index()
+
+
+def compute_outside_collectives(trace: pd.DataFrame) -> pd.Series:
+    """Per step, the slowest rank's time outside collectives, as the trace recorded it.
+
+    Each rank's step span minus the spans of its collectives (spans issued and waited at once
+    do not overlap): what a replay of that trace takes as compute.
+    """
+    steps = trace[trace["kind"] == "step"].set_index(["step", "rank"])
+    span = steps["end_s"] - steps["start_s"]
+    ops = trace[trace["kind"] == "collective"]
+    blocked = (ops["end_s"] - ops["start_s"]).groupby([ops["step"], ops["rank"]]).sum()
+    compute = span.sub(blocked.reindex(span.index, fill_value=0.0))
+    return compute.groupby(level="step").max()

@@ -11,22 +11,6 @@ from __future__ import annotations
 import time
 import types
 
-import pandas as pd
-
-
-def recorded_compute(trace: pd.DataFrame) -> pd.Series:
-    """Per step, the slowest rank's time outside collectives, as the trace recorded it.
-
-    Each rank's step span minus the spans of its collectives (the tests issue and wait on each
-    op at once, so the spans do not overlap): what a replay of that trace takes as compute.
-    """
-    steps = trace[trace["kind"] == "step"].set_index(["step", "rank"])
-    span = steps["end_s"] - steps["start_s"]
-    ops = trace[trace["kind"] == "collective"]
-    blocked = (ops["end_s"] - ops["start_s"]).groupby([ops["step"], ops["rank"]]).sum()
-    compute = span.sub(blocked.reindex(span.index, fill_value=0.0))
-    return compute.groupby(level="step").max()
-
 
 class SleepLog:
     """Stands in for a module's `time`: the same clock, but every sleep requested is logged.

@@ -18,10 +18,11 @@ from experiments.errors import ConfigError
 from netsim import Link, Topology, TraceRecorder, collective_time, kernel, shaping, simulate
 from netsim.kernel_probe import measure_goodput
 from netsim.topology import parse_node_links
+from netsim.trace import compute_outside_collectives
 from netsim.units import parse_bandwidth, parse_node_link
 from tests.dist_utils import init_loopback
 from tests.netsim.test_model import make_trace
-from tests.timing import assert_link_goodput, recorded_compute
+from tests.timing import assert_link_goodput
 
 FAST, SLOW = "80Mbit", "20Mbit"  # 10 MB/s and 2.5 MB/s
 
@@ -135,7 +136,7 @@ def _three_nodes(rank: int, world: int, store: str, out: str) -> None:
     # group spans them all (it would pace the pair by node 2 too: conservative).
     trace = pd.concat(frames).query("step == 0")
     result["predicted"] = simulate(trace, topo).frame["time_s"].iloc[-1]
-    result["compute"] = recorded_compute(trace).sum()
+    result["compute"] = compute_outside_collectives(trace).sum()
     result["clock"] = shaping.clock()
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
     shaping.teardown()

@@ -17,8 +17,9 @@ import torch.multiprocessing as mp
 
 from netsim import Topology, TraceRecorder, comm_per_step, shaping, simulate
 from netsim.shaping import run_dir, work
+from netsim.trace import compute_outside_collectives
 from tests.dist_utils import init_loopback, threads_after_exits
-from tests.timing import SleepLog, recorded_compute
+from tests.timing import SleepLog
 
 
 def _init(rank: int, world: int, store: str) -> None:
@@ -74,7 +75,7 @@ def _two_rank_modes(rank: int, world: int, store: str, out: str) -> None:
         trace = pd.concat(frames)
         # The model replays the shaped run's trace: it should predict what the run measured.
         results[mode]["predicted"] = simulate(trace, topo).frame["time_s"].iloc[-1]
-        results[mode]["compute"] = recorded_compute(trace).sum()
+        results[mode]["compute"] = compute_outside_collectives(trace).sum()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump(results, fh)
     shaping.teardown()
@@ -221,15 +222,10 @@ def test_four_ranks_results_byte_counts_and_shared_nic(tmp_path):
         assert any(got == pytest.approx(want, abs=1e-3) for want in orders), (got, orders)
 
 
-def _gloo_threads() -> int:
-    """Threads of gloo backends alive in this process (named pt_gloo_runloop, gloo_tcp_loop)."""
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            names.append(open(f"/proc/self/task/{task}/comm").read())
-        except OSError:  # the thread ended meanwhile
-            pass
-    return sum("gloo" in name for name in names)
+def _gloo_threads(wait_s: float = 0.0) -> int:
+    """Threads of gloo backends alive in this process (named pt_gloo_runloop, gloo_tcp_loop);
+    with `wait_s`, once none is left or after that long."""
+    return sum("gloo" in name for name in threads_after_exits(wait_s))
 
 
 def _close_releases(rank: int, world: int, store: str, out: str) -> None:
@@ -265,7 +261,7 @@ def _close_releases(rank: int, world: int, store: str, out: str) -> None:
     # lets go. Nothing of netsim's may be that holder, so dropping the caller's handle suffices.
     del group
     gc.collect()
-    res["gloo_threads_left"] = sum("gloo" in name for name in threads_after_exits())
+    res["gloo_threads_left"] = _gloo_threads(wait_s=5.0)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump(res, fh)
 
