@@ -62,7 +62,8 @@ def units_of(cfg: SweepConfig) -> list[Unit]:
     units: list[Unit] = []
     by_key: dict[tuple[str, str, int], Unit] = {}
     for method in cfg.methods:
-        for knobs in _combinations(cfg.knobs.get(method, {})):
+        variants = [v for m, v in cfg.variants if m == method]
+        for knobs in _combinations(cfg.knobs.get(method, {})) + variants:
             for seed in cfg.seeds:
                 unit = _unit("train", cfg, method, knobs, seed, None)
                 units.append(unit)

@@ -1,7 +1,8 @@
 """The sweep file: a typed, validated SweepConfig from TOML and `--set key=value` overrides.
 
 A sweep file has a `[run]` table (any RunConfig setting, the same names as `flexbench run`'s
-flags), a `[grid]` (methods, inter_bw, inter_lat, seeds and per-method `[grid.knobs.METHOD]`), an
+flags), a `[grid]` (methods, inter_bw, inter_lat, seeds, per-method `[grid.knobs.METHOD]` and
+`[[grid.variants]]`: one method at fixed settings, trained beside its plain runs), an
 optional `[target]`, `[[validate]]` points and an `[executor]`. Overrides use dotted keys into
 that tree: `--set run.steps=50`, `--set grid.seeds=[0]`.
 """
@@ -34,7 +35,7 @@ __all__ = ["GRID_KEYS", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig"
 
 TOP_KEYS = ("name", "timeout_s", "run", "grid", "target", "validate", "executor")
 
-GRID_KEYS = ("methods", "inter_bw", "inter_lat", "seeds", "knobs")
+GRID_KEYS = ("methods", "inter_bw", "inter_lat", "seeds", "knobs", "variants")
 
 UNIT_FIELDS = ("method", "seed", "inter_bw", "inter_lat", "shaping", "extra")
 
@@ -70,6 +71,8 @@ class SweepConfig:
     networks: list[NetworkPoint]
     seeds: list[int]
     knobs: dict[str, dict[str, list[Any]]]
+    variants: list[tuple[str, dict[str, Any]]]
+    """[[grid.variants]]: (method, its fixed settings), each trained beside the plain method."""
     target: float | None
     """An explicit target val_loss ([target] val_loss); None derives it from the baseline."""
     target_fraction: float | None
@@ -120,7 +123,9 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
         raise ConfigError("run.topology_file: a sweep scores its runs on the grid's inter_bw x "
                           "inter_lat points, and sites are not built into sweeps; replay the "
                           "sweep's runs with flexbench simulate --topology instead.")
-    methods, networks, seeds, knobs = _grid(_table(raw, "grid"))
+    grid = _table(raw, "grid")
+    methods, networks, seeds, knobs = _grid(grid)
+    variants = _variants(grid.get("variants", []), methods)
     target, fraction = _target(raw.get("target"))
     timeout = raw.get("timeout_s")
     if timeout is not None and not (_is_number(timeout) and math.isfinite(timeout)
@@ -135,7 +140,7 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
         raise ConfigError("validate must be a list of [[validate]] tables.")
     cfg = SweepConfig(
         name=name, run=RunConfig.from_dict(run),  # unknown keys and bad types fail here
-        methods=methods, networks=networks, seeds=seeds, knobs=knobs,
+        methods=methods, networks=networks, seeds=seeds, knobs=knobs, variants=variants,
         target=target, target_fraction=fraction, validate=validate, timeout_s=timeout,
         executor=executor, raw=raw,
     )
@@ -298,6 +303,36 @@ def _knobs(table: Any, methods: list[str]) -> dict[str, dict[str, list[Any]]]:
             if not values:
                 raise ConfigError(f"grid.knobs.{method}.{name} is empty; give at least one value.")
             out[method][name] = values
+    return out
+
+def _variants(table: Any, methods: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """[[grid.variants]]: a method of the grid at fixed run settings, e.g. flexdemo at decay 0.9.
+
+    Unlike a [grid.knobs] list, which labels every unit of its method, a variant adds units
+    labelled by their settings (flexdemo[decay=0.9]) and leaves the plain method's as they are.
+    """
+    if not isinstance(table, list) or not all(isinstance(v, dict) for v in table):
+        raise ConfigError("grid.variants must be a list of [[grid.variants]] tables.")
+    fields = {f.name for f in dataclasses.fields(RunConfig)} - set(UNIT_FIELDS)
+    out: list[tuple[str, dict[str, Any]]] = []
+    for i, entry in enumerate(table):
+        where = f"grid.variants[{i}]"
+        settings = dict(entry)
+        method = settings.pop("method", None)
+        if method not in methods:
+            raise ConfigError(f"{where}.method must be one of grid.methods "
+                              f"({', '.join(methods)}), got {method!r}.")
+        if not settings:
+            raise ConfigError(f"{where} sets nothing but the method; give the settings that "
+                              "make it a variant, e.g. decay = 0.9.")
+        for name, value in settings.items():
+            if name not in fields:
+                raise ConfigError(f"{where}.{name} is not a run setting; known: "
+                                  f"{', '.join(sorted(fields))}.")
+            if isinstance(value, (list, dict)):
+                raise ConfigError(f"{where}.{name} must be one value, got {value!r}; a list of "
+                                  "values belongs in [grid.knobs.<method>].")
+        out.append((method, settings))
     return out
 
 def _target(table: Any) -> tuple[float | None, float | None]:

@@ -95,6 +95,24 @@ def test_units_cover_the_grid_once_per_method_knob_and_seed(config_file: Path) -
 
 
 @pytest.mark.timeout(30)
+def test_a_variant_adds_units_and_leaves_the_plain_methods_as_they_were(
+    config_file: Path,
+) -> None:
+    plain = sweep.units_of(sweep.load_config(config_file))
+    cfg = sweep.load_config(config_file, ["grid.variants=[{method='flexdemo', decay=0.9}]"])
+    units = sweep.units_of(cfg)
+    added = [u for u in units if u.id not in {p.id for p in plain}]
+    assert [u.id for u in added] == ["flexdemo-decay=0.9-s0", "flexdemo-decay=0.9-s1"]
+    assert {u.variant for u in added} == {"flexdemo[decay=0.9]"}
+    assert {u.config.decay for u in added} == {0.9}
+    assert [u.id for u in units if u not in added] == [p.id for p in plain]
+    assert all(u.config.decay is None for u in units if u.method == "flexdemo" and u not in added)
+    # the variant's units sit beside their method's, so tables list them together
+    ids = [u.id for u in units]
+    assert ids.index("flexdemo-decay=0.9-s0") == ids.index("flexdemo-s1") + 1
+
+
+@pytest.mark.timeout(30)
 def test_set_overrides_use_toml_values_and_dotted_keys(config_file: Path) -> None:
     cfg = sweep.load_config(config_file, ["grid.seeds=[3]", "run.steps=7", "target.val_loss=2.5",
                                           "run.workload=vision-tiny"])
@@ -124,6 +142,14 @@ def test_set_overrides_use_toml_values_and_dotted_keys(config_file: Path) -> Non
         ("grid.knobs.sgd.topk=[8]", "unknown method 'sgd'"),
         ("grid.knobs.flexdemo.topkk=[8]", "topkk is not a run setting"),
         ("grid.methods=['flexdemo', 'diloco']", "add 'hsdp-adamw' to grid.methods"),
+        ("grid.variants={method='flexdemo'}", "grid.variants must be a list"),
+        ("grid.variants=[{method='demo', decay=0.9}]",
+         "grid.variants[0].method must be one of grid.methods"),
+        ("grid.variants=[{method='flexdemo'}]", "sets nothing but the method"),
+        ("grid.variants=[{method='flexdemo', decayy=0.9}]", "decayy is not a run setting"),
+        ("grid.variants=[{method='flexdemo', decay=[0.9, 0.8]}]", "decay must be one value"),
+        ("grid.variants=[{method='hsdp-adamw', decay=0.9}]", "'hsdp-adamw' does not read decay"),
+        ("grid.variants=[{method='diloco', diloco_h=5}]", "two units share the id"),
     ],
 )
 def test_bad_input_names_the_value(config_file: Path, override: str, needle: str) -> None:
