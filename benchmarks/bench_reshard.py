@@ -1,7 +1,8 @@
 """Re-shard on replay: the bytes a replayed 2xG hsdp-adamw step moves per node, against the closed
 form from the parameter count.
 
-Run: python benchmarks/bench_reshard.py [--run results/quick/units/hsdp-adamw-s0 --gpus-per-node 8]
+Run: python benchmarks/bench_reshard.py
+     [--run results/quick-2026-11-30/units/hsdp-adamw-s0 --gpus-per-node 8]
 Replays the committed 2x2 hsdp-adamw run as nodes x G with `flexbench simulate`'s model, re-sharded
 (experiments.replay.reshard) and, for comparison, with the recorded 2-rank shards (what the replay
 did before it re-sharded). A real run of that shape all-reduces each rank's FSDP2 shard across the
@@ -34,7 +35,8 @@ def closed_form(layout: list, nodes: int, per_node: int, itemsize: int = 4) -> f
 def main() -> None:
     """Print the closed form, the re-sharded replay and the as-recorded replay per node."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", default=str(ROOT / "results/quick/units/hsdp-adamw-s0"))
+    parser.add_argument("--run",
+                        default=str(ROOT / "results/quick-2026-11-30/units/hsdp-adamw-s0"))
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--inter-bw", default="10Mbit")

@@ -166,7 +166,9 @@ def auto_picks(traces: dict[str, pd.DataFrame], args: argparse.Namespace) -> dic
 def main() -> None:
     """Print the sweep over node counts and the crossover node counts."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--units", default="results/quick/units", help="folder of recorded runs")
+    # The README's tables were made from these recordings (the quick sweep of 2026-11-30).
+    parser.add_argument("--units", default="results/quick-2026-11-30/units",
+                        help="folder of recorded runs")
     parser.add_argument("--inter-bw", default="10Gbit")
     parser.add_argument("--inter-lat", default="10us")
     parser.add_argument("--gpus-per-node", type=int, default=8)

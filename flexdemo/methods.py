@@ -99,9 +99,10 @@ class Method:
 # the paper's 1-D chunks of 64 elements with the top 4 kept reached the target first at
 # 100 Mbit/s; its indices are bit-packed (6 bits instead of 16: lossless, 31% fewer bytes).
 # Its momentum keeps DeMo's decay 0.999. On lm-tiny 2 x 2, decay 0.9 reached the quick sweep's
-# target in 60 and 65 steps (hsdp-adamw's) where 0.999 took 70 and 90 (README "Communication
-# behind compute"): two seeds, no interval, so `--decay 0.9` is a variant, not the default (the
-# committed sweeps, made at 0.999, stay reproducible from their configs).
+# target in 60 and 70 steps where 0.999 took 70 and 90, and in fewer steps on five seeds
+# (README "Communication behind compute"); it stays a variant (`--decay 0.9`, the quick sweep's
+# flexdemo[decay=0.9]), not the default: the best decay depends on the workload and the step
+# count, and the committed sweeps, made at 0.999, stay reproducible from their configs.
 FLEXDEMO_KNOBS = DeMoKnobs(topk=4, chunking="flat", value_format="bf16-packed")
 
 RECORDS: tuple[Method, ...] = (

@@ -42,6 +42,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -143,11 +144,39 @@ def find_candidates(paths: list[Path]) -> tuple[list[Candidate], float | None]:
             raise ConfigError(f"{str(seen[c.variant, c.seed])!r} and {str(c.path)!r} are both "
                               f"{c.variant} seed {c.seed}; give each method and seed once.")
         seen[c.variant, c.seed] = c.path
+    _check_one_setting_per_variant(found)
     if len(set(targets)) > 1:
         raise ConfigError(f"the sweeps given score against different targets "
                           f"({', '.join(f'{t:.4f}' for t in dict.fromkeys(targets))}); give "
                           "--target.")
     return found, targets[0] if targets else None
+
+
+TRAINING_SETTINGS = ("lr", "schedule", "warmup", "warmup_steps", "batch_size", "weight_decay")
+"""Run settings that change a run's loss curve beside its method's knobs: a variant's seeds
+must share them, or their spread would be the settings' and not the seeds'."""
+
+
+def _check_one_setting_per_variant(found: list[Candidate]) -> None:
+    """ConfigError when two runs labelled as one variant trained with other TRAINING_SETTINGS."""
+    first: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for c in found:
+        try:
+            config = json.loads((c.path / "run.json").read_text())["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a failed unit or a broken record: read_run says so with its own sentence
+        defaults = RunConfig(method=c.method)
+        settings = {k: config.get(k, getattr(defaults, k)) for k in TRAINING_SETTINGS}
+        if c.variant not in first:
+            first[c.variant] = (c.path, settings)
+            continue
+        path, seen = first[c.variant]
+        differ = [k for k in TRAINING_SETTINGS if settings[k] != seen[k]]
+        if differ:
+            k = differ[0]
+            raise ConfigError(f"{str(path)!r} and {str(c.path)!r} are both {c.variant} but train "
+                              f"with {k} {seen[k]!r} and {settings[k]!r}: their spread would be "
+                              "the setting's, not the seeds'; compare runs of one setting.")
 
 
 def _sweep_units(path: Path) -> tuple[list[Candidate], float | None]:

@@ -35,7 +35,7 @@ def test_at_a_grid_point_compare_equals_the_sweeps_table(capsys: pytest.CaptureF
     sim = runs[(runs["source"] == "sim") & (runs["network"] == "100Mbit / 20ms")]
     mine = result.runs.set_index(["variant", "seed"])["time_to_target_s"]
     theirs = sim.set_index(["variant", "seed"])["time_to_target_s"]
-    assert len(mine) == len(theirs) == 8
+    assert len(mine) == len(theirs) == 10  # 4 methods and a variant, 2 seeds each
     pd.testing.assert_series_equal(mine.sort_index(), theirs.sort_index(), rtol=1e-12,
                                    check_names=False)
     assert result.target == pytest.approx(sim["target_val_loss"].iloc[0], rel=1e-12)
@@ -101,6 +101,25 @@ def test_run_folders_of_one_method_with_other_knobs_are_variants(tmp_path: Path)
     # Labelled as a sweep labels its variants; the run with every default keeps the bare name.
     assert sorted(result.runs["variant"]) == ["flexdemo", "flexdemo[decay=0.9]", "hsdp-adamw"]
     assert set(result.runs["method"]) == {"flexdemo", "hsdp-adamw"}
+
+
+@pytest.mark.timeout(120)
+def test_seeds_of_one_variant_trained_with_another_lr_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    runs = _copy_runs(tmp_path, "hsdp-adamw-s0", "flexdemo-s0", "flexdemo-s1")
+    meta = json.loads((runs[2] / "run.json").read_text())
+    meta["config"]["lr"] = 0.0013
+    (runs[2] / "run.json").write_text(json.dumps(meta))
+    status = cli.main(["compare", *map(str, runs), "--inter-bw", "10Mbit", "--inter-lat", "1ms"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1
+    assert "are both flexdemo but train with lr 0.001 and 0.0013" in err
+    # The same lr on both seeds is one variant's two seeds, as before.
+    meta["config"]["lr"] = json.loads((runs[1] / "run.json").read_text())["config"]["lr"]
+    (runs[2] / "run.json").write_text(json.dumps(meta))
+    result = _compare(*map(str, runs), "--inter-bw", "10Mbit", "--inter-lat", "1ms")
+    assert sorted(result.runs["seed"][result.runs["variant"] == "flexdemo"]) == [0, 1]
 
 
 @pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ from experiments.replay.simulate import read_run, simulate_run
 from experiments.run.launch import launch
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ROOT / "results/quick/units"
+QUICK = ROOT / "results/quick-2026-11-30/units"  # recorded before run.json held the layout
 
 
 def _per_rank_step(trace: pd.DataFrame) -> pd.Series:
