@@ -14,7 +14,8 @@ from experiments.replay.simulate import read_run, simulate_run
 from experiments.run.launch import launch
 
 ROOT = Path(__file__).resolve().parents[2]
-OLD_RUN = ROOT / "results/quick-2026-11-30/units/hsdp-adamw-s0"  # recorded before runs marked FSDP2 units
+# Recorded before runs marked FSDP2 units.
+OLD_RUN = ROOT / "results/quick-2026-11-30/units/hsdp-adamw-s0"
 
 
 @pytest.mark.dist
