@@ -167,6 +167,7 @@ def _check_one_setting_per_variant(found: list[Candidate]) -> None:
             continue  # a failed unit or a broken record: read_run says so with its own sentence
         defaults = RunConfig(method=c.method)
         settings = {k: config.get(k, getattr(defaults, k)) for k in TRAINING_SETTINGS}
+        settings["lr"] = settings["lr"] or defaults.record.lr  # None: the method's own lr
         if c.variant not in first:
             first[c.variant] = (c.path, settings)
             continue

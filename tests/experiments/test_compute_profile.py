@@ -16,7 +16,8 @@ from experiments.run.launch import launch
 from netsim.model import compute_phases
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = ROOT / "results" / "quick" / "units" / "hsdp-adamw-s0"  # lm-tiny, batch 16, 2x2
+# lm-tiny, batch 16, 2x2, recorded before runs marked FSDP2 backward
+RECORDED = ROOT / "results" / "quick-2026-11-30" / "units" / "hsdp-adamw-s0"
 
 PROFILE = {
     "format": FORMAT, "workload": "lm-tiny", "method": "flexdemo", "batch_size": 16, "nodes": 2,
