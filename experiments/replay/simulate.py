@@ -544,7 +544,9 @@ def replay_with(args: argparse.Namespace, run: RecordedRun, settings: ReplaySett
         phases_at=profile.gpus_per_node if profile else None,
     )  # fmt: skip
     if declared != 1.0:
-        log.info("compute scaled by %.4g relative to the recording machine", declared)
+        # Debug only: the basis lines below print it once per answer, and compare replays
+        # every run through here (it once printed this line once per run).
+        log.debug("compute scaled by %.4g relative to the recording machine", declared)
     return replay, _basis_lines(args, run, replay, intra, declared, profile)
 
 

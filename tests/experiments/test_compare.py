@@ -123,6 +123,19 @@ def test_seeds_of_one_variant_trained_with_another_lr_are_refused(
 
 
 @pytest.mark.timeout(120)
+def test_a_declared_compute_scale_is_said_once_not_once_per_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    runs = _copy_runs(tmp_path, "hsdp-adamw-s0", "hsdp-adamw-s1", "flexdemo-s0", "flexdemo-s1")
+    status = cli.main(["compare", *map(str, runs), "--inter-bw", "10Mbit", "--inter-lat", "1ms",
+                       "--compute-scale", "0.1"])
+    out, err = capsys.readouterr()
+    assert status == 0
+    assert out.count("recorded compute x0.1 (declared") == 1
+    assert "compute scaled by" not in err
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", ["bad-bandwidth", "bad-latency", "workloads", "not-a-run",
                                   "same-seed", "out-suffix", "no-target", "two-bases"])
 def test_compare_refuses_in_one_sentence_and_writes_nothing(
