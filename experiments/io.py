@@ -23,7 +23,7 @@ from typing import Any
 from experiments.errors import ConfigError
 from netsim.processes import pid_alive
 
-__all__ = ["check_output_file", "check_output_folder", "exclusive", "provenance",
+__all__ = ["check_output_file", "check_output_folder", "cpu_model", "exclusive", "provenance",
            "run_digest", "write_atomic"]
 
 # The umask can only be read by setting it: once, at import, before any worker thread runs.
@@ -183,10 +183,23 @@ def provenance() -> dict[str, Any]:
         "versions": versions,
         "git_commit": _git("rev-parse", "HEAD") or None,
         "git_dirty": None if status is None else bool(status),
+        # The CPU model too: a VM of one name can land on another CPU between days, and
+        # recorded compute per step moves with it while the losses do not.
         "host": {"name": socket.gethostname(), "platform": platform.platform(),
-                 "cpus": os.cpu_count()},
+                 "cpus": os.cpu_count(), "cpu": cpu_model()},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux's /proc/cpuinfo, else what `platform` says); None if unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def _git(*args: str) -> str | None:
