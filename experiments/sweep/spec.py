@@ -278,10 +278,15 @@ def network_point(bw: str, lat: str) -> NetworkPoint:
     """A grid or validation point; its labels parsed as a run parses them (ConfigError if bad)."""
     return NetworkPoint(bw, lat, RunConfig(inter_bw=bw, inter_lat=lat).topology().inter)
 
+def _check_setting(where: str, name: str) -> None:
+    """A grid may set any run setting but those every unit gets from the sweep (UNIT_FIELDS)."""
+    fields = {f.name for f in dataclasses.fields(RunConfig)} - set(UNIT_FIELDS)
+    if name not in fields:
+        raise ConfigError(f"{where} is not a run setting; known: {', '.join(sorted(fields))}.")
+
 def _knobs(table: Any, methods: list[str]) -> dict[str, dict[str, list[Any]]]:
     if not isinstance(table, dict):
         raise ConfigError(f"grid.knobs must be a table of [grid.knobs.<method>], got {table!r}.")
-    fields = {f.name for f in dataclasses.fields(RunConfig)} - set(UNIT_FIELDS)
     out: dict[str, dict[str, list[Any]]] = {}
     for method, knobs in table.items():
         if method not in METHODS:
@@ -292,9 +297,7 @@ def _knobs(table: Any, methods: list[str]) -> dict[str, dict[str, list[Any]]]:
         # Names are checked even for a method left out of the grid, so that a typo is found
         # before the method is put back.
         for name in knobs:
-            if name not in fields:
-                raise ConfigError(f"grid.knobs.{method}.{name} is not a run setting; known: "
-                                  f"{', '.join(sorted(fields))}.")
+            _check_setting(f"grid.knobs.{method}.{name}", name)
         if method not in methods:
             continue  # knobs of a method dropped from the grid (e.g. by --set) are moot
         out[method] = {}
@@ -313,7 +316,6 @@ def _variants(table: Any, methods: list[str]) -> list[tuple[str, dict[str, Any]]
     """
     if not isinstance(table, list) or not all(isinstance(v, dict) for v in table):
         raise ConfigError("grid.variants must be a list of [[grid.variants]] tables.")
-    fields = {f.name for f in dataclasses.fields(RunConfig)} - set(UNIT_FIELDS)
     out: list[tuple[str, dict[str, Any]]] = []
     for i, entry in enumerate(table):
         where = f"grid.variants[{i}]"
@@ -326,9 +328,7 @@ def _variants(table: Any, methods: list[str]) -> list[tuple[str, dict[str, Any]]
             raise ConfigError(f"{where} sets nothing but the method; give the settings that "
                               "make it a variant, e.g. decay = 0.9.")
         for name, value in settings.items():
-            if name not in fields:
-                raise ConfigError(f"{where}.{name} is not a run setting; known: "
-                                  f"{', '.join(sorted(fields))}.")
+            _check_setting(f"{where}.{name}", name)
             if isinstance(value, (list, dict)):
                 raise ConfigError(f"{where}.{name} must be one value, got {value!r}; a list of "
                                   "values belongs in [grid.knobs.<method>].")
