@@ -1,6 +1,7 @@
 """Figures and tables from a sweep's results folder (also what the notebooks call).
 
     flexbench report results/quick    # -> results/quick/figures/*.{png,svg} and summary.md
+    flexbench report results/quick --same-compute all   # every table on one compute basis
 
 Figures: validation loss against (simulated or measured) wall-clock per method at every network
 point; time-to-target against bandwidth (log-log) with the speed-up over hsdp-adamw; bytes per
@@ -9,6 +10,11 @@ each method overtakes hsdp-adamw (`crossover.py`, which replays units between gr
 A sweep with gossip or Ada units adds `graphs.py`'s
 loss against graph degree and replica variance, and time to target per graph. Every file is
 written atomically.
+
+The simulated times are the sweep's: each unit on its own recorded compute. `--same-compute
+method|all` replays them on one basis first, as `flexbench compare --same-compute` does
+(`same_compute.py`), and says so in summary.md, in the figures' titles, in speedups.parquet's
+`same_compute` column and in compute_basis.json.
 """
 
 from __future__ import annotations

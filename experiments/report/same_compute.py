@@ -17,7 +17,8 @@ beside summary.md records the basis used. The validation table stays on each uni
 compute: it checks the model against shaped runs, which ran on their own compute. A unit that
 failed or diverged is a miss and is not replayed (as in compare): its curve is not drawn.
 Refused (one sentence, before anything is written): a sweep whose units were trained on several
-cluster shapes or are scored against several targets (compare ranks one cluster on one target).
+cluster shapes or are scored against several targets (compare ranks one cluster on one target),
+or that has no target (its baseline never finished).
 """
 
 from __future__ import annotations
@@ -70,9 +71,12 @@ class OnBasis:
     def label(self) -> str:
         """A few words for a figure's title: the mode and the compute per step."""
         values = sorted(set(self.per_variant.values()))
-        each = f"{values[0]:.4g} s" if len(values) == 1 else \
-            f"{values[0]:.4g}-{values[-1]:.4g} s"
-        return f"compute basis: --same-compute {self.mode}, {each} per step"
+        if self.mode == "all":
+            return (f"compute basis: --same-compute all (one compute per step for every unit, "
+                    f"{values[0]:.4g} s)")
+        span = f"{values[0]:.4g}" + (f"–{values[-1]:.4g}" if len(values) > 1 else "")
+        return (f"compute basis: --same-compute method (each method's median recorded compute "
+                f"per step, {span} s)")
 
     def record(self) -> dict[str, Any]:
         """compute_basis.json: the mode, the sentence and each variant's compute per step."""
@@ -96,12 +100,16 @@ def _compare_args(path: str, bw: str, lat: str, mode: str,
 
 
 def _check_one_cluster(path: str, runs: pd.DataFrame) -> None:
-    """ConfigError for a sweep compare cannot rank as one: several shapes or targets."""
+    """ConfigError for a sweep compare cannot rank as one: several shapes or targets, or none."""
     train = runs[runs["kind"] == "train"].drop_duplicates("unit")
     shapes = sorted({f"{n}x{g}" for n, g in zip(train["nodes"], train["gpus_per_node"],
                                                 strict=True)}) \
         if {"nodes", "gpus_per_node"} <= set(train.columns) else []
     targets = list(dict.fromkeys(runs["target_val_loss"].dropna()))
+    if not targets:  # compare would derive one; the report's tables stand on the sweep's
+        raise ConfigError(f"--same-compute scores against the sweep's own target, and {path!r} "
+                          "has none (its baseline never finished): report it without "
+                          "--same-compute.")
     if len(shapes) > 1 or len(targets) > 1:
         what = (f"trains on {len(shapes)} cluster shapes ({', '.join(shapes)})" if len(shapes) > 1
                 else f"scores against {len(targets)} targets")
