@@ -7,7 +7,8 @@ What is checked, per file (`check_file`):
   `[label]: target`) resolves to a file or folder, relative to the file (a target starting with
   `/` from the repository root); `#anchor` (alone, or after a .md target) names a heading of that
   page by GitHub's slug rule (`slug`) or an HTML `<a name=...>`/`id=...` anchor.
-- commands: `flexbench SUB` in a fenced code block or inline code names a subcommand of
+- commands: `flexbench SUB` in a fenced code block or inline code (`.venv/bin/flexbench SUB`
+  too) names a subcommand of
   `experiments.cli`, and every `--flag` after it (on the same command: lines ending in a
   backslash continue it; `|`, `;`, `&&`, a `#` comment and the end of the span end it) is an
   option of that subcommand's parser (`--help` always is). The parsers are built in-process
@@ -17,9 +18,10 @@ What is checked, per file (`check_file`):
   punctuation are dropped first. Skipped: placeholders (`is_placeholder`) and outputs (the
   token after `--out`, `--out-dir`, `-o` or `>`); paths under `runs/` are never checked (not a
   top-level folder: user output).
-- headings: the headings of one file (outside code blocks) have distinct slugs.
+- headings: the headings of one file (ATX `#` headings outside fenced code blocks) have
+  distinct slugs.
 
-A placeholder is a token containing one of `< > * { } [ ] ...` or `$`, or one with a part (the
+A placeholder is a token containing one of `< > * { } [ ] $ …` or `...`, or one with a part (the
 text between `/ - _ . = :`) written in capitals (A-Z and digits, with at least one letter),
 other than a conventional capitalised file name (`CAPS_NAMES`: README, LICENSE, ...): `METHOD`,
 `units/M-s0`, `runs/DIR`, `F.csv`, `results/SWEEP/summary.md` are placeholders a user fills in.
@@ -45,7 +47,7 @@ TOP_FILES = ("Makefile", "pyproject.toml", "README.md", ".gitignore")
 CAPS_NAMES = frozenset({"README", "LICENSE", "CHANGELOG", "CONTRIBUTING", "DESIGN", "RULES",
                         "NOTICE", "AUTHORS", "MANIFEST"})
 OUTPUT_FLAGS = frozenset({"--out", "--out-dir", "-o", ">"})
-PLACEHOLDER_CHARS = frozenset("<>*{}[]$") | {"..."}
+PLACEHOLDER_CHARS = frozenset("<>*{}[]$…") | {"..."}
 
 # Subcommand -> its parser's option strings; None for a name that is no subcommand.
 Flags = Callable[[str], "frozenset[str] | None"]
@@ -56,7 +58,8 @@ _INLINE_CODE = re.compile(r"(`+)(.+?)\1")
 _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
 _REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
 _HTML_ANCHOR = re.compile(r"<a\s[^>]*(?:name|id)\s*=\s*[\"']([^\"']+)[\"']", re.IGNORECASE)
-_COMMAND = re.compile(r"(?<![\w./-])flexbench\s+([^\s|;&#]+)((?:[^|;&#]|&(?!&))*)")
+# `flexbench` as a word (also `.venv/bin/flexbench`), its subcommand, and the rest of its command.
+_COMMAND = re.compile(r"(?<![\w.-])flexbench\s+([^\s|;&#]+)((?:[^|;&#]|&(?!&))*)")
 _FLAG = re.compile(r"(?<![\w-])(--[A-Za-z0-9][\w-]*)")
 _CAPS_PART = re.compile(r"^[A-Z0-9]*[A-Z][A-Z0-9]*$")
 

@@ -94,8 +94,10 @@ def test_a_broken_anchor_fails_on_this_page_and_another(repo: Path) -> None:
 def test_a_renamed_flag_fails_in_inline_code_and_continued_code_lines(repo: Path) -> None:
     problems = _check(repo, "# T\n\nRun `flexbench compare --same-compute-basis all`.\n\n"
                             "```\nflexbench report results/quick \\\n  --step-noise \\\n"
-                            "  --same-compute method --steps 3\n```\n")
-    assert _kinds(problems) == ["flag", "flag"]
+                            "  --same-compute method --steps 3\n"
+                            ".venv/bin/flexbench compare x --inter-bw 1Gbit --inter-lag 1ms\n```\n")
+    assert _kinds(problems) == ["flag", "flag", "flag"]
+    assert "`flexbench compare --inter-lag`" in problems[2].text and problems[2].line == 9
     assert "`flexbench compare --same-compute-basis`" in problems[0].text
     assert "`flexbench report --steps`" in problems[1].text and problems[1].line == 6
 

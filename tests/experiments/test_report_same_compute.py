@@ -131,5 +131,13 @@ def test_report_same_compute_refusals_write_nothing(
     assert cli.main(["report", str(two), "--same-compute", "method"]) == 2
     err = capsys.readouterr().err
     assert "scores against 2 targets" in err and len(err.splitlines()) == 1
-    for folder in (changed, two):
+    # No target (the baseline never finished): the report's tables stand on the sweep's own.
+    none = tmp_path / "none"
+    shutil.copytree(two, none)
+    runs["target_val_loss"] = float("nan")
+    runs.to_parquet(none / "runs.parquet", index=False)
+    assert cli.main(["report", str(none), "--same-compute", "all"]) == 2
+    err = capsys.readouterr().err
+    assert "has none (its baseline never finished)" in err and len(err.splitlines()) == 1
+    for folder in (changed, two, none):
         assert not (folder / "figures").exists() and not (folder / "summary.md").exists()
