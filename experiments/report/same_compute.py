@@ -165,6 +165,8 @@ def replay_on_basis(path: str, runs: pd.DataFrame, steps: pd.DataFrame, mode: st
         """A unit's time to target at any bandwidth on the basis (memoised per bandwidth)."""
         from netsim.units import format_bandwidth
 
+        del target  # the sweep's one target (`_check_one_cluster`), which compare scores on
+
         def at(bw: float) -> float:
             if (unit, lat, bw) not in memo:
                 cell = _compare_args(path, format_bandwidth(bw), lat, mode, False)
