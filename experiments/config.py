@@ -131,9 +131,9 @@ class RunSettings:
     steps: int | None = None
     """Optimizer steps; None takes the workload's default budget."""
     lr: float | None = None
-    """Learning rate; None takes the method's tuned default for the workload."""
+    """Learning rate; None takes the method's default (flexdemo.methods: its record's lr)."""
     schedule: str = "constant"
-    """Learning-rate schedule of every method (issue 19's lr_schedule): constant, warmup
+    """Learning-rate schedule of every method: constant, warmup
     (linear warm-up, then constant) or cosine (linear warm-up, then cosine down to 10%)."""
     warmup: float = _DEFAULT_WARMUP
     """Fraction of the steps spent in linear warm-up (warmup and cosine schedules)."""

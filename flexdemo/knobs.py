@@ -186,7 +186,7 @@ class MomentumKnobs(ScheduleKnobs):
     """Decay of the momentum the replicator sends from, in [0, 1)."""
     fold_skipped: bool = False
     """Fold an off-schedule step's gradient into the momentum as well, so it is sent again
-    later (this toolkit's behaviour before it followed the reference, which leaves it alone)."""
+    later (the reference implementation leaves it alone, as the default does)."""
 
     def check(self) -> None:
         """``decay`` lies in [0, 1); ``fold_skipped`` is a bool."""

@@ -170,8 +170,8 @@ def speedups(
 
 # What every simulated time of a sweep stands on, printed beside each of its tables.
 COMPUTE_BASIS = ("Compute basis: each unit's own recorded compute (the machine's load while it "
-                 "trained included); `flexbench compare SWEEP --inter-bw BW --inter-lat LAT "
-                 "--same-compute method` replays every method on one basis.")
+                 "trained included); `flexbench report SWEEP --same-compute method|all` replays "
+                 "every method on one basis.")
 
 # Above the validation table when the headline tables replay another compute basis.
 VALIDATION_BASIS = ("Compute basis of this table: each unit's own recorded compute, whatever "
