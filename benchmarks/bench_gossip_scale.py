@@ -8,7 +8,7 @@ at 16, 64, 256 and 1,024 nodes of one rank on three networks:
 
 - flat: every node on 100 Mbit/s or on 1 Gbit/s, 10 ms (the decentralized study's two points);
 - sites: 4 sites of N/4 nodes with the uplinks (10, 10, 5, 2 Gbit/s), inside links (100 Gbit/s,
-  5 us) and RTTs (80-300 ms) of experiments/configs/sites-1024.toml (that very file at 1,024).
+  5 us) and RTTs (80-300 ms) of experiments/topologies/sites-1024.toml (that very file at 1,024).
 
 Compute: the model replays each step with its slowest rank's recorded compute (the nodes meet at
 every round). Every unit's is rescaled to one median per step (the median over the 16-node
@@ -44,7 +44,7 @@ from netsim.sites import gossip_round, load_sites
 
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = ROOT / "results" / "decentralized-scale" / "units"
-SITE_FILE = ROOT / "experiments" / "configs" / "sites-1024.toml"
+SITE_FILE = ROOT / "experiments" / "topologies" / "sites-1024.toml"
 GRAPHS = ("ring", "exponential", "one-peer-exponential", "sites:4")
 BASELINE = "hsdp-adamw"
 RECORDED_NODES = 16

@@ -4,7 +4,7 @@
     flexbench simulate runs/flex --inter-bw 10Gbit --nodes 64 --gpus-per-node 8 --steps 100 \\
         --compute-scale 0.05 --out h100.csv
     flexbench simulate runs/flex --inter-bw 1Gbit --node-link 1=100Mbit,20ms --out slow-site.csv
-    flexbench simulate runs/flex --topology experiments/configs/sites.toml --gpus-per-node 8 \\
+    flexbench simulate runs/flex --topology experiments/topologies/sites.toml --gpus-per-node 8 \\
         --compute-scale 0.05 --out sites.csv
 
 `--topology F.toml` replays on sites (netsim.sites: nodes, a shared uplink and downlink per
@@ -424,7 +424,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser, *, grid: bool = False)
                         "(default 0ms)")
     parser.add_argument("--topology", default=None, metavar="FILE",
                         help="a TOML file of sites (uplink, downlink, links inside, RTT matrix; "
-                        "experiments/configs/sites.toml) instead of --inter-bw/--inter-lat/"
+                        "experiments/topologies/sites.toml) instead of --inter-bw/--inter-lat/"
                         "--node-link; the node count is the file's")
     parser.add_argument("--nodes", type=int, **several,
                         help="nodes to simulate (default: the run's)"

@@ -104,6 +104,10 @@ def read_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"sweep config {str(path)!r} is not valid TOML: {err}.") from None
+    if "site" in raw and "grid" not in raw:
+        raise ConfigError(f"{str(path)!r} is a topology (a site file), not a sweep config: give "
+                          "it to flexbench simulate, compare or run as --topology "
+                          f"{str(path)!r}.")
     raw.setdefault("name", path.stem)
     for key, value in parse_overrides(list(overrides)).items():
         _set_dotted(raw, key, _parse_value(value))

@@ -19,7 +19,7 @@ from netsim.kernel import KernelShapingError
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "results" / "quick" / "units" / "hsdp-adamw-s0"
-SITES = ROOT / "experiments" / "configs" / "sites.toml"
+SITES = ROOT / "experiments" / "topologies" / "sites.toml"
 
 GOOD = """
 [[site]]

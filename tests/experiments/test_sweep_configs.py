@@ -8,6 +8,7 @@ import pytest
 
 from experiments import sweep
 from experiments.config import METHODS
+from experiments.errors import ConfigError
 from experiments.workloads import WORKLOAD_NAMES
 
 CONFIGS = Path(__file__).resolve().parents[2] / "experiments" / "configs"
@@ -39,9 +40,21 @@ def test_paper_config_runs_as_is_on_lm_small() -> None:
     assert "flexdemo[topk=8]" in {u.variant for u in units}
 
 
-# Site files (netsim.sites: [[site]] tables, `--topology`) sit beside the sweeps; they have a
+SWEEPS = sorted(CONFIGS.glob("*.toml"))
+# Site files (netsim.sites: [[site]] tables, for `--topology`) have a folder of their own and a
 # test of their own (tests/netsim/test_sites.py).
-SWEEPS = sorted(p for p in CONFIGS.glob("*.toml") if "[[site]]" not in p.read_text())
+TOPOLOGIES = sorted((CONFIGS.parent / "topologies").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.name)
+def test_a_topology_given_to_sweep_is_named_a_topology_for_topology(path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"is a topology \(a site file\), not a sweep "
+                       r"config: give it to flexbench simulate, compare or run as --topology"):
+        sweep.load_config(path)
+
+
+def test_the_sweep_configs_hold_no_topology() -> None:
+    assert TOPOLOGIES and not [p.name for p in SWEEPS if "[[site]]" in p.read_text()]
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)

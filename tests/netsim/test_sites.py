@@ -129,7 +129,7 @@ def test_one_site_replays_exactly_as_the_flat_topology(run):
 
 
 def test_the_example_site_file_parses_to_bytes_and_seconds():
-    sites = load_sites("experiments/configs/sites.toml")
+    sites = load_sites("experiments/topologies/sites.toml")
     assert [len(site.nodes) for site in sites.sites] == [8, 8]
     assert sites.site_of() == [0] * 8 + [1] * 8
     assert sites.sites[1].uplink == pytest.approx(5e9 / 8)
