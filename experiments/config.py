@@ -28,14 +28,19 @@ from flexdemo.knobs import StepKnobs
 from flexdemo.methods import METHODS, RECORDS, Method, method_record
 
 __all__ = ["KNOBS", "METHODS", "BACKENDS", "SCHEDULES", "SHAPING_MODES", "WORKLOADS",
-           "ConfigError", "KnobSettings", "RunConfig", "RunSettings", "add_run_arguments",
-           "field_help", "load_site_file", "parse_overrides", "run_arguments", "shared_for"]
+           "BUILTIN_BUDGETS", "ConfigError", "KnobSettings", "RunConfig", "RunSettings",
+           "add_run_arguments", "field_help", "load_site_file", "parse_overrides",
+           "run_arguments", "shared_for"]
 
 if TYPE_CHECKING:
     from netsim.sites import Sites
     from netsim.topology import Topology
 
-WORKLOADS = ("lm-tiny", "lm-small", "vision-tiny")
+# The built-in workloads and their budgets, (steps, batch size, evaluate every): the workloads
+# use them, and a sweep's dry run estimates a unit whose steps are the workload's from them.
+BUILTIN_BUDGETS = {"lm-tiny": (300, 16, 25), "lm-small": (2000, 16, 100),
+                   "vision-tiny": (200, 32, 20)}
+WORKLOADS = tuple(BUILTIN_BUDGETS)
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
 SCHEDULES = ("constant", "warmup", "cosine")
 MAX_SEED = 2**32 - 1

@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from experiments.config import BUILTIN_BUDGETS
 from experiments.deadline import bounded
 from experiments.errors import ConfigError, RunFailed, users_location
 
@@ -134,9 +135,9 @@ class BuiltinWorkload:
         return images.view(-1, 1, 8, 8), labels
 
 
-def _language_model(name: str, text: torch.Tensor, seq_len: int, steps: int, batch_size: int,
-                    eval_every: int) -> BuiltinWorkload:
+def _language_model(name: str, text: torch.Tensor, seq_len: int) -> BuiltinWorkload:
     split = int(0.9 * text.numel())
+    steps, batch_size, eval_every = BUILTIN_BUDGETS[name]
     return BuiltinWorkload(
         name, default_steps=steps, default_batch_size=batch_size, default_eval_every=eval_every,
         train_data=text[:split], val_data=text[split:], seq_len=seq_len, gpt=_GPT_SIZES[name],
@@ -144,22 +145,22 @@ def _language_model(name: str, text: torch.Tensor, seq_len: int, steps: int, bat
 
 
 def _lm_tiny() -> BuiltinWorkload:
-    return _language_model("lm-tiny", _stdlib_text(_LM_CORPUS_BYTES), seq_len=64, steps=300,
-                           batch_size=16, eval_every=25)
+    return _language_model("lm-tiny", _stdlib_text(_LM_CORPUS_BYTES), seq_len=64)
 
 
 def _lm_small() -> BuiltinWorkload:
     text = _stdlib_text(_LM_SMALL_CORPUS_BYTES, recursive=True)
-    return _language_model("lm-small", text, seq_len=256, steps=2000, batch_size=16,
-                           eval_every=100)
+    return _language_model("lm-small", text, seq_len=256)
 
 
 def _vision_tiny() -> BuiltinWorkload:
     table = _digits_table()
     table[:, :-1] /= 16.0  # pixel values 0..16 -> [0, 1]
     split = 1500  # fixed split: the file's order is fixed
+    steps, batch_size, eval_every = BUILTIN_BUDGETS["vision-tiny"]
     return BuiltinWorkload(
-        "vision-tiny", default_steps=200, default_batch_size=32, default_eval_every=20,
+        "vision-tiny", default_steps=steps, default_batch_size=batch_size,
+        default_eval_every=eval_every,
         train_data=table[:split], val_data=table[split:], n_classes=10,
     )
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from ._checks import check, float_dtype, in_unit_interval, int_at_least
 from .bases import SignBase, make_base
 from .knobs import DeMoKnobs, check_dct_chunk
+from .replica_groups import replication_group_for
 from .replicators import REPLICATORS, Replicator
 from .wire import CommStats
 
@@ -106,7 +107,11 @@ class FlexDeMo(torch.optim.Optimizer):
                 so the step is lr x momentum, not lr^2 x momentum.
             sharding_group: accepted for the reference call and unused: FSDP2 does the
                 intra-node reduce-scatter before the optimizer sees the gradients.
-            replication_group: the inter-node group (one rank per node). None: the default group.
+            replication_group: the group of ranks holding copies of this rank's parameters (for
+                HSDP, the inter-node group: one rank per node). None: the default group for
+                unsharded parameters; for FSDP2 DTensors sharded over more than one rank, the
+                replicate dim of their mesh (:func:`flexdemo.replica_groups.replication_group_for`,
+                which refuses a group that would average different shards).
             base: "sign" (SGD) or "adamw"; default: the replicator's.
             betas / eps: AdamW's, for ``base="adamw"``.
             chunking: "block" or "flat" (see :class:`DeMoReplicator`); only with
@@ -122,6 +127,7 @@ class FlexDeMo(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
         self.sign = rep.default_sign if sign is None else sign
         self.replicator = rep
+        replication_group = replication_group_for(self._trainable(), replication_group)
         self.replication_group = replication_group
         self.replicas = _group_size(replication_group)
         shards = [local_tensor(p.detach()) for p in self._trainable()]

@@ -68,6 +68,20 @@ def test_no_file_imports_a_file_that_imports_it_back():
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
+def test_flexdemo_and_netsim_never_import_each_other_nor_experiments():
+    """The package boundaries of docs/architecture.md: the two meet only in experiments."""
+    modules = _module_files()
+    allowed = {"flexdemo": {"flexdemo"}, "netsim": {"netsim"}}
+    crossing = [
+        f"{name} imports {dep}"
+        for name, path in modules.items()
+        if (own := name.split(".")[0]) in allowed
+        for dep in sorted(_imports(path, name, modules))
+        if dep.split(".")[0] not in allowed[own]
+    ]
+    assert not crossing, "; ".join(crossing)
+
+
 def test_the_check_sees_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

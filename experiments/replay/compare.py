@@ -64,8 +64,9 @@ from experiments.report import intervals, metrics, ranking
 from experiments.sweep.plan import variant_label
 
 __all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "Inputs", "LossCurveRefused",
-           "NothingToRank", "cells", "compare", "compute_basis", "find_candidates", "gather",
-           "json_rows", "json_value", "rank", "record", "score_run", "table_text"]
+           "NothingToRank", "Scored", "cells", "compare", "compute_basis", "find_candidates",
+           "gather", "json_rows", "json_value", "rank", "record", "score", "score_run",
+           "table_text"]
 
 OUT_SUFFIXES = (".json", ".csv")
 AS_RECORDED = ("compute, intra-node collectives, payloads and their order as recorded (the "
@@ -268,10 +269,11 @@ def _grouped(notes: dict[str, list[str]]) -> list[str]:
 
 
 def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: ReplaySettings,
-                    target: float, notes: list[str],
-                    compute_s: float | None = None) -> tuple[float, np.ndarray | None]:
-    """One run replayed on the flags' network: its time to target (inf for a miss), and with
-    --step-noise its times to target over resampled compute (`step_noise`), else None.
+                    target: float, notes: list[str], compute_s: float | None = None,
+                    ) -> tuple[float, np.ndarray | None, pd.DataFrame]:
+    """One run replayed on the flags' network: its time to target (inf for a miss), with
+    --step-noise its times to target over resampled compute (`step_noise`), else None, and the
+    replayed time axis (step, step_time_s, time_s).
 
     The replay's basis, loss curve and model notes are added to `notes`."""
     curve = choose_loss_curve(
@@ -288,13 +290,13 @@ def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: Replay
     points = curve.on_time_axis(replay.frame)
     ttt = metrics.time_to_target(points["time_s"], points["val_loss"], target)
     if not getattr(args, "step_noise", False):
-        return ttt, None
+        return ttt, None, replay.frame
     recorded = run.steps.sort_values("step")["compute_s"].to_numpy(dtype=float)
     scale = declared_compute_scale(args, run.steps)
     if compute_s is not None:
         scale *= compute_s / _recorded_compute(run)
     return ttt, step_noise.time_to_target_samples(replay.frame, points, target, recorded, scale,
-                                                  name=run.path.name)
+                                                  name=run.path.name), replay.frame
 
 
 def _recorded_compute(run: RecordedRun) -> float:
@@ -498,18 +500,38 @@ def _replayed(args: argparse.Namespace, given: Inputs, network: str,
             {v: n for v, n in notes.items() if v not in dropped})
 
 
-def score_run(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
-           settings: ReplaySettings, target: float, replay_notes: list[str], notes: list[str],
-           compute_s: float | None) -> tuple[float, np.ndarray]:
-    """One candidate's time to target and its step-time resamples (a miss: inf in all)."""
+@dataclass(frozen=True)
+class Scored:
+    """One candidate on one network: its time to target, step-time resamples and time axis."""
+
+    time_to_target_s: float
+    samples: np.ndarray
+    """Its times to target over resampled compute (--step-noise), else its own time in each."""
+    axis: pd.DataFrame | None
+    """The replayed time axis (step, step_time_s, time_s); None for a miss never replayed."""
+
+
+def score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
+          settings: ReplaySettings, target: float, replay_notes: list[str], notes: list[str],
+          compute_s: float | None) -> Scored:
+    """One candidate replayed on the flags' network (a failed or diverged one: a miss, inf)."""
+    miss = np.full(step_noise.RESAMPLES, math.inf)
     if run is None:  # a sweep unit that failed or never ran: a miss, as in the sweep's table
         notes.append(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)")
-        return math.inf, np.full(step_noise.RESAMPLES, math.inf)
+        return Scored(math.inf, miss, None)
     if run.meta.get("status") == "diverged":  # as a sweep scores it: never reached
         notes.append(f"{c.path.name} diverged (run.json status): counted as a miss (inf)")
-        return math.inf, np.full(step_noise.RESAMPLES, math.inf)
-    ttt, samples = _time_to_target(args, run, settings, target, replay_notes, compute_s)
-    return ttt, np.full(step_noise.RESAMPLES, ttt) if samples is None else samples
+        return Scored(math.inf, miss, None)
+    ttt, samples, axis = _time_to_target(args, run, settings, target, replay_notes, compute_s)
+    return Scored(ttt, np.full(step_noise.RESAMPLES, ttt) if samples is None else samples, axis)
+
+
+def score_run(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
+              settings: ReplaySettings, target: float, replay_notes: list[str],
+              notes: list[str], compute_s: float | None) -> tuple[float, np.ndarray]:
+    """One candidate's time to target and its step-time resamples (a miss: inf in all)."""
+    scored = score(args, c, run, settings, target, replay_notes, notes, compute_s)
+    return scored.time_to_target_s, scored.samples
 
 
 def _sentence(table: pd.DataFrame, first: pd.Series) -> str:

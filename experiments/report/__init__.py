@@ -5,7 +5,8 @@ Where things live: ``metrics.py`` (time to target, speed-ups, summary tables), `
 ``graphs.py`` (the gossip and Ada study: loss against degree and replica variance),
 ``intervals.py`` (medians over seeds with bootstrap intervals or ranges, paired speed-ups),
 ``ranking.py`` (who is first per network point, the margin, tie or not), ``crossover.py`` (the
-winner map over bandwidth x latency and the bandwidth where a method overtakes hsdp-adamw).
+winner map over bandwidth x latency and the bandwidth where a method overtakes hsdp-adamw),
+``same_compute.py`` (`--same-compute`: the simulated rows replayed on one compute basis).
 """
 
 from experiments.report.figures import (

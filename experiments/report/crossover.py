@@ -154,8 +154,12 @@ def _unit_time(run_dir: Path, latency: str, target: float) -> TimeAt:
     return time_at
 
 
-def crossover_table(res: Any) -> pd.DataFrame:  # res: figures.Results (it imports this)
+def crossover_table(res: Any, unit_time: Callable[[str, str, float], TimeAt] | None = None,
+                    ) -> pd.DataFrame:  # res: figures.Results (it imports this)
     """Per variant and grid latency: the bandwidth where it overtakes the baseline, over seeds.
+
+    `unit_time(unit, latency, target)` replays a unit between grid points (default: at its
+    recorded compute; `same_compute.OnBasis.unit_time` on a --same-compute basis).
 
     One row per (variant, latency) with a crossing on any seed pair: `faster` (below, above, or
     mixed when seed pairs disagree), the median crossover (bytes/s) with its bracket over the
@@ -176,7 +180,7 @@ def crossover_table(res: Any) -> pd.DataFrame:  # res: figures.Results (it impor
         for seed in seeds:
             try:
                 found += _seed_crossings(res, here[here["seed"] == seed],
-                                         base[base["seed"] == seed])
+                                         base[base["seed"] == seed], unit_time)
             except ValueError as err:  # a unit the model cannot replay: said, not guessed
                 skipped.append(f"{variant} seed {seed} at {lat}: {err}")
         if found:
@@ -195,7 +199,8 @@ def _baseline_of(sim: pd.DataFrame, here: pd.DataFrame) -> pd.DataFrame:
     return base[base["cluster"].isin(set(here["baseline_cluster"].dropna()))]
 
 
-def _seed_crossings(res: Any, mine: pd.DataFrame, theirs: pd.DataFrame) -> list[Crossing]:
+def _seed_crossings(res: Any, mine: pd.DataFrame, theirs: pd.DataFrame,
+                    unit_time: Callable[[str, str, float], TimeAt] | None) -> list[Crossing]:
     """The first crossing of one seed pair at one latency (none when they never swap)."""
     mine, theirs = mine.sort_values("inter_bw_bps"), theirs.sort_values("inter_bw_bps")
     if list(mine["inter_bw_bps"]) != list(theirs["inter_bw_bps"]) or len(mine) < 2:
@@ -204,9 +209,12 @@ def _seed_crossings(res: Any, mine: pd.DataFrame, theirs: pd.DataFrame) -> list[
     if math.isnan(target) or (mine["status"] != "done").any() or (theirs["status"] != "done").any():
         return []
     lat = str(mine["inter_lat"].iloc[0])
-    unit_time = [_unit_time(res.path / "units" / str(u), lat, target)
-                 for u in (mine["unit"].iloc[0], theirs["unit"].iloc[0])]
-    found = crossings(list(mine["inter_bw_bps"]), *unit_time,
+    def recorded(unit: str, lat: str, target: float) -> TimeAt:
+        return _unit_time(res.path / "units" / unit, lat, target)
+
+    times = [(unit_time or recorded)(str(u), lat, target)
+             for u in (mine["unit"].iloc[0], theirs["unit"].iloc[0])]
+    found = crossings(list(mine["inter_bw_bps"]), *times,
                       known=(list(mine["time_to_target_s"]), list(theirs["time_to_target_s"])))
     return found[:1]
 
@@ -295,8 +303,9 @@ def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
         fig.text(0.01, -0.02, "\n".join(lines), ha="left", va="top", fontsize=7)
     widened = ("; ties decided on brackets widened by step-time variation"
                if intervals.SAMPLES_COLUMN in sim else "")
-    fig.suptitle(f"{res.name}: first to val_loss {metrics.target_text(res.runs)} per cell "
-                 f"(runner-up's time / first's; hatched: a tie{widened})", fontsize=9)
+    title = (f"{res.name}: first to val_loss {metrics.target_text(res.runs)} per cell "
+             f"(runner-up's time / first's; hatched: a tie{widened})")
+    fig.suptitle(res.titled(title) if hasattr(res, "titled") else title, fontsize=9)
     fig.tight_layout()
     return fig
 

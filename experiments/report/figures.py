@@ -1,6 +1,7 @@
 """Figures and tables from a sweep's results folder (also what the notebooks call).
 
     flexbench report results/quick    # -> results/quick/figures/*.{png,svg} and summary.md
+    flexbench report results/quick --same-compute all   # every table on one compute basis
 
 Figures: validation loss against (simulated or measured) wall-clock per method at every network
 point; time-to-target against bandwidth (log-log) with the speed-up over hsdp-adamw; bytes per
@@ -9,6 +10,11 @@ each method overtakes hsdp-adamw (`crossover.py`, which replays units between gr
 A sweep with gossip or Ada units adds `graphs.py`'s
 loss against graph degree and replica variance, and time to target per graph. Every file is
 written atomically.
+
+The simulated times are the sweep's: each unit on its own recorded compute. `--same-compute
+method|all` replays them on one basis first, as `flexbench compare --same-compute` does
+(`same_compute.py`), and says so in summary.md, in the figures' titles, in speedups.parquet's
+`same_compute` column and in compute_basis.json.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import pandas as pd
 
 from experiments.io import run_digest, write_atomic
 from experiments.report import crossover, graphs, intervals, metrics, step_times, validation
+from experiments.report import same_compute as same_compute_basis
 
 __all__ = [
     "Results",
@@ -53,6 +60,13 @@ class Results:
     runs: pd.DataFrame
     steps: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    basis: str | None = None
+    """The compute basis the simulated rows were replayed on, for figure titles (None: each
+    unit's own recorded compute, as the sweep scored them)."""
+
+    def titled(self, text: str) -> str:
+        """A figure's title with the compute basis, where not the units' own."""
+        return text if self.basis is None else f"{text}\n{self.basis}"
 
     @property
     def name(self) -> str:
@@ -166,8 +180,8 @@ def plot_loss_vs_time(res: Results):
     if legend_ax.get_legend() is not None:
         sns.move_legend(legend_ax, "upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
                         title=None)
-    fig.suptitle(f"{res.name}: validation loss vs wall-clock (simulated; dashed = measured, "
-                 f"dotted = target)", fontsize=10)
+    fig.suptitle(res.titled(f"{res.name}: validation loss vs wall-clock (simulated; dashed = "
+                            f"measured, dotted = target)"), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -240,9 +254,9 @@ def plot_time_to_target(res: Results):
                "interval from 3 seeds, range below")
     if intervals.SAMPLES_COLUMN in sim:
         bracket += ", widened by step-time variation"
-    fig.suptitle(f"{res.name}: time to val_loss {metrics.target_text(res.runs)} (median over "
-                 f"seeds, {bracket}; speed-up paired by seed; not reached = not drawn)",
-                 fontsize=10)
+    fig.suptitle(res.titled(f"{res.name}: time to val_loss {metrics.target_text(res.runs)} "
+                            f"(median over seeds, {bracket}; speed-up paired by seed; not "
+                            "reached = not drawn)"), fontsize=10)
     fig.tight_layout(rect=(0, 0, 0.85, 1))
     return fig
 
@@ -360,12 +374,16 @@ def plot_frontier(res: Results):
     return fig
 
 
-def write_report(path: Path | str, *, step_noise: bool = False) -> list[Path]:
+def write_report(path: Path | str, *, step_noise: bool = False,
+                 same_compute: str | None = None) -> list[Path]:
     """Write every figure (PNG and SVG) into <path>/figures, the tables into summary.md, and
     speedups.parquet again from runs.parquet.
 
     `step_noise` widens every time-to-target bracket, and the tie/clear verdicts with it, by
     each unit's recorded step-time variation (`step_times`); speedups.parquet stays over seeds.
+    `same_compute` (method or all) replays the simulated rows on that compute basis first
+    (`same_compute`), as `flexbench compare --same-compute` does, and writes the basis to
+    compute_basis.json; without it a compute_basis.json of an earlier report is removed.
     """
     import matplotlib
 
@@ -375,12 +393,18 @@ def write_report(path: Path | str, *, step_noise: bool = False) -> list[Path]:
     res = load_results(path)
     if "own_compute_final_s" not in res.runs and (res.runs["source"] == "measured").any():
         res.runs = validation.own_compute(res.path, res.runs)  # scored before it was recorded
-    if step_noise:  # checked before anything is written: a unit without compute_s is refused
+    recorded, on_basis = res.runs, None
+    if same_compute is not None:  # every replay before anything is written: refusals first
+        on_basis = same_compute_basis.replay_on_basis(str(res.path), res.runs, res.steps,
+                                                      same_compute, step_noise=step_noise)
+        res.runs, res.steps, res.basis = on_basis.runs, on_basis.steps, on_basis.label
+    elif step_noise:  # checked before anything is written: a unit without compute_s is refused
         res.runs = step_times.with_step_noise(res.runs, res.steps)
+    basis_line = metrics.COMPUTE_BASIS if on_basis is None else on_basis.summary_line
     written: list[Path] = []
     figures = {"loss_vs_wallclock": plot_loss_vs_time, "time_to_target": plot_time_to_target,
                "bytes_per_step": plot_bytes_per_step, "frontier": plot_frontier}
-    crossings = crossover.crossover_table(res)
+    crossings = crossover.crossover_table(res, None if on_basis is None else on_basis.unit_time)
     figures["crossover_map"] = lambda res: crossover.plot_crossover_map(res, crossings)
     has_graphs = graphs.has_graph_units(res.runs)
     if has_graphs:
@@ -397,9 +421,11 @@ def write_report(path: Path | str, *, step_noise: bool = False) -> list[Path]:
             written.append(target)
         plt.close(fig)
     summary = res.path / "summary.md"
-    text = f"## Sweep `{res.name}`\n\n{metrics.summary_markdown(res.runs)}"
+    table_text = metrics.summary_markdown(res.runs, basis=basis_line,
+                                          recorded=None if on_basis is None else recorded)
+    text = f"## Sweep `{res.name}`\n\n{table_text}"
     text += (f"\n### Where each method overtakes {metrics.BASELINE} (crossover bandwidth)\n\n"
-             f"{metrics.COMPUTE_BASIS}\n\n{crossover.crossover_markdown(crossings)}\n")
+             f"{basis_line}\n\n{crossover.crossover_markdown(crossings)}\n")
     if has_graphs:
         text += "\n" + graphs.graphs_markdown(res.runs)
     write_atomic(summary, text)
@@ -408,23 +434,41 @@ def write_report(path: Path | str, *, step_noise: bool = False) -> list[Path]:
     # file carries the current columns (paired speed-ups with their brackets).
     table = io.BytesIO()
     seeds_only = res.runs.drop(columns=intervals.SAMPLES_COLUMN, errors="ignore")
-    metrics.sweep_speedups(seeds_only).to_parquet(table, index=False)
+    speedups = metrics.sweep_speedups(seeds_only)
+    if on_basis is not None:  # the table says which basis its times stand on
+        speedups = speedups.assign(same_compute=on_basis.mode)
+    speedups.to_parquet(table, index=False)
     write_atomic(res.path / "speedups.parquet", table.getvalue())
     written.append(res.path / "speedups.parquet")
+    basis_file = res.path / same_compute_basis.BASIS_FILE
+    if on_basis is not None:
+        write_atomic(basis_file, json.dumps(on_basis.record(), indent=2) + "\n")
+        written.append(basis_file)
+    else:  # an earlier --same-compute report's basis would describe tables no longer there
+        basis_file.unlink(missing_ok=True)
     return written
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench report`."""
+    # Here, not at the top: compare reads experiments.report, whose package imports this module.
+    from experiments.replay.compare import SAME_COMPUTE
+
     parser.add_argument("results", type=Path, help="a sweep's output folder, e.g. results/quick")
     parser.add_argument("--step-noise", action="store_true",
                         help="widen each time-to-target bracket (and decide tie or clear on it) "
                         "by the units' recorded step-time variation (a block bootstrap of each "
                         "unit's compute per step, as `flexbench compare --step-noise`)")
+    parser.add_argument("--same-compute", choices=SAME_COMPUTE, default=None,
+                        help="replay every simulated row on one compute basis, as `flexbench "
+                        "compare --same-compute`: each method's median recorded compute per "
+                        "step over its seeds (method), or one for every unit (all); default: "
+                        "each unit's own, as the sweep scored it")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench report`."""
-    for path in write_report(args.results, step_noise=args.step_noise):
+    for path in write_report(args.results, step_noise=args.step_noise,
+                             same_compute=args.same_compute):
         print(path)
     return 0

@@ -33,6 +33,7 @@ __all__ = [
     "COMPUTE_BASIS",
     "SPEEDUP_COLUMNS",
     "TARGET_MARGIN",
+    "VALIDATION_BASIS",
     "VALIDATION_NOTE",
     "baseline_target_at",
     "pareto_front",
@@ -172,6 +173,11 @@ COMPUTE_BASIS = ("Compute basis: each unit's own recorded compute (the machine's
                  "trained included); `flexbench compare SWEEP --inter-bw BW --inter-lat LAT "
                  "--same-compute method` replays every method on one basis.")
 
+# Above the validation table when the headline tables replay another compute basis.
+VALIDATION_BASIS = ("Compute basis of this table: each unit's own recorded compute, whatever "
+                    "the basis above: it checks the model against the shaped runs, which ran on "
+                    "their own compute.")
+
 # Printed under a sweep's validation table: what its two ratios can and cannot tell apart.
 VALIDATION_NOTE = (
     "Each shaped run was made minutes after its recording, unpinned, on the same machine: "
@@ -260,19 +266,28 @@ def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def summary_markdown(runs: pd.DataFrame) -> str:
-    """The sweep's headline tables in Markdown: time-to-target and speed-up, validation, bytes."""
+def summary_markdown(runs: pd.DataFrame, *, basis: str = COMPUTE_BASIS,
+                     recorded: pd.DataFrame | None = None) -> str:
+    """The sweep's headline tables in Markdown: time-to-target and speed-up, validation, bytes.
+
+    `basis` is the "Compute basis:" line beside each time-to-target table; `recorded` (when
+    `runs` were replayed on another basis: `same_compute`) the sweep's own rows, which the
+    validation table compares with the shaped runs.
+    """
     if runs.empty:
         return "No runs yet.\n"
     parts: list[str] = []
     target = target_text(runs)
     sim = runs[(runs["source"] == "sim") & runs.get("on_grid", True)]
     if not sim.empty:
-        parts.extend(_time_to_target_section(sim, target))
+        parts.extend(_time_to_target_section(sim, target, basis))
     measured = runs[runs["source"] == "measured"]
     if not measured.empty:
         parts.append("### Cost model vs wall-shaped real runs\n")
-        parts.append(markdown_table(validation_table(runs), index_name="run") + "\n")
+        if recorded is not None:  # a model check: the shaped runs ran on their own compute
+            parts.append(VALIDATION_BASIS + "\n")
+        shown = runs if recorded is None else recorded
+        parts.append(markdown_table(validation_table(shown), index_name="run") + "\n")
         parts.append(VALIDATION_NOTE + "\n")
     per_variant = runs.drop_duplicates(subset=["variant", "seed"]).groupby(
         "variant", sort=False
@@ -324,7 +339,7 @@ def target_text(runs: pd.DataFrame) -> str:
                                                       per["target_val_loss"], strict=True))
 
 
-def _time_to_target_section(sim: pd.DataFrame, target: str) -> list[str]:
+def _time_to_target_section(sim: pd.DataFrame, target: str, basis: str) -> list[str]:
     """The headline table (time to target and speed-up with brackets) and who is first where."""
     table = speedups(sim, by=("network",))
     table["cell"] = [_cell(row) for row in table.itertuples()]
@@ -337,10 +352,10 @@ def _time_to_target_section(sim: pd.DataFrame, target: str) -> list[str]:
         f"{intervals.interval_note(kinds)} \"no clear winner\": the speed-up's bracket "
         "includes 1.\n",
         *([step_noise.note() + "\n"] if intervals.SAMPLES_COLUMN in sim else []),
-        COMPUTE_BASIS + "\n",
+        basis + "\n",
         markdown_table(pivot(table, "cell"), index_name="method") + "\n",
         "### First to the target at each network point\n",
-        COMPUTE_BASIS + "\n",
+        basis + "\n",
         winners_markdown(first, key=first.columns[0]) + "\n",
     ]
 

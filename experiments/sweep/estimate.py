@@ -15,6 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
+from experiments.config import BUILTIN_BUDGETS
 from experiments.sweep.plan import Unit, unit_state
 
 __all__ = ["DEFAULT_REFERENCE", "estimate_text", "seconds_per_step"]
@@ -48,6 +49,11 @@ def estimate_text(units: list[Unit], out: Path, reference: Path | None = None) -
     total, guessed = 0.0, 0
     for unit in pending:
         c = unit.config
+        steps = c.steps or BUILTIN_BUDGETS.get(c.workload, (None,))[0]
+        if steps is None:
+            return (f"{len(pending)} unit(s) to run; no estimate: the steps of unit {unit.id} are "
+                    f"workload {c.workload!r}'s own budget, which a dry run does not load; set "
+                    "run.steps to estimate.")
         shape = (c.workload, c.nodes, c.gpus_per_node)
         rate = rates.get((unit.method, *shape))
         if rate is None:
@@ -56,7 +62,7 @@ def estimate_text(units: list[Unit], out: Path, reference: Path | None = None) -
                 return (f"{len(pending)} unit(s) to run; no estimate: {str(reference)!r} holds "
                         f"no run of {c.workload} on {c.nodes}x{c.gpus_per_node} to time from.")
             rate, guessed = statistics.median(alike), guessed + 1
-        total += rate * c.steps
+        total += rate * steps
     other = f"; {guessed} unit(s) of a method it lacks at the others' median" if guessed else ""
     return (f"{len(pending)} unit(s) to run, about {total / 60:.0f} min of training (seconds "
             f"per step of each method's runs in {reference}{other}; start-up and scoring not "

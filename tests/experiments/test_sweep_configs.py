@@ -109,3 +109,35 @@ def test_dry_run_estimate_is_steps_times_the_references_seconds_per_step(tmp_pat
     if quick.is_dir():  # a finished sweep: nothing left to train
         done = sweep.units_of(sweep.load_config(CONFIGS / "quick.toml"))
         assert estimate_text(done, quick).startswith("every unit is done")
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+@pytest.mark.timeout(60)
+def test_every_shipped_config_dry_runs_into_a_new_folder(path: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    from experiments.cli import main
+
+    assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "new")]) == 0
+    assert "unit(s) to run" in capsys.readouterr().out
+    assert not (tmp_path / "new").exists()  # a dry run writes nothing
+
+
+@pytest.mark.timeout(30)
+def test_the_estimate_of_units_on_the_workloads_own_budget_uses_that_budget(
+        tmp_path: Path) -> None:
+    import json
+
+    from experiments.config import BUILTIN_BUDGETS
+    from experiments.sweep.estimate import estimate_text
+
+    units = [u for u in sweep.units_of(sweep.load_config(CONFIGS / "frontier.toml"))
+             if u.method == "hsdp-adamw"]
+    assert units and all(u.config.steps is None for u in units)  # frontier leaves steps unset
+    run = tmp_path / "ref" / "units" / "hsdp-adamw-s0" / "run.json"
+    run.parent.mkdir(parents=True)
+    config = {"method": "hsdp-adamw", "workload": "lm-tiny", "nodes": 2, "gpus_per_node": 2,
+              "steps": 100}
+    run.write_text(json.dumps({"config": config, "train_time_s": 60.0}))
+    minutes = len(units) * 0.6 * BUILTIN_BUDGETS["lm-tiny"][0] / 60
+    assert estimate_text(units, tmp_path / "out", tmp_path / "ref").startswith(
+        f"{len(units)} unit(s) to run, about {minutes:.0f} min")

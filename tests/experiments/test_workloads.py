@@ -45,18 +45,18 @@ def test_lm_small_is_a_gpu_sized_gpt_that_trains_on_cpu() -> None:
     assert w.val_data.numel() > 1_000_000  # more text than lm-tiny's whole corpus
 
 
-def _readme_example() -> str:
-    """The `my_workloads.py` example of the README, run here as the user would run it."""
-    text = (ROOT / "README.md").read_text()
+def _docs_example() -> str:
+    """The `my_workloads.py` example of docs/workloads.md, run here as the user would run it."""
+    text = (ROOT / "docs" / "workloads.md").read_text()
     match = re.search(r"```python\n(# my_workloads\.py.*?)```", text, re.S)
-    assert match, "README lost its bring-your-own-workload example"
+    assert match, "docs/workloads.md lost its bring-your-own-workload example"
     return match.group(1)
 
 
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_own_workload_runs_through_the_cli(tmp_path: Path) -> None:
-    (tmp_path / "my_workloads.py").write_text(_readme_example())
+    (tmp_path / "my_workloads.py").write_text(_docs_example())
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "experiments.cli", "run", "--workload",
            "my_workloads:make_workload", "--method", "flexdemo", "--nodes", "2",
@@ -133,8 +133,8 @@ def test_the_protocol_accepts_a_built_in_through_its_import_path() -> None:
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_an_error_in_the_users_own_code_names_their_file_and_line(tmp_path: Path) -> None:
-    # The README's workload, whose batches fail from step 2 on inside the ranks.
-    source = _readme_example() + textwrap.dedent('''
+    # The docs' workload, whose batches fail from step 2 on inside the ranks.
+    source = _docs_example() + textwrap.dedent('''
 
         class Failing(Regression):
             def batch(self, step, rank, batch_size, seed):
@@ -197,7 +197,7 @@ def test_a_workload_module_that_fails_shows_its_own_file_and_line(body, words, t
 def test_a_workload_returning_the_wrong_types_is_refused_before_any_rank(body, words, tmp_path,
                                                                          monkeypatch, capsys):
     module = f"typed_wl_{abs(hash(words)) % 10**8}"  # a module of its own: imports are cached
-    (tmp_path / f"{module}.py").write_text(_readme_example() + "\n\n" + body
+    (tmp_path / f"{module}.py").write_text(_docs_example() + "\n\n" + body
                                            + "\n\ndef make():\n    return W()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["run", "--workload", f"{module}:make", "--steps", "1",

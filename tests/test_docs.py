@@ -1,0 +1,20 @@
+"""The docs hold mechanically: every relative link and anchor resolves, every quoted
+`flexbench SUB --flag` exists, every repository path named exists, headings are unique per page.
+
+The checks are `tests.docs_check`'s (their rules are in its docstring; its own tests are
+tests/test_docs_checker.py). The CLI's parsers are built in this process: nothing is started.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import docs_check
+
+
+@pytest.mark.timeout(120)
+def test_readme_docs_and_sweep_readmes_hold() -> None:
+    files = docs_check.doc_files()
+    assert docs_check.ROOT / "README.md" in files
+    problems = docs_check.check(files)
+    assert not problems, f"{len(problems)} problems in the docs:\n" + "\n".join(map(str, problems))
