@@ -6,7 +6,7 @@
 ``spread`` trains gossip on each graph of the 4-node ladder (gloo ranks spawned here, constant
 lr, the workload's defaults) and takes Ada's measurement every round, as Ada takes it: on the
 sampled entries, after the local step and before mixing. It prints the median over windows of
-steps, from which ``ada_high`` and ``ada_low`` were chosen (README "Ada").
+steps, from which ``ada_high`` and ``ada_low`` were chosen (docs/decentralized.md).
 
 ``compare`` runs ``flexbench run`` for ``ada`` and ``gossip`` on each graph of the ladder, and
 ``hsdp-adamw`` as the centralized reference, and prints the final validation loss, the

@@ -165,7 +165,7 @@ def study_at_16(arms: dict[str, list[RecordedRun]]) -> None:
 
 
 def main() -> None:
-    """Print the table of README "Gossip at scale and on sites"."""
+    """Print the table of results/decentralized-scale/summary.md."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=Path, default=UNITS)
     args = parser.parse_args()
@@ -173,7 +173,8 @@ def main() -> None:
     missing = [arm for arm, runs in arms.items() if not runs]
     if missing:
         raise SystemExit(f"no {RECORDED_NODES}-node recording of {', '.join(missing)} in "
-                         f"{args.units}; record them first (README).")
+                         f"{args.units}; record them first "
+                         "(results/decentralized-scale/README.md).")
     target = baseline_target_at([r.steps for r in arms[BASELINE]], TARGET_FRACTION)
     own = {r.path: replayed_compute_s(r) for runs in arms.values() for r in runs}
     compute_s = statistics.median(own.values())

@@ -12,7 +12,7 @@ separate where a gap comes from:
   so its gap is the optimizer's (sign of a decoupled momentum), not compression's;
 - `flexdemo flat top-4` at each learning rate: the paper's setting (6.25% of the coefficients);
   its gap beyond the top-64 arm is compression's, and the learning rates show the lr's part.
-Each method is taken at its best learning rate of those given (its "tuned" one). Goal (issue 9):
+Each method is taken at its best learning rate of those given (its "tuned" one). Goal:
 flexdemo flat top-4 within 3% of hsdp-adamw.
 """
 

@@ -96,7 +96,7 @@ def main() -> None:
     short = hsdp_like_trace(100)
     secs_big, big_out = timed(lambda: simulate(short, big, steps=100))
     print(f"{'1,024 nodes x 8, 100 steps (s)':<46}{secs_big:>12.3f}{'< 60':>12}")
-    # Every node its own link (issue 21): one class per speed, paced by its slowest link.
+    # Every node its own link: one class per speed, paced by its slowest link.
     links = [f"{k}={1 + k * 1e-3:.4f}Gbit,{1 + (k % 13) * 0.05:.2f}ms" for k in range(10_000)]
     secs_het, het_out = timed(lambda: simulate(  # the topology's 10,000 links parsed too
         short, Topology.from_strings(10_000, 8, "10Gbit", "1ms", node_links=links), steps=100))

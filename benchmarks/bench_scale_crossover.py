@@ -166,7 +166,7 @@ def auto_picks(traces: dict[str, pd.DataFrame], args: argparse.Namespace) -> dic
 def main() -> None:
     """Print the sweep over node counts and the crossover node counts."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # The README's tables were made from these recordings (the quick sweep of 2026-11-30).
+    # docs/replay.md's figures come from these recordings (the quick sweep of 2026-11-30).
     parser.add_argument("--units", default="results/quick-2026-11-30/units",
                         help="folder of recorded runs")
     parser.add_argument("--inter-bw", default="10Gbit")

@@ -7,7 +7,7 @@
 # 1. the unit tests that touch devices (tests/flexdemo/test_devices.py), with CUDA visible;
 # 2. every method for 12 steps on 1 node x 1 GPU with nccl, through `flexbench profile-compute`
 #    (a real `flexbench run --backend nccl` underneath), whose per-phase compute is written as
-#    profile-lm-tiny-METHOD.json; then the same on lm-small (the README's GPU-size model);
+#    profile-lm-tiny-METHOD.json; then the same on lm-small (docs/workloads.md: the GPU-size model);
 # 3. 2 ranks over gloo with CUDA tensors (both on the one GPU): which collectives gloo takes
 #    (benchmarks/gloo_device_probe.py -> gloo_cuda.json). One GPU cannot run multi-rank nccl.
 # Every step's outcome is a line of OUT_DIR/checks.csv (name, status, seconds); the full output

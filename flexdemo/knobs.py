@@ -412,7 +412,7 @@ class GossipKnobs(EveryKnobs):
 class AdaKnobs(EveryKnobs):
     """:class:`~flexdemo.replicators.AdaReplicator`'s knobs (the rule: ``replicators/ada.py``)."""
 
-    # From lm-tiny, 4 nodes x 1, constant lr 1e-3 (benchmarks/bench_ada.py spread, README "Ada"):
+    # From lm-tiny, 4 nodes x 1, constant lr 1e-3 (benchmarks/bench_ada.py spread):
     # before mixing the complete graph reads 2.4e-3 early to 4.3e-3 late, ring 3.6e-3 to 7.3e-3.
     # The band is a factor-2 budget around the exact average's ~4e-3: above 1.5x of it, buy
     # edges; below ~0.75x, the replicas agree well enough to save some. The spread scales with

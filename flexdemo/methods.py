@@ -95,12 +95,12 @@ class Method:
         return {name: values.get(name, given.get(name)) for name in self.takes}
 
 
-# FlexDeMo's defaults come from the frontier sweep (README "FlexDeMo at the paper's settings"):
+# FlexDeMo's defaults come from the frontier sweep (results/frontier/README.md):
 # the paper's 1-D chunks of 64 elements with the top 4 kept reached the target first at
 # 100 Mbit/s; its indices are bit-packed (6 bits instead of 16: lossless, 31% fewer bytes).
 # Its momentum keeps DeMo's decay 0.999. On lm-tiny 2 x 2, decay 0.9 reached the quick sweep's
 # target in 60 and 70 steps where 0.999 took 70 and 90, and in fewer steps on five seeds
-# (README "Communication behind compute"); it stays a variant (`--decay 0.9`, the quick sweep's
+# (results/decay/README.md); it stays a variant (`--decay 0.9`, the quick sweep's
 # flexdemo[decay=0.9]), not the default: the best decay depends on the workload and the step
 # count, and the committed sweeps, made at 0.999, stay reproducible from their configs.
 FLEXDEMO_KNOBS = DeMoKnobs(topk=4, chunking="flat", value_format="bf16-packed")
@@ -110,14 +110,14 @@ RECORDS: tuple[Method, ...] = (
     Method("flexdemo", "demo", FLEXDEMO_KNOBS),
     # FlexDeMo with its exchange overlapped with the next step's compute: each step steps on
     # its own top-k at once and swaps it for the replicas' mean once that has arrived, a step
-    # later (issue 19; the rules live in replicators/demo.py). Without the look-ahead (applying
+    # later (the rules live in replicators/demo.py). Without the look-ahead (applying
     # only the previous step's mean) lm-tiny ended 16% above flexdemo; with it, 3%.
     Method("flexdemo-async", "demo", dataclasses.replace(FLEXDEMO_KNOBS, delay=1, lookahead=True)),
     # FlexDeMo under an AdamW step (DeToNATION's DeToAdamW, which takes the sign first by
     # default; this one does not): the decoded mean of the replicas' momenta is AdamW's
     # gradient (the lr rule: flexdemo/bases.py, AdamWBase). Its lr 1e-3 is AdamW's usual
     # default; on lm-tiny no lr, sign, beta1, decay or schedule tried reached the quick sweep's
-    # target on both seeds (README "Communication behind compute").
+    # target on both seeds (results/tuning/README.md).
     Method("flexdemo-adamw", "demo", FLEXDEMO_KNOBS, step=StepKnobs(base="adamw", sign=False)),
     Method("demo", "demo", DeMoKnobs(), shards=False),
     Method("hsdp-adamw", None, inter_all_reduce=True),
@@ -132,7 +132,7 @@ RECORDS: tuple[Method, ...] = (
     Method("gossip", "gossip", GossipKnobs(), takes_sign=False, gossips=True),
     Method("ada", "ada", AdaKnobs(), takes_sign=False, gossips=True, adapts=True),
 )
-# Learning rates: tuned on lm-tiny, 2 nodes x 2, 300 steps, constant lr (README "Learning
+# Learning rates: tuned on lm-tiny, 2 nodes x 2, 300 steps, constant lr (docs/methods.md, "Learning
 # rates"): hsdp-adamw and flexdemo both degrade sharply above about 1.2e-3; the others keep 1e-3
 # untuned (gossip and ada: the AdamW base of hsdp-adamw at its default).
 

@@ -71,7 +71,7 @@ class Calibration:
     samples alone; the model prices an op kind with its own pair only with `per_op` (else, and
     for a kind not in `ops`, with the shared pair). Off by default: on this project's 2-core VM
     the per-op fits moved all-gather-bound kernel points closer and all-reduce-bound ones
-    further (README "The cost model against shaped real runs").
+    further (docs/cost-model.md).
     """
 
     shaping: str

@@ -298,7 +298,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timings per point (median kept)")
     parser.add_argument("--per-op", action="store_true",
                         help="let the model price each op kind with its own fit (fitted and "
-                        "written either way; off by default, see the README)")
+                        "written either way; off by default, see docs/shaping.md)")
     parser.add_argument("--out", required=True, help="JSON file for the calibration")
 
 

@@ -73,7 +73,7 @@ DEFAULT_LATENCIES = ("1ms", "20ms")
 DEFAULT_EXTRAPOLATIONS = ("2x2:4x1", "2x1:2x2", "2x2:3x1")
 
 # What a point is judged on: the recordings' prediction, or the run's own compute (the network
-# model alone: compute on this VM drifted by up to 25% within minutes, see the README).
+# model alone: compute on this VM drifted by up to 25% within minutes, see docs/cost-model.md).
 COMPUTE_FROM = ("recordings", "run")
 JUDGED_COLUMN = {"recordings": "error_pct", "run": "network_error_pct"}
 _BASES = {"recordings": "the recordings' prediction (compute from the recordings)",

@@ -1,6 +1,6 @@
 """Config files are read whole or refused: every key of every table is known and well typed.
 
-Each case here was once accepted and then ignored or misread (issue 17); each must now be
+Each case here was once accepted and then ignored or misread; each must now be
 refused with one sentence naming the key.
 """
 

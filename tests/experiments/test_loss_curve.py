@@ -1,6 +1,6 @@
 """Loss at other node counts, stated: which recording's curve a replay uses, the declared rule
 beside every time to target and in the replay's sidecar, and gossip's refusal at an unrecorded
-node count (issue 16, item 4)."""
+node count."""
 
 from __future__ import annotations
 
