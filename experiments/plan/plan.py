@@ -1,0 +1,225 @@
+"""A plan: each method's synthesized program replayed on every declared bandwidth.
+
+Per method, the program (`experiments.plan.synth`) is written once per kind of step (a step
+without the method's exchange and one with it; three consecutive steps for an exchange carried
+into the next step) and replayed by `netsim.model.simulate` on the target cluster. A periodic
+method's step time is the mean over its period (H steps for DiLoCo): (steps without exchange x
+their time + steps with it x theirs) / period. Compute utilization is compute per step over
+step time; exposed communication is the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from experiments.errors import ConfigError
+from experiments.plan.hardware import StepCompute
+from experiments.plan.models import DeclaredModel, padded_shard_elements
+from experiments.plan.synth import (
+    DTYPE_BYTES,
+    Precision,
+    Shape,
+    local_shard_shapes,
+    schedule,
+    synthesize,
+)
+from flexdemo.knobs import DeMoKnobs
+from flexdemo.methods import Method
+from flexdemo.replicators import REPLICATORS
+from flexdemo.replicators.demo import plan_exchange
+from netsim.model import OVERLAP_NOTE, algorithm_summary, simulate
+from netsim.topology import Topology
+
+__all__ = ["CU_TARGETS", "MethodPlan", "Memory", "PlanPoint", "bandwidth_needed", "memory",
+           "plan_method"]
+
+CU_TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per GPU a method holds, by part (activations are not counted)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    replicator: int
+    working: int
+    """FSDP2's gathered working set: the root and two blocks in param_dtype, one block's
+    unsharded gradient in reduce_dtype."""
+
+    @property
+    def total(self) -> int:
+        """Every part together."""
+        return self.params + self.grads + self.optimizer + self.replicator + self.working
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    """One method at one inter-node bandwidth."""
+
+    inter_bw: str
+    inter_bw_bps: float
+    step_time_s: float
+    bytes_per_node_step: float
+
+
+@dataclass(frozen=True)
+class MethodPlan:
+    """A method's plan over the bandwidths, with what it assumed."""
+
+    method: str
+    compute_s: float
+    period: int
+    exchanges_per_period: int
+    memory: Memory
+    points: list[PlanPoint] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def frame(self) -> pd.DataFrame:
+        """One row per bandwidth: the CSV's columns."""
+        rows = []
+        for p in self.points:
+            rows.append({
+                "method": self.method, "inter_bw": p.inter_bw, "inter_bw_bps": p.inter_bw_bps,
+                "step_time_s": p.step_time_s, "compute_s": self.compute_s,
+                "compute_utilization": self.compute_s / p.step_time_s,
+                "exposed_comm_s": max(0.0, p.step_time_s - self.compute_s),
+                "bytes_per_node_step": p.bytes_per_node_step,
+                "memory_per_gpu_bytes": self.memory.total, "period_steps": self.period,
+            })
+        return pd.DataFrame(rows)
+
+
+def _step_kinds(record: Method, knobs: object) -> tuple[int, list[tuple[int, int, int]], bool]:
+    """(period, [(first step, trace length, steps of the period it stands for)], delayed).
+
+    Each entry is one trace to replay, whose last step's time counts that many times: a step
+    without the exchange and one with it (one step each; every such step is alike), or, for an
+    exchange carried into the next step, three steps (the third is the steady state).
+    """
+    period, exchanges = schedule(record, knobs)
+    delayed = isinstance(knobs, DeMoKnobs) and knobs.delay == 1
+    syncs = sum(exchanges(s) for s in range(1, period + 1))
+    if delayed:
+        if period != 1:
+            raise ConfigError(f"--method {record.name}: a delayed exchange (delay=1) with "
+                              f"replicate_every or skip_every is not planned; plan it with "
+                              "delay=0 or every step replicating.")
+        return period, [(1, 3, 1)], True
+    kinds = []
+    quiet = next((s for s in range(1, period + 1) if not exchanges(s)), None)
+    if quiet is not None:
+        kinds.append((quiet, 1, period - syncs))
+    loud = next((s for s in range(1, period + 1) if exchanges(s)), None)
+    if loud is not None:
+        kinds.append((loud, 1, syncs))
+    return period, kinds, False
+
+
+def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies: list[Topology],
+                labels: list[str], compute: StepCompute, precision: Precision,
+                algorithm: str = "auto", progress: Callable[[str], None] | None = None,
+                backend: str = "nccl") -> MethodPlan:
+    """Replay `record`'s program on each topology (one per bandwidth; module docstring)."""
+    target = topologies[0]
+    shape = Shape(min(target.nodes, 2), target.accelerators_per_node)
+    period, kinds, delayed = _step_kinds(record, knobs)
+    traces = []
+    for first, length, count in kinds:
+        trace = synthesize(record, knobs, model, shape, compute, precision, length,
+                           replicas=target.nodes, backend=backend, first=first)
+        traces.append((trace, length, count))
+    plan = MethodPlan(record.name, compute.total_s, period, _syncs(record, knobs, period),
+                      memory(record, knobs, model, target.accelerators_per_node, target.nodes,
+                             precision))
+    for topology, label in zip(topologies, labels, strict=True):
+        total_s = egress = 0.0
+        for trace, length, count in traces:
+            replay = simulate(trace, topology, overlap="fsdp2", intra="model",
+                              algorithm=algorithm)
+            # The last step is the steady state: one carried exchange arrives in it.
+            total_s += float(replay.frame["step_time_s"].iloc[-1]) * count
+            # A carried exchange's steps each send one: the egress per step is the mean.
+            egress += replay.node_egress_bytes / length * count
+            if not plan.notes:
+                plan.notes.extend(_replay_notes(replay, delayed))
+        plan.points.append(PlanPoint(label, topology.inter.bandwidth, total_s / period,
+                                     egress / period))
+        if progress is not None:
+            progress(f"{record.name} at {label}")
+    return plan
+
+
+def _syncs(record: Method, knobs: object, period: int) -> int:
+    _, exchanges = schedule(record, knobs)
+    return sum(exchanges(s) for s in range(1, period + 1))
+
+
+def _replay_notes(replay: object, delayed: bool) -> list[str]:
+    """What the replay assumed, once per method."""
+    lines = [f"overlap fsdp2: {OVERLAP_NOTE.removeprefix('overlap fsdp2: ')}"]
+    lines += [f"inter-node algorithm {line}" for line in algorithm_summary(replay.algorithms)]
+    if delayed:
+        lines.append("the exchange is carried into the next step (delay=1): posted after the "
+                     "optimizer step, waited on in the next one; the step time is the third "
+                     "replayed step's, the steady state")
+    return lines
+
+
+def memory(record: Method, knobs: object, model: DeclaredModel, per_node: int, nodes: int,
+           precision: Precision) -> Memory:
+    """Bytes per GPU of local rank 0 (the largest shard), by part (see Memory)."""
+    shard = sum(padded_shard_elements(s, per_node) for unit in model.units for s in unit)
+    full = [model.unit_params(u) for u in range(len(model.units))]
+    blocks = sorted(full[:-1], reverse=True)[:2]
+    working = ((full[-1] + sum(blocks)) * DTYPE_BYTES[precision.param_dtype]
+               + (blocks[0] if blocks else full[-1]) * DTYPE_BYTES[precision.reduce_dtype])
+    params, grads = shard * 4, shard * 4
+    adamw = 8 * shard  # exp_avg and exp_avg_sq, fp32
+    if record.replicator is None:
+        return Memory(params, grads, adamw, 0, working)
+    _, step = record.settings({})
+    base = step.base or REPLICATORS[record.replicator].default_base
+    optimizer = adamw if base == "adamw" else 0
+    replicator = 0
+    if isinstance(knobs, DeMoKnobs):
+        shapes = local_shard_shapes(model, per_node, 0)
+        plan = plan_exchange(shapes, [torch.float32] * len(shapes), knobs, nodes)
+        # The momentum (every coefficient, fp32), this rank's bucket and what it receives
+        # (all-gather: every replica's bucket; dense: the buffer reduced in place).
+        received = plan.dense_bytes if plan.dense else nodes * plan.bucket_bytes
+        exchange = plan.payload_bytes + received
+        replicator = plan.dense_numel * 4 + exchange * (2 if knobs.delay == 1 else 1)
+    elif record.replicator == "diloco":
+        replicator = 2 * shard * 4  # the anchor and the outer momentum, fp32
+    return Memory(params, grads, optimizer, replicator, working)
+
+
+def bandwidth_needed(frame: pd.DataFrame, target: float) -> tuple[float | None, str]:
+    """The lowest bandwidth (bytes/s) at which one method's CU reaches `target`, and how found.
+
+    Between grid points the CU is interpolated linearly in log(bandwidth); "grid point" when a
+    point reaches it exactly or it is reached at the grid's lowest; None when never reached.
+    """
+    frame = frame.sort_values("inter_bw_bps")
+    bws = frame["inter_bw_bps"].to_numpy()
+    cus = frame["compute_utilization"].to_numpy()
+    above = np.nonzero(cus >= target)[0]
+    if len(above) == 0:
+        return None, f"not reached (at most {cus.max():.1%} on this grid)"
+    i = int(above[0])
+    if i == 0:
+        return float(bws[0]), ("grid point" if math.isclose(cus[0], target) or len(bws) == 1
+                               else "at or below the grid's lowest bandwidth")
+    if math.isclose(cus[i], target):
+        return float(bws[i]), "grid point"
+    lo, hi = math.log(bws[i - 1]), math.log(bws[i])
+    share = (target - cus[i - 1]) / (cus[i] - cus[i - 1])
+    return float(math.exp(lo + share * (hi - lo))), "interpolated"
