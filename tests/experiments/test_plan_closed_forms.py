@@ -1,0 +1,74 @@
+"""The plan against closed forms: ring all-reduces, DiLoCo's period, what overlap leaves exposed."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from experiments.plan.hardware import given_compute
+from experiments.plan.models import declare_model
+from experiments.plan.plan import bandwidth_needed, plan_method
+from experiments.plan.synth import Precision
+from flexdemo.methods import method_record
+from netsim import Link, Topology
+from netsim.costs import ring_all_reduce_time
+
+MODEL = "gpt:dim=256,layers=4,heads=4,vocab=1000,ffn=1024,tied=false"
+NODES = 4
+GBIT = 1e9 / 8
+
+
+def _plan(method: str, step_s: float, bandwidth: float, precision: Precision | None = None,
+          **knobs):
+    precision = precision or Precision()
+    model = declare_model(MODEL)
+    record = method_record(method)
+    settings, _ = record.settings(knobs)
+    compute = given_compute([model.unit_params(u) for u in range(len(model.units))], step_s)
+    topology = Topology(NODES, 1, Link(100e9, 0.0), Link(bandwidth, 0.0))
+    plan = plan_method(record, settings, model, [topology], ["x"], compute, precision,
+                       algorithm="ring")
+    return model, plan
+
+
+@pytest.mark.parametrize(("reduce_dtype", "itemsize"), [("fp32", 4), ("bf16", 2)])
+def test_network_bound_data_parallel_step_is_the_ring_all_reduce(reduce_dtype, itemsize):
+    model, plan = _plan("hsdp-adamw", 1e-6, GBIT, Precision("bf16", reduce_dtype))
+    link = Link(GBIT, 0.0)
+    expected = ring_all_reduce_time(NODES, model.params * itemsize, link)
+    assert plan.points[0].step_time_s == pytest.approx(expected, rel=1e-3)
+    assert plan.points[0].bytes_per_node_step == pytest.approx(
+        2 * (NODES - 1) / NODES * model.params * itemsize, rel=1e-6)
+
+
+def test_diloco_exposes_one_outer_all_reduce_every_h_steps():
+    h, step_s = 10, 0.5
+    model, plan = _plan("diloco", step_s, GBIT, diloco_h=h)
+    outer = ring_all_reduce_time(NODES, model.params * 4, Link(GBIT, 0.0))
+    assert (plan.period, plan.exchanges_per_period) == (h, 1)
+    assert plan.points[0].step_time_s == pytest.approx(step_s + outer / h, rel=1e-3)
+
+
+def test_full_overlap_leaves_the_last_units_reduction_exposed():
+    # Every block's all-reduce hides behind the next block's backward, but block 0's and the
+    # root's come after the last backward compute: the optimizer waits for both.
+    step_s = 2.0
+    model, plan = _plan("hsdp-adamw", step_s, 100 * GBIT)
+    link = Link(100 * GBIT, 0.0)
+    blocks, root = model.unit_params(0), model.unit_params(len(model.units) - 1)
+    backward_per_block = step_s * 2 / 3 * blocks / model.params
+    assert ring_all_reduce_time(NODES, blocks * 4, link) < backward_per_block
+    exposed = (ring_all_reduce_time(NODES, blocks * 4, link)
+               + ring_all_reduce_time(NODES, root * 4, link))
+    cu = plan.compute_s / plan.points[0].step_time_s
+    assert cu == pytest.approx(step_s / (step_s + exposed), rel=1e-3)
+
+
+def test_bandwidth_needed_says_how_it_was_found():
+    frame = pd.DataFrame({"inter_bw_bps": [1.0, 10.0, 100.0],
+                          "compute_utilization": [0.2, 0.6, 0.9]})
+    bps, how = bandwidth_needed(frame, 0.8)
+    assert how == "interpolated" and 10 < bps < 100
+    assert bandwidth_needed(frame, 0.6) == (10.0, "grid point")
+    assert bandwidth_needed(frame, 0.1)[1] == "at or below the grid's lowest bandwidth"
+    assert bandwidth_needed(frame, 0.95) == (None, "not reached (at most 90.0% on this grid)")
