@@ -141,6 +141,8 @@ class DeclaredModel:
     """What the model is, in words (printed with the plan's assumptions)."""
     units: tuple[tuple[tuple[int, ...], ...], ...]
     """Per FSDP2 unit, blocks inner first then the root: its parameters' shapes."""
+    shapes: tuple[tuple[int, ...], ...] = ()
+    """Every parameter's shape in ``model.parameters()`` order (the optimizer's order)."""
 
     @property
     def params(self) -> int:
@@ -273,5 +275,5 @@ def _declared(spec: str, model: nn.Module, source: str) -> DeclaredModel:
     except ValueError as err:
         raise ConfigError(f"--model {spec!r}: {err}") from None
     units = tuple(tuple(tuple(shape) for shape in unit) for unit in layout)
-    return DeclaredModel(spec, source, units)
+    return DeclaredModel(spec, source, units, tuple(tuple(p.shape) for p in model.parameters()))
 

@@ -10,6 +10,7 @@ step time; exposed communication is the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,10 +30,11 @@ from experiments.plan.synth import (
     schedule,
     synthesize,
 )
-from flexdemo.knobs import DeMoKnobs
+from flexdemo.knobs import DeMoKnobs, StreamingDiLoCoKnobs
 from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
 from flexdemo.replicators.demo import plan_exchange
+from flexdemo.replicators.streaming_diloco import fragment_numels
 from netsim.model import OVERLAP_NOTE, algorithm_summary, simulate
 from netsim.topology import Topology
 
@@ -79,6 +81,8 @@ class MethodPlan:
     period: int
     exchanges_per_period: int
     memory: Memory
+    peak_exchange_bytes: int = 0
+    """The largest payload one rank hands to one of the method's inter-node ops."""
     points: list[PlanPoint] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -93,17 +97,26 @@ class MethodPlan:
                 "exposed_comm_s": max(0.0, p.step_time_s - self.compute_s),
                 "bytes_per_node_step": p.bytes_per_node_step,
                 "memory_per_gpu_bytes": self.memory.total, "period_steps": self.period,
+                "peak_exchange_bytes": self.peak_exchange_bytes,
             })
         return pd.DataFrame(rows)
 
 
-def _step_kinds(record: Method, knobs: object) -> tuple[int, list[tuple[int, int, int]], bool]:
-    """(period, [(first step, trace length, steps of the period it stands for)], delayed).
+# One trace to replay: (first step, steps, how many times it counts in a period, whether all
+# its steps count or only its last).
+Kind = tuple[int, int, int, bool]
 
-    Each entry is one trace to replay, whose last step's time counts that many times: a step
-    without the exchange and one with it (one step each; every such step is alike), or, for an
-    exchange carried into the next step, three steps (the third is the steady state).
+
+def _step_kinds(record: Method, knobs: object) -> tuple[int, list[Kind], bool]:
+    """(period, the traces that make it up, whether an exchange is carried across steps).
+
+    Steps alike are replayed once: a step without the exchange and one with it (every such
+    step is alike); an exchange carried into the next step: three steps, the third the steady
+    state; Streaming DiLoCo: each fragment's window, from the step that posts its sync to the
+    one that applies it, whole, and one step outside every window.
     """
+    if isinstance(knobs, StreamingDiLoCoKnobs):
+        return _streaming_kinds(knobs)
     period, exchanges = schedule(record, knobs)
     delayed = isinstance(knobs, DeMoKnobs) and knobs.delay == 1
     syncs = sum(exchanges(s) for s in range(1, period + 1))
@@ -112,15 +125,26 @@ def _step_kinds(record: Method, knobs: object) -> tuple[int, list[tuple[int, int
             raise ConfigError(f"--method {record.name}: a delayed exchange (delay=1) with "
                               f"replicate_every or skip_every is not planned; plan it with "
                               "delay=0 or every step replicating.")
-        return period, [(1, 3, 1)], True
+        return period, [(1, 3, 1, False)], True
     kinds = []
     quiet = next((s for s in range(1, period + 1) if not exchanges(s)), None)
     if quiet is not None:
-        kinds.append((quiet, 1, period - syncs))
+        kinds.append((quiet, 1, period - syncs, False))
     loud = next((s for s in range(1, period + 1) if exchanges(s)), None)
     if loud is not None:
-        kinds.append((loud, 1, syncs))
+        kinds.append((loud, 1, syncs, False))
     return period, kinds, False
+
+
+def _streaming_kinds(knobs: StreamingDiLoCoKnobs) -> tuple[int, list[Kind], bool]:
+    """A full fragment cycle (sync_every steps): every fragment's window and the steps between."""
+    fragments, tau = knobs.num_fragments, knobs.fragment_sync_delay
+    every = knobs.sync_every // fragments  # the replicator's period between two syncs
+    kinds: list[Kind] = [((k + 1) * every - tau, tau + 1, 1, True) for k in range(fragments)]
+    quiet = fragments * (every - tau - 1)
+    if quiet:
+        kinds.append((1, 1, quiet, False))  # step 1 lies in no window: every >= tau + 2
+    return knobs.sync_every, kinds, tau > 0
 
 
 def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies: list[Topology],
@@ -132,22 +156,29 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
     shape = Shape(min(target.nodes, 2), target.accelerators_per_node)
     period, kinds, delayed = _step_kinds(record, knobs)
     traces = []
-    for first, length, count in kinds:
+    for first, length, count, whole in kinds:
         trace = synthesize(record, knobs, model, shape, compute, precision, length,
                            replicas=target.nodes, backend=backend, first=first)
-        traces.append((trace, length, count))
+        traces.append((trace, length, count, whole))
     plan = MethodPlan(record.name, compute.total_s, period, _syncs(record, knobs, period),
                       memory(record, knobs, model, target.accelerators_per_node, target.nodes,
                              precision))
+    inter = [t.loc[t["inter"] & (t["kind"] == "collective"), "bytes"] for t, *_ in traces]
+    plan = dataclasses.replace(plan, peak_exchange_bytes=int(max((b.max() for b in inter
+                                                                  if len(b)), default=0)))
     for topology, label in zip(topologies, labels, strict=True):
         total_s = egress = 0.0
-        for trace, length, count in traces:
+        for trace, length, count, whole in traces:
             replay = simulate(trace, topology, overlap="fsdp2", intra="model",
                               algorithm=algorithm)
-            # The last step is the steady state: one carried exchange arrives in it.
-            total_s += float(replay.frame["step_time_s"].iloc[-1]) * count
-            # A carried exchange's steps each send one: the egress per step is the mean.
-            egress += replay.node_egress_bytes / length * count
+            times = replay.frame["step_time_s"]
+            if whole:  # a window: every step of it, and every byte it sent
+                total_s += float(times.sum()) * count
+                egress += replay.node_egress_bytes * count
+            else:  # the last step is the steady state (a carried exchange arrives in it)
+                total_s += float(times.iloc[-1]) * count
+                # A carried exchange's steps each send one: the egress per step is the mean.
+                egress += replay.node_egress_bytes / length * count
             if not plan.notes:
                 plan.notes.extend(_replay_notes(replay, delayed))
         plan.points.append(PlanPoint(label, topology.inter.bandwidth, total_s / period,
@@ -158,6 +189,9 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
 
 
 def _syncs(record: Method, knobs: object, period: int) -> int:
+    """Steps of a period that exchange (Streaming DiLoCo: its syncs, one per fragment)."""
+    if isinstance(knobs, StreamingDiLoCoKnobs):
+        return knobs.num_fragments
     _, exchanges = schedule(record, knobs)
     return sum(exchanges(s) for s in range(1, period + 1))
 
@@ -167,9 +201,9 @@ def _replay_notes(replay: object, delayed: bool) -> list[str]:
     lines = [f"overlap fsdp2: {OVERLAP_NOTE.removeprefix('overlap fsdp2: ')}"]
     lines += [f"inter-node algorithm {line}" for line in algorithm_summary(replay.algorithms)]
     if delayed:
-        lines.append("the exchange is carried into the next step (delay=1): posted after the "
-                     "optimizer step, waited on in the next one; the step time is the third "
-                     "replayed step's, the steady state")
+        lines.append("an exchange carried across steps (delay=1, or Streaming DiLoCo's "
+                     "fragment_sync_delay): posted after the optimizer step, waited on where "
+                     "the method applies it, the link busy meanwhile")
     return lines
 
 
@@ -199,6 +233,15 @@ def memory(record: Method, knobs: object, model: DeclaredModel, per_node: int, n
         replicator = plan.dense_numel * 4 + exchange * (2 if knobs.delay == 1 else 1)
     elif record.replicator == "diloco":
         replicator = 2 * shard * 4  # the anchor and the outer momentum, fp32
+    elif isinstance(knobs, StreamingDiLoCoKnobs):
+        # Every fragment's anchor and outer momentum, the rounding residuals of a lossy wire,
+        # and the largest fragment's sync in flight (all-gathered: every replica's payload).
+        wire = REPLICATORS[record.replicator](knobs).wire
+        sizes = [math.prod(s) for s in local_shard_shapes(model, per_node, 0)]
+        biggest = max(fragment_numels(sizes, knobs.num_fragments, knobs.fragment_cut))
+        op, nbytes = wire.payload(biggest)
+        in_flight = nbytes * (nodes if op == "all_gather" else 1)
+        replicator = 2 * shard * 4 + (shard * 4 if wire.lossy else 0) + in_flight
     return Memory(params, grads, optimizer, replicator, working)
 
 

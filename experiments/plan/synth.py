@@ -38,17 +38,19 @@ from flexdemo.knobs import DeMoKnobs
 from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
 from flexdemo.replicators.demo import plan_exchange
+from flexdemo.replicators.streaming_diloco import fragment_numels
 from netsim.costs import collective_volume, default_algorithm
 from netsim.trace import BACKWARD, TRACE_COLUMNS, TRAIN, UNIT_BACKWARD
 
-__all__ = ["DTYPE_BYTES", "PLANNED_METHODS", "Precision", "Shape", "synthesize", "schedule",
-           "local_shard_shapes", "outer_bytes"]
+__all__ = ["DTYPE_BYTES", "PLANNED_METHODS", "Exchange", "Precision", "Shape", "exchanges",
+           "local_shard_shapes", "outer_bytes", "schedule", "synthesize"]
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 # The least compute after a delayed exchange's wait in its step (seconds).
 _DECODE_S = 1e-6
 # Methods whose program this module writes; others are refused by name.
-PLANNED_METHODS = ("hsdp-adamw", "flexdemo", "flexdemo-async", "flexdemo-adamw", "diloco")
+PLANNED_METHODS = ("hsdp-adamw", "flexdemo", "flexdemo-async", "flexdemo-adamw", "diloco",
+                   "streaming-diloco")
 
 
 @dataclass(frozen=True)
@@ -87,13 +89,14 @@ class Shape:
 
 
 def local_shard_shapes(model: DeclaredModel, per_node: int, local: int) -> list[tuple[int, ...]]:
-    """Every parameter's local FSDP2 shard on local rank `local` (unpadded), in unit order."""
-    shapes = []
-    for unit in model.units:
-        for shape in unit:
-            full = tuple(shape) or (1,)
-            shapes.append((shard_rows(full[0], per_node, local), *full[1:]))
-    return shapes
+    """Every parameter's local FSDP2 shard on local rank `local` (unpadded), in the order the
+    optimizer is handed them (``model.parameters()``)."""
+    shapes = model.shapes or tuple(shape for unit in model.units for shape in unit)
+    out = []
+    for shape in shapes:
+        full = tuple(shape) or (1,)
+        out.append((shard_rows(full[0], per_node, local), *full[1:]))
+    return out
 
 
 def outer_bytes(model: DeclaredModel, per_node: int, local: int, itemsize: int = 4) -> int:
@@ -231,69 +234,165 @@ def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape
     `knobs` are the replicator's (record.settings); steps are numbered from `first` (1-based,
     as runs number them), so that the replicator's schedule decides which exchange.
     `replicas`: the target's node count (default: the trace's), which sizes what depends on it
-    (DeMo's exchange="auto").
-    `backend` names the algorithm each op runs (`netsim.costs.default_algorithm`): "nccl" rings;
-    "gloo" runs a reduce-scatter as an all-reduce, as CPU recordings hold it.
+    (DeMo's exchange="auto"). `backend` names the algorithm each op runs
+    (`netsim.costs.default_algorithm`): "nccl" rings; "gloo" runs a reduce-scatter as an
+    all-reduce, as CPU recordings hold it. An exchange still in flight after the last step is
+    waited on after it (a run's drain).
     """
     if record.name not in PLANNED_METHODS:
         raise ConfigError(f"--method {record.name!r} has no synthesized program yet; plan one "
                           f"of {', '.join(PLANNED_METHODS)}.")
     sizes = _Sizes(model, shape.per_node, precision)
-    _, exchanges = schedule(record, knobs)
-    exchange = _exchange(record, knobs, model, shape, replicas or shape.nodes)
+    exchange = exchanges(record, knobs, model, shape.per_node, replicas or shape.nodes)
     rows: list[dict] = []
     for r in range(shape.world):
         rank = _Rank(r, shape, backend)
-        in_flight: list[dict] = []
+        in_flight: dict[object, dict] = {}
         for step in range(first, first + steps):
             begin = rank.begin(step)
             _fsdp2_step(rank, sizes, compute, record.inter_all_reduce)
             rank.compute(compute.optimizer_s / 2)
-            if shape.nodes > 1 and exchange is not None and exchanges(step):
-                op, nbytes, delayed = exchange(rank.local)
-                posted = rank.issue(op, nbytes, True)
-                if delayed:  # delay=1: wait on the previous exchange, leave this one in flight
-                    for row in in_flight:
-                        rank.wait(row)
-                    in_flight = [posted]
-                    # A wait at the very end of its step reads as one between steps, taken at
-                    # the next step's start (netsim.model.programs); the decode that follows
-                    # it keeps it in its own step.
-                    rank.compute(_DECODE_S)
-                else:
-                    rank.wait(posted)
+            if shape.nodes > 1:
+                _exchange_step(rank, exchange, step, in_flight)
             rank.compute(compute.optimizer_s / 2)
             rank.end(begin)
-        for row in in_flight:  # the run's drain: waited on after its last step
-            rank.compute(0.0)
-            row["wait_s"] = row["end_s"] = rank.t + 1e-6
+        for row in in_flight.values():  # the run's drain: waited on after its last step
+            row["wait_s"] = row["end_s"] = rank.t + _DECODE_S
         rows.extend(rank.rows)
     return pd.DataFrame(rows, columns=list(TRACE_COLUMNS)).astype(TRACE_COLUMNS)
 
 
-Exchange = Callable[[int], tuple[str, int, bool]]
+def _exchange_step(rank: _Rank, exchange: Exchange, step: int,
+                   in_flight: dict[object, dict]) -> None:
+    """This step's exchange: post what it posts, then wait on what it applies."""
+    posted_now = set()
+    for key, op, nbytes in exchange.posts(step, rank.local):
+        in_flight[key] = rank.issue(op, nbytes, True)
+        posted_now.add(key)
+    carried = False
+    for key in exchange.waits(step):
+        row = in_flight.pop(key, None)
+        if row is not None:
+            rank.wait(row)
+            carried = carried or key not in posted_now
+    if carried:
+        # A wait at the very end of its step reads as one between steps, taken at the next
+        # step's start (netsim.model.programs); the decode that follows keeps it in its step.
+        rank.compute(_DECODE_S)
 
 
-def _exchange(record: Method, knobs: object, model: DeclaredModel, shape: Shape,
-              replicas: int) -> Exchange | None:
-    """Per local rank: the method's inter-node op, its payload bytes and whether it is delayed."""
+class Exchange:
+    """A method's inter-node ops of one step: the ones it posts and the ones it waits on."""
+
+    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
+        """(key, op, payload bytes) of every op posted after 1-based step `step`'s update."""
+        return []
+
+    def waits(self, step: int) -> list[object]:
+        """Keys of the posted ops step `step` waits on (after its posts)."""
+        return []
+
+
+class _DeMoExchange(Exchange):
+    """The DeMo family's one bucket per replicating step, sized by `plan_exchange`."""
+
+    def __init__(self, record: Method, knobs: DeMoKnobs, model: DeclaredModel, per_node: int,
+                 replicas: int) -> None:
+        self.knobs, self.model, self.per_node, self.replicas = knobs, model, per_node, replicas
+        self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
+        self.plans: dict[tuple, object] = {}
+
+    def plan(self, local: int) -> object:
+        """The exchange of local rank `local` (ranks whose shards have the same shapes, all of
+        them where FSDP2 cuts evenly, share one: sizing a 70B model's chunks takes seconds)."""
+        shapes = tuple(local_shard_shapes(self.model, self.per_node, local))
+        if shapes not in self.plans:
+            self.plans[shapes] = plan_exchange(list(shapes), [torch.float32] * len(shapes),
+                                               self.knobs, self.replicas)
+        return self.plans[shapes]
+
+    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
+        """The bucket (or dense vector) of a replicating step."""
+        if not self.replicates_on(step):
+            return []
+        plan = self.plan(local)
+        return [(step, plan.op, plan.payload_bytes)]
+
+    def waits(self, step: int) -> list[object]:
+        """delay=0: this step's own; delay=1: the previous replicating step's."""
+        if not self.replicates_on(step):
+            return []
+        if self.knobs.delay == 0:
+            return [step]
+        earlier = [s for s in range(step - 1, 0, -1) if self.replicates_on(s)]
+        return earlier[:1]
+
+
+class _DiLoCoExchange(Exchange):
+    """DiLoCo's outer all-reduce of the whole shard (fp32) every diloco_h steps."""
+
+    def __init__(self, record: Method, knobs: object, model: DeclaredModel,
+                 per_node: int) -> None:
+        self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
+        self.model, self.per_node = model, per_node
+
+    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
+        """The pseudo-gradient's all-reduce on a syncing step."""
+        if not self.replicates_on(step):
+            return []
+        return [(step, "all_reduce", outer_bytes(self.model, self.per_node, local))]
+
+    def waits(self, step: int) -> list[object]:
+        """Waited on in the step that posts it."""
+        return [step] if self.replicates_on(step) else []
+
+
+class _StreamingExchange(Exchange):
+    """Streaming DiLoCo: one fragment's sync posted tau steps before it is applied."""
+
+    def __init__(self, record: Method, knobs: object, model: DeclaredModel,
+                 per_node: int) -> None:
+        replicator = REPLICATORS[record.replicator](knobs)
+        self.prepared_on = replicator.fragment_prepared_on
+        self.applied_on = replicator.fragment_applied_on
+        self.wire = replicator.wire
+        self.knobs, self.model, self.per_node = knobs, model, per_node
+
+    def fragments(self, local: int) -> list[int]:
+        """Elements of each fragment of local rank `local`'s shards (the replicator's cut)."""
+        sizes = [math.prod(s) for s in local_shard_shapes(self.model, self.per_node, local)]
+        try:
+            return fragment_numels(sizes, self.knobs.num_fragments, self.knobs.fragment_cut)
+        except ValueError as err:
+            raise ConfigError(f"--method streaming-diloco: {err}") from None
+
+    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
+        """The fragment prepared after this step, in the outer wire format."""
+        fragment = self.prepared_on(step)
+        if fragment is None:
+            return []
+        numel = self.fragments(local)[fragment]
+        if numel == 0:
+            return []  # nothing of it on this rank: nothing crosses (the replicator's rule)
+        op, nbytes = self.wire.payload(numel)
+        return [(fragment, op, nbytes)]
+
+    def waits(self, step: int) -> list[object]:
+        """The fragment applied after this step."""
+        fragment = self.applied_on(step)
+        return [] if fragment is None else [fragment]
+
+
+def exchanges(record: Method, knobs: object, model: DeclaredModel, per_node: int,
+              replicas: int) -> Exchange:
+    """The method's inter-node exchange, from its replicator's own schedule and sizing."""
     if record.replicator is None:
-        return None
+        return Exchange()  # hsdp-adamw: FSDP2's all-reduce, in the backward
     if isinstance(knobs, DeMoKnobs):
-        plans = {}
-
-        def demo(local: int) -> tuple[str, int, bool]:
-            # Local ranks whose shards have the same shapes (all, where FSDP2 cuts evenly)
-            # share one plan: sizing a 70B model's chunks is seconds of Python per plan.
-            shapes = tuple(local_shard_shapes(model, shape.per_node, local))
-            if shapes not in plans:
-                plans[shapes] = plan_exchange(list(shapes), [torch.float32] * len(shapes),
-                                              knobs, replicas)
-            plan = plans[shapes]
-            return plan.op, plan.payload_bytes, knobs.delay == 1
-
-        return demo
+        return _DeMoExchange(record, knobs, model, per_node, replicas)
     if record.replicator == "diloco":
-        return lambda local: ("all_reduce", outer_bytes(model, shape.per_node, local), False)
+        return _DiLoCoExchange(record, knobs, model, per_node)
+    if record.replicator == "streaming-diloco":
+        return _StreamingExchange(record, knobs, model, per_node)
     raise ConfigError(f"--method {record.name!r} has no synthesized program yet; plan one of "
                       f"{', '.join(PLANNED_METHODS)}.")

@@ -73,9 +73,11 @@ def test_memory_above_the_gpu_is_flagged(tmp_path, capsys):
     (["--step-time", "1", "--set", "topk=0"], "topk"),
     (["--step-time", "1", "--set", "param_dtype=fp8"], "param_dtype='fp8'"),
     (["--step-time", "-2"], "--step-time -2"),
+    (["--step-time", "1", "--method", "streaming-diloco", "--set", "num_fragments=40",
+      "--set", "sync_every=80"], "num_fragments=40 is more than the"),
 ])
 def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path, capsys, extra, words):
-    argv = ["--method", "flexdemo"]
+    argv = [] if "--method" in extra else ["--method", "flexdemo"]
     if "--inter-bw" not in extra:
         argv += ["--inter-bw", "1Gbit"]
     assert _plan(tmp_path, "p.csv", *argv, *extra) == 2

@@ -72,3 +72,30 @@ def test_bandwidth_needed_says_how_it_was_found():
     assert bandwidth_needed(frame, 0.6) == (10.0, "grid point")
     assert bandwidth_needed(frame, 0.1)[1] == "at or below the grid's lowest bandwidth"
     assert bandwidth_needed(frame, 0.95) == (None, "not reached (at most 90.0% on this grid)")
+
+
+def test_streaming_diloco_without_delay_exposes_its_fragments_all_reduces():
+    step_s, every = 0.5, 12
+    model, plan = _plan("streaming-diloco", step_s, GBIT, sync_every=every, num_fragments=4,
+                        fragment_sync_delay=0, fragment_cut="elements")
+    outer = ring_all_reduce_time(NODES, model.params * 4, Link(GBIT, 0.0))
+    assert (plan.period, plan.exchanges_per_period) == (every, 4)
+    assert plan.points[0].step_time_s == pytest.approx(step_s + outer / every, rel=1e-3)
+
+
+def test_streaming_diloco_peak_bytes_are_a_fragment_of_diloco_s():
+    _, diloco = _plan("diloco", 0.5, GBIT)
+    _, streaming = _plan("streaming-diloco", 0.5, GBIT, num_fragments=5, sync_every=50,
+                         fragment_cut="elements")
+    assert diloco.peak_exchange_bytes // 5 - 4 <= streaming.peak_exchange_bytes
+    assert streaming.peak_exchange_bytes <= diloco.peak_exchange_bytes // 5 + 4
+
+
+def test_streaming_diloco_hides_a_sync_that_fits_its_delay():
+    # Each fragment's all-reduce takes less than the tau = 2 steps of compute it overlaps.
+    model, plan = _plan("streaming-diloco", 0.5, 100 * GBIT, sync_every=12, num_fragments=4,
+                        fragment_sync_delay=2)
+    _, quiet = _plan("diloco", 0.5, 100 * GBIT, diloco_h=10**6)  # never syncs in a window
+    one = ring_all_reduce_time(NODES, model.params * 4 // 4, Link(100 * GBIT, 0.0))
+    assert one < 2 * 0.5
+    assert plan.points[0].step_time_s == pytest.approx(quiet.points[0].step_time_s, rel=1e-3)

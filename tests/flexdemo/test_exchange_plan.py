@@ -34,3 +34,31 @@ def test_auto_picks_dense_where_it_moves_fewer_bytes():
     many = plan_exchange(shapes, dtypes, DeMoKnobs(exchange="auto", topk=2048), 64)
     assert (few.op, many.op) == ("all_gather", "all_reduce")
     assert many.payload_bytes == 4096 * 4096 * 2 * 2  # bf16 sums and counts
+
+
+@pytest.mark.parametrize("cut", ["parameters", "elements"])
+def test_fragment_sizes_are_the_replicator_s(cut):
+    from flexdemo.knobs import StreamingDiLoCoKnobs
+    from flexdemo.replicators.streaming_diloco import (
+        StreamingDiLoCoReplicator,
+        fragment_numels,
+    )
+
+    knobs = StreamingDiLoCoKnobs(num_fragments=3, sync_every=6, fragment_cut=cut)
+    params = [torch.zeros(s) for s in SHAPES]
+    rep = StreamingDiLoCoReplicator(knobs)
+    rep.setup(params, None, 2)
+    sizes = [p.numel() for p in params]
+    assert fragment_numels(sizes, 3, cut) == [sum(n) for n in rep.numels]
+
+
+@pytest.mark.parametrize(("outer_format", "op", "nbytes"), [
+    ("fp32", "all_reduce", 4000), ("bf16", "all_reduce", 2000),
+    ("int8", "all_gather", 1004), ("4bit", "all_gather", 504)])
+def test_outer_wire_payload_is_what_encode_packs(outer_format, op, nbytes):
+    from flexdemo.replicators.outer_wire import make_outer_wire
+
+    wire = make_outer_wire(outer_format)
+    payload, _ = wire.encode(torch.randn(1000))
+    assert wire.payload(1000) == (op, nbytes)
+    assert payload.numel() * payload.element_size() == nbytes
