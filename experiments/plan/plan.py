@@ -155,20 +155,26 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
     target = topologies[0]
     shape = Shape(min(target.nodes, 2), target.accelerators_per_node)
     period, kinds, delayed = _step_kinds(record, knobs)
-    traces = []
+    traces: dict[tuple, list] = {}
     for first, length, count, whole in kinds:
         trace = synthesize(record, knobs, model, shape, compute, precision, length,
                            replicas=target.nodes, backend=backend, first=first)
-        traces.append((trace, length, count, whole))
+        # Windows alike (Streaming DiLoCo's fragments of one size) replay once, counted twice.
+        key = (_signature(trace, first), length, whole)
+        if key in traces:
+            traces[key][2] += count
+        else:
+            traces[key] = [trace, length, count, whole]
     plan = MethodPlan(record.name, compute.total_s, period, _syncs(record, knobs, period),
                       memory(record, knobs, model, target.accelerators_per_node, target.nodes,
                              precision))
-    inter = [t.loc[t["inter"] & (t["kind"] == "collective"), "bytes"] for t, *_ in traces]
+    inter = [t.loc[t["inter"] & (t["kind"] == "collective"), "bytes"]
+             for t, *_ in traces.values()]
     plan = dataclasses.replace(plan, peak_exchange_bytes=int(max((b.max() for b in inter
                                                                   if len(b)), default=0)))
     for topology, label in zip(topologies, labels, strict=True):
         total_s = egress = 0.0
-        for trace, length, count, whole in traces:
+        for trace, length, count, whole in traces.values():
             replay = simulate(trace, topology, overlap="fsdp2", intra="model",
                               algorithm=algorithm)
             times = replay.frame["step_time_s"]
@@ -186,6 +192,14 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
         if progress is not None:
             progress(f"{record.name} at {label}")
     return plan
+
+
+def _signature(trace: pd.DataFrame, first: int) -> tuple:
+    """What sets a trace's replay apart from another's of the same method: its inter-node ops
+    (rank, step from its first, op, bytes, issue and wait moments), the rest being alike."""
+    inter = trace[trace["inter"] & (trace["kind"] == "collective")]
+    return tuple(zip(inter["rank"], inter["step"] - first, inter["op"], inter["bytes"],
+                     inter["start_s"].round(12), inter["wait_s"].round(12), strict=True))
 
 
 def _syncs(record: Method, knobs: object, period: int) -> int:
