@@ -235,8 +235,13 @@ def memory(record: Method, knobs: object, model: DeclaredModel, per_node: int, n
         return Memory(params, grads, adamw, 0, working)
     _, step = record.settings({})
     base = step.base or REPLICATORS[record.replicator].default_base
-    optimizer = adamw if base == "adamw" else 0
-    replicator = 0
+    return Memory(params, grads, adamw if base == "adamw" else 0,
+                  _replicator_memory(record, knobs, model, per_node, nodes, shard), working)
+
+
+def _replicator_memory(record: Method, knobs: object, model: DeclaredModel, per_node: int,
+                       nodes: int, shard: int) -> int:
+    """Bytes of the replicator's own state and buffers on local rank 0."""
     if isinstance(knobs, DeMoKnobs):
         shapes = local_shard_shapes(model, per_node, 0)
         plan = plan_exchange(shapes, [torch.float32] * len(shapes), knobs, nodes)
@@ -244,10 +249,8 @@ def memory(record: Method, knobs: object, model: DeclaredModel, per_node: int, n
         # (all-gather: every replica's bucket; dense: the buffer reduced in place).
         received = plan.dense_bytes if plan.dense else nodes * plan.bucket_bytes
         exchange = plan.payload_bytes + received
-        replicator = plan.dense_numel * 4 + exchange * (2 if knobs.delay == 1 else 1)
-    elif record.replicator == "diloco":
-        replicator = 2 * shard * 4  # the anchor and the outer momentum, fp32
-    elif isinstance(knobs, StreamingDiLoCoKnobs):
+        return plan.dense_numel * 4 + exchange * (2 if knobs.delay == 1 else 1)
+    if isinstance(knobs, StreamingDiLoCoKnobs):
         # Every fragment's anchor and outer momentum, the rounding residuals of a lossy wire,
         # and the largest fragment's sync in flight (all-gathered: every replica's payload).
         wire = REPLICATORS[record.replicator](knobs).wire
@@ -255,8 +258,10 @@ def memory(record: Method, knobs: object, model: DeclaredModel, per_node: int, n
         biggest = max(fragment_numels(sizes, knobs.num_fragments, knobs.fragment_cut))
         op, nbytes = wire.payload(biggest)
         in_flight = nbytes * (nodes if op == "all_gather" else 1)
-        replicator = 2 * shard * 4 + (shard * 4 if wire.lossy else 0) + in_flight
-    return Memory(params, grads, optimizer, replicator, working)
+        return 2 * shard * 4 + (shard * 4 if wire.lossy else 0) + in_flight
+    if record.replicator == "diloco":
+        return 2 * shard * 4  # the anchor and the outer momentum, fp32
+    return 0
 
 
 def bandwidth_needed(frame: pd.DataFrame, target: float) -> tuple[float | None, str]:
