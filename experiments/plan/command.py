@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments.config import load_site_file
 from experiments.errors import ConfigError
 from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
 from experiments.plan.models import declare_model
@@ -28,7 +29,8 @@ from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan
 from experiments.plan.synth import PLANNED_METHODS, Precision
 from flexdemo.methods import METHODS, method_record
 from netsim.costs import ALGORITHM_CHOICES
-from netsim.topology import Topology
+from netsim.sites import hierarchy_line
+from netsim.topology import Link, Topology
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
 
 __all__ = ["configure", "main", "parse_bandwidths", "parse_sets"]
@@ -61,9 +63,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (with --gpu)")
     parser.add_argument("--gpu-memory", default=None,
                         help="memory per GPU, e.g. 80GB (default: the --gpu table's)")
-    parser.add_argument("--inter-bw", nargs="+", required=True, metavar="BW",
+    parser.add_argument("--inter-bw", nargs="+", default=None, metavar="BW",
                         help="inter-node bandwidth: one rate, several, or A:B:COUNT log-spaced")
-    parser.add_argument("--inter-lat", required=True, help="inter-node latency, e.g. 5ms")
+    parser.add_argument("--inter-lat", default=None, help="inter-node latency, e.g. 5ms")
+    parser.add_argument("--topology", default=None, metavar="FILE",
+                        help="a site file (TOML, as simulate's) instead of --inter-bw and "
+                             "--inter-lat: the nodes in sites, their links and round trips")
     parser.add_argument("--intra-bw", default="100GB/s",
                         help="intra-node bandwidth (default 100GB/s, NVLink-class)")
     parser.add_argument("--intra-lat", default="5us", help="intra-node latency (default 5us)")
@@ -145,6 +150,12 @@ def _check(args: argparse.Namespace) -> None:
         if method not in PLANNED_METHODS:
             raise ConfigError(f"--method {method!r} has no synthesized program yet; plan one "
                               f"of {', '.join(PLANNED_METHODS)}.")
+    if args.topology is None and (args.inter_bw is None or args.inter_lat is None):
+        raise ConfigError("give the inter-node network: --inter-bw and --inter-lat, or a site "
+                          "file as --topology.")
+    if args.topology is not None and (args.inter_bw is not None or args.inter_lat is not None):
+        raise ConfigError(f"--topology {args.topology} sets the links between nodes; leave out "
+                          "--inter-bw and --inter-lat.")
     if len(set(args.method)) != len(args.method):
         raise ConfigError(f"--method lists a method twice ({' '.join(args.method)}).")
     if args.step_time is not None:
@@ -175,8 +186,7 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[float | None, str]:
 def main(args: argparse.Namespace) -> int:
     """Plan every method on every bandwidth, print the figures and assumptions, write --out."""
     _check(args)
-    rates = parse_bandwidths(args.inter_bw)
-    latency = parse_latency(args.inter_lat)
+    topologies, labels, network = _network(args)
     own, knobs = parse_sets(args.set, args.method)
     precision = Precision(own.get("param_dtype", "bf16"), own.get("reduce_dtype", "fp32"))
     optimizer_s = _seconds(own.get("optimizer_s", "0"))
@@ -193,16 +203,13 @@ def main(args: argparse.Namespace) -> int:
                                args.seq, optimizer_s)
     else:
         compute = given_compute(unit_params, args.step_time, optimizer_s)
-    labels = [format_bandwidth(r) for r in rates]
-    topologies = [Topology.from_strings(args.nodes, args.gpus_per_node, r, latency,
-                                        args.intra_bw, args.intra_lat) for r in rates]
     plans = [plan_method(method_record(m), settings[m], model, topologies, labels, compute,
                          precision, args.algorithm, backend=backend) for m in args.method]
     frame = pd.concat([p.frame() for p in plans], ignore_index=True)
     frame["memory_over"] = (frame["memory_per_gpu_bytes"] > memory_cap
                             if memory_cap is not None else False)
-    needed = _needed_table(plans, frame)
-    assumptions = _assumptions(args, model, compute, precision, latency, memory_source,
+    needed = _needed_table(plans, frame) if args.topology is None else pd.DataFrame()
+    assumptions = _assumptions(args, model, compute, precision, network, memory_source,
                                plans, settings)
     _print(args, frame, needed, plans, assumptions, memory_cap)
     _write(Path(args.out), frame, needed, assumptions)
@@ -233,7 +240,26 @@ def _needed_table(plans: list[MethodPlan], frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _assumptions(args: argparse.Namespace, model, compute, precision: Precision, latency: float,
+def _network(args: argparse.Namespace) -> tuple[list[Topology], list[str], str]:
+    """The target topologies (one per bandwidth, or the site file's), their labels, in words."""
+    if args.topology is not None:
+        sites = load_site_file(args.topology)
+        if sites.nodes != args.nodes:
+            raise ConfigError(f"--topology {args.topology} holds {sites.nodes} nodes but --nodes "
+                              f"is {args.nodes}; give --nodes {sites.nodes}.")
+        intra = Link(parse_bandwidth(args.intra_bw), parse_latency(args.intra_lat))
+        topology = Topology.on_sites(sites, args.gpus_per_node, intra)
+        return [topology], [f"sites:{Path(args.topology).name}"], (
+            f"inter-node: the sites of {args.topology} ({hierarchy_line(sites)})")
+    rates = parse_bandwidths(args.inter_bw)
+    latency = parse_latency(args.inter_lat)
+    topologies = [Topology.from_strings(args.nodes, args.gpus_per_node, r, latency,
+                                        args.intra_bw, args.intra_lat) for r in rates]
+    return topologies, [format_bandwidth(r) for r in rates], (
+        f"inter-node: {len(rates)} bandwidth(s), {latency * 1e3:g} ms a message (declared)")
+
+
+def _assumptions(args: argparse.Namespace, model, compute, precision: Precision, network: str,
                  memory_source: str, plans: list[MethodPlan], settings: dict) -> list[str]:
     """Every assumption behind the figures, one line each."""
     lines = [model.describe() + "; FSDP2 units as flexdemo.parallelize wraps it",
@@ -242,8 +268,7 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
              "spanning every node",
              compute.rule,
              precision.describe(),
-             f"intra-node: {args.intra_bw}, {args.intra_lat} a message (declared); inter-node: "
-             f"{len(plans[0].points)} bandwidth(s), {latency * 1e3:g} ms (declared); "
+             f"intra-node: {args.intra_bw}, {args.intra_lat} a message (declared); {network}; "
              f"algorithm {args.algorithm}",
              "FSDP2 prefetch: each unit's all-gather overlaps the previous unit's compute "
              "(forward and backward); nothing is measured, everything is declared",
@@ -287,6 +312,19 @@ def _print(args: argparse.Namespace, frame: pd.DataFrame, needed: pd.DataFrame,
               f"optimizer {m.optimizer / 1e9:.4g} GB, replicator {m.replicator / 1e9:.4g} GB, "
               f"FSDP2 working set {m.working / 1e9:.4g} GB = {m.total / 1e9:.4g} GB{over}",
               file=out)
+    if needed.empty:
+        print("\nbandwidth needed: not asked (one network, the site file's, no bandwidth grid)",
+              file=out)
+    else:
+        _print_needed(needed, plans)
+    print("\nassumptions:", file=out)
+    for line in assumptions:
+        print(f"  {line}", file=out)
+
+
+def _print_needed(needed: pd.DataFrame, plans: list[MethodPlan]) -> None:
+    """The table of the bandwidth each method needs per target utilization, and how found."""
+    out = sys.stdout
     print("\nbandwidth needed for a compute utilization of:", file=out)
     table = needed.assign(target_cu=needed["target_cu"].map(lambda v: f"{v:.0%}"),
                           inter_bw=needed["inter_bw"].fillna("-"))
@@ -295,9 +333,6 @@ def _print(args: argparse.Namespace, frame: pd.DataFrame, needed: pd.DataFrame,
     cells = wide.astype(str) + " (" + how.astype(str) + ")"
     cells = cells.where(wide != "-", how)
     print(cells.loc[[p.method for p in plans]].to_string(), file=out)
-    print("\nassumptions:", file=out)
-    for line in assumptions:
-        print(f"  {line}", file=out)
 
 
 def _write(path: Path, frame: pd.DataFrame, needed: pd.DataFrame, assumptions: list[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from experiments.cli import main
 from experiments.plan.command import parse_bandwidths
 
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "gpt:dim=128,layers=2,heads=4,vocab=512,ffn=256,tied=true"
 BASE = ["plan", "--model", MODEL, "--nodes", "4", "--gpus-per-node", "2",
         "--inter-lat", "1ms"]
@@ -103,6 +105,23 @@ def test_bad_models_methods_and_outputs_are_refused(tmp_path, capsys, argv, word
     assert main(args) == 2
     assert words in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_site_file_is_the_network(tmp_path, capsys):
+    sites = ROOT / "experiments/configs/sites.toml"  # 2 sites of 8 nodes
+    args = ["plan", "--model", MODEL, "--method", "hsdp-adamw", "diloco", "--nodes", "16",
+            "--gpus-per-node", "2", "--step-time", "0.1", "--topology", str(sites)]
+    assert main([*args, "--out", str(tmp_path / "s.csv")]) == 0
+    frame = pd.read_csv(tmp_path / "s.csv")
+    assert list(frame["inter_bw"]) == ["sites:sites.toml"] * 2
+    out = capsys.readouterr().out
+    assert "hierarchical" in out and "no bandwidth grid" in out
+    args[args.index("16")] = "4"
+    assert main([*args, "--out", str(tmp_path / "t.csv")]) == 2
+    assert "holds 16 nodes but --nodes is 4" in capsys.readouterr().err
+    assert main([*args, "--inter-lat", "1ms", "--out", str(tmp_path / "t.csv")]) == 2
+    assert "leave out --inter-bw and --inter-lat" in capsys.readouterr().err
+    assert not (tmp_path / "t.csv").exists()
 
 
 def test_bandwidth_ranges_are_log_spaced():
