@@ -283,7 +283,13 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
         period = (f"; utilization over a period of {p.period} steps, "
                   f"{p.exchanges_per_period} with the exchange" if p.period > 1 else "")
         lines.append(f"{p.method}: {knob_text or 'FSDP2 all-reduce across nodes'}{period}")
-    lines.extend(plans[0].notes)
+    seen: set[str] = set()
+    for p in plans:  # each method's replay notes; the ones every method shares, once
+        for note in p.notes:
+            line = f"{p.method}: {note}" if note.startswith("inter-node algorithm") else note
+            if line not in seen:
+                seen.add(line)
+                lines.append(line)
     return lines
 
 
