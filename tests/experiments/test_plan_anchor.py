@@ -1,11 +1,11 @@
 """The plan of lm-tiny at 2 x 2 holds, step by step, the bytes its recordings hold.
 
-The recordings are results/quick's (CPU gloo, no mixed precision: everything fp32). The plan is
-made at their shape with param_dtype=reduce_dtype=fp32 and gloo's algorithms (its reduce-scatter
-runs as an all-reduce, which sets the wire bytes), so every collective's payload and wire bytes
-must be the recording's. A step right after an evaluation is the one exception, and a known
-one: the evaluation's forward left the root unit gathered, so the recording lacks that step's
-first all-gather (the root's).
+The recordings are results/quick's and results/overlap's (CPU gloo, no mixed precision:
+everything fp32). The plan is made at their shape and knobs with param_dtype=reduce_dtype=fp32
+and gloo's algorithms (its reduce-scatter runs as an all-reduce, which sets the wire bytes), so
+every collective's payload and wire bytes must be the recording's. A step right after an
+evaluation is the one exception, and a known one: the evaluation's forward left the root unit
+gathered, so the recording lacks that step's first all-gather (the root's).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from experiments.plan.models import declare_model
 from experiments.plan.synth import Precision, Shape, synthesize
 from flexdemo.methods import method_record
 
-UNITS = Path(__file__).resolve().parents[2] / "results/quick/units"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def _per_step(trace: pd.DataFrame) -> pd.Series:
@@ -32,20 +32,24 @@ def _per_step(trace: pd.DataFrame) -> pd.Series:
                                    g["bytes_received"], strict=True))))
 
 
-@pytest.mark.parametrize("method", ["hsdp-adamw", "flexdemo", "diloco"])
-def test_plan_holds_the_recorded_bytes(method):
-    recorded_dir = UNITS / f"{method}-s0"
+@pytest.mark.parametrize("unit", ["quick/units/hsdp-adamw-s0", "quick/units/flexdemo-s0",
+                                  "quick/units/diloco-s0",
+                                  "overlap/units/flexdemo-async-lookahead=True-s0",
+                                  "overlap/units/streaming-diloco-s0"])
+def test_plan_holds_the_recorded_bytes(unit):
+    recorded_dir = RESULTS / unit
     recorded = pd.read_parquet(recorded_dir / "trace.parquet")
+    config = json.loads((recorded_dir / "run.json").read_text())["config"]
     steps = int(recorded["step"].max())
-    model = declare_model("lm-tiny")
-    record = method_record(method)
-    knobs, _ = record.settings({})
+    model = declare_model(config["workload"])
+    record = method_record(config["method"])
+    knobs, _ = record.settings({k: config[k] for k in record.takes if k in config})
     compute = given_compute([model.unit_params(u) for u in range(len(model.units))], 0.1)
     planned = synthesize(record, knobs, model, Shape(2, 2), compute, Precision("fp32", "fp32"),
                          steps, backend="gloo")
     ours, theirs = _per_step(planned), _per_step(recorded)
     assert set(ours.index) == set(theirs.index)
-    evals = int(json.loads((recorded_dir / "run.json").read_text())["config"]["eval_every"])
+    evals = int(config["eval_every"])
     root_gather = ("all_gather", False, model.unit_params(len(model.units) - 1) // 2 * 4)
     exact = 0
     for key in theirs.index:
