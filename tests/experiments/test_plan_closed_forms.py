@@ -99,3 +99,24 @@ def test_streaming_diloco_hides_a_sync_that_fits_its_delay():
     one = ring_all_reduce_time(NODES, model.params * 4 // 4, Link(100 * GBIT, 0.0))
     assert one < 2 * 0.5
     assert plan.points[0].step_time_s == pytest.approx(quiet.points[0].step_time_s, rel=1e-3)
+
+
+def test_memory_parts_by_hand():
+    from experiments.plan.models import padded_shard_elements
+    from experiments.plan.plan import memory
+
+    model = declare_model(MODEL)
+    shard = sum(padded_shard_elements(s, 8) for unit in model.units for s in unit)
+    precision = Precision()
+    hsdp = memory(method_record("hsdp-adamw"), None, model, 8, NODES, precision)
+    assert (hsdp.params, hsdp.grads, hsdp.optimizer, hsdp.replicator) == (
+        4 * shard, 4 * shard, 8 * shard, 0)
+    block, root = model.unit_params(0), model.unit_params(len(model.units) - 1)
+    assert hsdp.working == (root + 2 * block) * 2 + block * 4  # bf16 gathered, fp32 gradient
+    record = method_record("diloco")
+    diloco = memory(record, record.settings({})[0], model, 8, NODES, precision)
+    assert diloco.replicator == 8 * shard and diloco.optimizer == 8 * shard
+    record = method_record("flexdemo")
+    flex = memory(record, record.settings({})[0], model, 8, NODES, precision)
+    assert flex.optimizer == 0  # the sign step keeps no moments
+    assert flex.replicator > 4 * shard  # the momentum, plus every replica's bucket
