@@ -27,6 +27,7 @@ from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rul
 from experiments.plan.models import declare_model
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
 from experiments.plan.synth import PLANNED_METHODS, Precision
+from experiments.replay.compute_profile import load_profile
 from flexdemo.methods import METHODS, method_record
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.sites import hierarchy_line
@@ -56,6 +57,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     compute.add_argument("--gpu", help=f"GPU kind: {', '.join(GPUS)}")
     compute.add_argument("--step-time", type=float, metavar="S",
                          help="compute seconds per step, as given")
+    compute.add_argument("--compute-profile", default=None, metavar="P",
+                         help="a `flexbench profile-compute` file of the same model: its "
+                              "forward+backward and optimizer seconds per step")
     parser.add_argument("--mfu", type=float, default=None,
                         help=f"model FLOPs utilization with --gpu (default {DEFAULT_MFU})")
     parser.add_argument("--batch", type=int, default=None,
@@ -158,11 +162,11 @@ def _check(args: argparse.Namespace) -> None:
                           "--inter-bw and --inter-lat.")
     if len(set(args.method)) != len(args.method):
         raise ConfigError(f"--method lists a method twice ({' '.join(args.method)}).")
-    if args.step_time is not None:
+    if args.step_time is not None or args.compute_profile is not None:
         for flag, value in (("--mfu", args.mfu), ("--batch", args.batch), ("--seq", args.seq)):
             if value is not None:
-                raise ConfigError(f"{flag} sizes the compute with --gpu; --step-time gives it "
-                                  "already, so leave it out.")
+                raise ConfigError(f"{flag} sizes the compute with --gpu; --step-time or "
+                                  "--compute-profile gives it already, so leave it out.")
     elif args.batch is None or args.seq is None:
         raise ConfigError("--gpu needs --batch and --seq (sequences per GPU and tokens per "
                           "sequence) for the 6 x N x tokens rule.")
@@ -188,6 +192,7 @@ def main(args: argparse.Namespace) -> int:
     _check(args)
     topologies, labels, network = _network(args)
     own, knobs = parse_sets(args.set, args.method)
+    args.set_keys = set(own)
     precision = Precision(own.get("param_dtype", "bf16"), own.get("reduce_dtype", "fp32"))
     optimizer_s = _seconds(own.get("optimizer_s", "0"))
     backend = own.get("backend", "nccl")
@@ -201,6 +206,8 @@ def main(args: argparse.Namespace) -> int:
         compute = rule_compute(unit_params, gpu(args.gpu),
                                DEFAULT_MFU if args.mfu is None else args.mfu, args.batch,
                                args.seq, optimizer_s)
+    elif args.compute_profile is not None:
+        compute = _profiled(args, unit_params, optimizer_s)
     else:
         compute = given_compute(unit_params, args.step_time, optimizer_s)
     plans = [plan_method(method_record(m), settings[m], model, topologies, labels, compute,
@@ -215,6 +222,29 @@ def main(args: argparse.Namespace) -> int:
     _write(Path(args.out), frame, needed, assumptions)
     print(f"wrote {args.out}")
     return 0
+
+
+def _profiled(args: argparse.Namespace, unit_params: list[int], optimizer_s: float):
+    """Compute per step from a profile-compute file, refused for another model or shape."""
+    profile = load_profile(args.compute_profile)
+    if profile.workload != args.model:
+        raise ConfigError(f"--compute-profile {args.compute_profile} was measured on workload "
+                          f"{profile.workload!r}, not on --model {args.model!r}; profile the "
+                          "model you plan.")
+    if profile.gpus_per_node != args.gpus_per_node:
+        raise ConfigError(f"--compute-profile {args.compute_profile} was measured at "
+                          f"{profile.gpus_per_node} GPUs per node, not --gpus-per-node "
+                          f"{args.gpus_per_node}; profile at the planned shape.")
+    if "optimizer_s" in args.set_keys:
+        raise ConfigError("--set optimizer_s and --compute-profile both give the optimizer "
+                          "step's seconds; give one.")
+    del optimizer_s
+    fb, opt = profile.phase_seconds
+    compute = given_compute(unit_params, fb, opt)
+    rule = compute.rule.replace(f"{fb:g} s per step as given (--step-time)",
+                                f"{fb:g} s forward+backward per step measured for "
+                                f"{profile.method} ({profile.describe()})")
+    return dataclasses.replace(compute, rule=rule)
 
 
 def _seconds(text: str) -> float:

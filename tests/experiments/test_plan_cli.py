@@ -124,6 +124,32 @@ def test_a_site_file_is_the_network(tmp_path, capsys):
     assert not (tmp_path / "t.csv").exists()
 
 
+def _profile(path: Path, workload: str = "lm-tiny", gpus_per_node: int = 2) -> Path:
+    from experiments.replay.compute_profile import FORMAT
+
+    path.write_text(json.dumps({
+        "format": FORMAT, "workload": workload, "method": "flexdemo", "batch_size": 16,
+        "nodes": 1, "gpus_per_node": gpus_per_node, "device": "cuda", "device_name": "H100",
+        "backend": "nccl", "torch_version": "2.13", "measured_at": "2026-12-01", "steps": 20,
+        "forward_backward_s": 0.3, "optimizer_s": 0.05}))
+    return path
+
+
+def test_a_compute_profile_sets_the_compute(tmp_path, capsys):
+    profile = _profile(tmp_path / "profile.json")
+    args = ["plan", "--model", "lm-tiny", "--method", "flexdemo", "--nodes", "2",
+            "--gpus-per-node", "2", "--inter-bw", "1Gbit", "--inter-lat", "1ms",
+            "--compute-profile", str(profile)]
+    assert main([*args, "--out", str(tmp_path / "p.csv")]) == 0
+    assert pd.read_csv(tmp_path / "p.csv")["compute_s"].iloc[0] == pytest.approx(0.35)
+    assert "measured for flexdemo (profiled on H100" in capsys.readouterr().out
+    other = _profile(tmp_path / "other.json", workload="lm-small")
+    args[args.index(str(profile))] = str(other)
+    assert main([*args, "--out", str(tmp_path / "q.csv")]) == 2
+    assert "not on --model 'lm-tiny'" in capsys.readouterr().err
+    assert not (tmp_path / "q.csv").exists()
+
+
 def test_bandwidth_ranges_are_log_spaced():
     rates = parse_bandwidths(["1Gbit:100Gbit:3", "5Gbit"])
     assert rates == pytest.approx([1e9 / 8, 5e9 / 8, 10e9 / 8, 100e9 / 8])
