@@ -148,20 +148,35 @@ def _check(args: argparse.Namespace) -> None:
     for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
         if value < 1:
             raise ConfigError(f"{flag} {value} must be a whole number >= 1.")
-    for method in args.method:
+    _check_methods(args.method)
+    _check_network(args)
+    _check_compute(args)
+
+
+def _check_methods(methods: list[str]) -> None:
+    """Known methods, each planned, none twice."""
+    for method in methods:
         if method not in METHODS:
             raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}.")
         if method not in PLANNED_METHODS:
             raise ConfigError(f"--method {method!r} has no synthesized program yet; plan one "
                               f"of {', '.join(PLANNED_METHODS)}.")
+    if len(set(methods)) != len(methods):
+        raise ConfigError(f"--method lists a method twice ({' '.join(methods)}).")
+
+
+def _check_network(args: argparse.Namespace) -> None:
+    """A bandwidth grid and latency, or a site file: one of the two."""
     if args.topology is None and (args.inter_bw is None or args.inter_lat is None):
         raise ConfigError("give the inter-node network: --inter-bw and --inter-lat, or a site "
                           "file as --topology.")
     if args.topology is not None and (args.inter_bw is not None or args.inter_lat is not None):
         raise ConfigError(f"--topology {args.topology} sets the links between nodes; leave out "
                           "--inter-bw and --inter-lat.")
-    if len(set(args.method)) != len(args.method):
-        raise ConfigError(f"--method lists a method twice ({' '.join(args.method)}).")
+
+
+def _check_compute(args: argparse.Namespace) -> None:
+    """The rule's flags only with --gpu, and all of them there."""
     if args.step_time is not None or args.compute_profile is not None:
         for flag, value in (("--mfu", args.mfu), ("--batch", args.batch), ("--seq", args.seq)):
             if value is not None:

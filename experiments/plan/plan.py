@@ -35,7 +35,7 @@ from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
 from flexdemo.replicators.demo import plan_exchange
 from flexdemo.replicators.streaming_diloco import fragment_numels
-from netsim.model import OVERLAP_NOTE, algorithm_summary, simulate
+from netsim.model import OVERLAP_NOTE, algorithm_summary, simulate_each
 from netsim.topology import Topology
 
 __all__ = ["CU_TARGETS", "MethodPlan", "Memory", "PlanPoint", "bandwidth_needed", "memory",
@@ -172,25 +172,26 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
              for t, *_ in traces.values()]
     plan = dataclasses.replace(plan, peak_exchange_bytes=int(max((b.max() for b in inter
                                                                   if len(b)), default=0)))
-    for topology, label in zip(topologies, labels, strict=True):
-        total_s = egress = 0.0
-        for trace, length, count, whole in traces.values():
-            replay = simulate(trace, topology, overlap="fsdp2", intra="model",
-                              algorithm=algorithm)
+    totals = [[0.0, 0.0] for _ in topologies]  # per topology: seconds and egress per period
+    for trace, length, count, whole in traces.values():
+        replays = simulate_each(trace, topologies, overlap="fsdp2", intra="model",
+                                algorithm=algorithm)
+        for total, replay in zip(totals, replays, strict=True):
             times = replay.frame["step_time_s"]
             if whole:  # a window: every step of it, and every byte it sent
-                total_s += float(times.sum()) * count
-                egress += replay.node_egress_bytes * count
+                total[0] += float(times.sum()) * count
+                total[1] += replay.node_egress_bytes * count
             else:  # the last step is the steady state (a carried exchange arrives in it)
-                total_s += float(times.iloc[-1]) * count
+                total[0] += float(times.iloc[-1]) * count
                 # A carried exchange's steps each send one: the egress per step is the mean.
-                egress += replay.node_egress_bytes / length * count
-            if not plan.notes:
-                plan.notes.extend(_replay_notes(replay, delayed))
-        plan.points.append(PlanPoint(label, topology.inter.bandwidth, total_s / period,
-                                     egress / period))
+                total[1] += replay.node_egress_bytes / length * count
+        if not plan.notes:
+            plan.notes.extend(_replay_notes(replays[0], delayed))
         if progress is not None:
-            progress(f"{record.name} at {label}")
+            progress(f"{record.name}: {len(topologies)} networks")
+    for (seconds, egress), topology, label in zip(totals, topologies, labels, strict=True):
+        plan.points.append(PlanPoint(label, topology.inter.bandwidth, seconds / period,
+                                     egress / period))
     return plan
 
 
@@ -244,7 +245,7 @@ def _replicator_memory(record: Method, knobs: object, model: DeclaredModel, per_
     """Bytes of the replicator's own state and buffers on local rank 0."""
     if isinstance(knobs, DeMoKnobs):
         shapes = local_shard_shapes(model, per_node, 0)
-        plan = plan_exchange(shapes, [torch.float32] * len(shapes), knobs, nodes)
+        plan = plan_exchange(list(shapes), [torch.float32] * len(shapes), knobs, nodes)
         # The momentum (every coefficient, fp32), this rank's bucket and what it receives
         # (all-gather: every replica's bucket; dense: the buffer reduced in place).
         received = plan.dense_bytes if plan.dense else nodes * plan.bucket_bytes

@@ -24,6 +24,7 @@ issued, returned at once): the replay times them. Compute is the gaps between th
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,7 +89,9 @@ class Shape:
         return self.nodes * self.per_node
 
 
-def local_shard_shapes(model: DeclaredModel, per_node: int, local: int) -> list[tuple[int, ...]]:
+@functools.lru_cache(maxsize=64)
+def local_shard_shapes(model: DeclaredModel, per_node: int,
+                       local: int) -> tuple[tuple[int, ...], ...]:
     """Every parameter's local FSDP2 shard on local rank `local` (unpadded), in the order the
     optimizer is handed them (``model.parameters()``)."""
     shapes = model.shapes or tuple(shape for unit in model.units for shape in unit)
@@ -96,7 +99,7 @@ def local_shard_shapes(model: DeclaredModel, per_node: int, local: int) -> list[
     for shape in shapes:
         full = tuple(shape) or (1,)
         out.append((shard_rows(full[0], per_node, local), *full[1:]))
-    return out
+    return tuple(out)
 
 
 def outer_bytes(model: DeclaredModel, per_node: int, local: int, itemsize: int = 4) -> int:
@@ -113,6 +116,12 @@ def schedule(record: Method, knobs: object) -> tuple[int, Callable[[int], bool]]
     skip = replicator.skip_every
     period = every if skip is None else math.lcm(every, skip)
     return period, replicator.replicates_on
+
+
+@functools.lru_cache(maxsize=4096)
+def _volume(op: str, size: int, nbytes: int, algorithm: str) -> object:
+    """netsim's wire bytes of one op (the same few sizes recur in every step)."""
+    return collective_volume(op, size, nbytes, algorithm)
 
 
 class _Rank:
@@ -150,7 +159,7 @@ class _Rank:
         group = self.replicate if inter else self.intra
         size = self.shape.nodes if inter else self.shape.per_node
         algorithm = default_algorithm(op, self.backend)
-        volume = collective_volume(op, size, nbytes, algorithm)
+        volume = _volume(op, size, int(nbytes), algorithm)
         return self._row(kind="collective", op=op, group=group, group_size=size, inter=inter,
                          algorithm=algorithm, bytes=int(nbytes),
                          bytes_sent=float(volume.bytes_sent),
@@ -244,11 +253,20 @@ def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape
                           f"of {', '.join(PLANNED_METHODS)}.")
     sizes = _Sizes(model, shape.per_node, precision)
     exchange = exchanges(record, knobs, model, shape.per_node, replicas or shape.nodes)
-    rows: list[dict] = []
-    for r in range(shape.world):
-        rank = _Rank(r, shape, backend)
+    # Every rank runs the same FSDP2 program; only the exchange's payload may differ from one
+    # local rank to another (FSDP2's last shards can be short). One rank's rows stand for all
+    # the ranks whose exchange is the same, relabelled.
+    steps_run = range(first, first + steps)
+    alike: dict[tuple, list[int]] = {}
+    for local in range(shape.per_node):
+        posts = tuple(tuple(exchange.posts(s, local)) for s in steps_run) if shape.nodes > 1 \
+            else ()
+        alike.setdefault(posts, []).append(local)
+    frames = []
+    for locals_ in alike.values():
+        rank = _Rank(locals_[0], shape, backend)
         in_flight: dict[object, dict] = {}
-        for step in range(first, first + steps):
+        for step in steps_run:
             begin = rank.begin(step)
             _fsdp2_step(rank, sizes, compute, record.inter_all_reduce)
             rank.compute(compute.optimizer_s / 2)
@@ -258,8 +276,26 @@ def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape
             rank.end(begin)
         for row in in_flight.values():  # the run's drain: waited on after its last step
             row["wait_s"] = row["end_s"] = rank.t + _DECODE_S
-        rows.extend(rank.rows)
-    return pd.DataFrame(rows, columns=list(TRACE_COLUMNS)).astype(TRACE_COLUMNS)
+        template = pd.DataFrame(rank.rows, columns=list(TRACE_COLUMNS))
+        frames.extend(_relabelled(template, shape, node, local)
+                      for node in range(shape.nodes) for local in locals_)
+    trace = pd.concat(frames, ignore_index=True).astype(TRACE_COLUMNS)
+    return trace.sort_values(["rank", "seq"], kind="stable", ignore_index=True)
+
+
+def _relabelled(template: pd.DataFrame, shape: Shape, node: int, local: int) -> pd.DataFrame:
+    """One rank's rows as another rank's: its rank, node, local index and groups."""
+    frame = template.copy()
+    rank = node * shape.per_node + local
+    frame["rank"], frame["node"], frame["local"] = rank, node, local
+    collective = frame["kind"] == "collective"
+    inter = frame["inter"].astype(bool)
+    first = node * shape.per_node
+    frame.loc[collective & ~inter, "group"] = ",".join(
+        str(first + j) for j in range(shape.per_node))
+    frame.loc[collective & inter, "group"] = ",".join(
+        str(local + k * shape.per_node) for k in range(shape.nodes))
+    return frame
 
 
 def _exchange_step(rank: _Rank, exchange: Exchange, step: int,
