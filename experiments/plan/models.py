@@ -191,13 +191,17 @@ def declare_model(spec: str) -> DeclaredModel:
     if spec.startswith("gpt:"):
         sizes = parse_gpt(spec)
         return _declared(spec, _build_decoder(sizes), f"built-in decoder {sizes.spec()}")
+    if spec.endswith(".json"):
+        return _declared(spec, _from_hf_config(spec), f"Hugging Face config {spec} built by "
+                         "transformers on the meta device")
     if ":" in spec:
         return _declared(spec, _from_factory(spec), f"factory {spec} built on the meta device")
     raise ConfigError(f"--model {spec!r} is unknown; {_KNOWN}.")
 
 
 _KNOWN = (f"use a preset ({', '.join(PRESETS)}), a built-in workload "
-          f"({', '.join(WORKLOAD_NAMES)}), {_GPT_EXAMPLE} or your own module:function")
+          f"({', '.join(WORKLOAD_NAMES)}), {_GPT_EXAMPLE}, your own module:function or a "
+          "Hugging Face config.json")
 
 
 def parse_gpt(spec: str) -> GPTSizes:
@@ -235,6 +239,23 @@ def _gpt_value(spec: str, key: str, value: str) -> int | bool:
 def _build_decoder(sizes: GPTSizes) -> nn.Module:
     with torch.device("meta"):  # shapes only: a 405B model costs no memory
         return Decoder(sizes)
+
+
+def _from_hf_config(spec: str) -> nn.Module:
+    """A Hugging Face config.json's causal language model, built by transformers on meta."""
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(f"--model {spec!r}: reading a Hugging Face config.json needs the "
+                          "optional transformers package, which is not installed; install it "
+                          "or give the sizes as gpt:dim=...,layers=....") from None
+    try:
+        config = transformers.AutoConfig.from_pretrained(spec)
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--model {spec!r} is not a config.json transformers can build: "
+                          f"{err}") from None
 
 
 def _from_factory(spec: str) -> nn.Module:

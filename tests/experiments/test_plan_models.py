@@ -82,6 +82,18 @@ def test_bad_models_are_one_sentence(spec, words):
     assert str(err.value).count(". ") == 0
 
 
+def test_a_hugging_face_config_needs_transformers(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "llama"}')
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="needs the optional transformers package"):
+            declare_model(str(config))
+    else:
+        pytest.skip("transformers is installed: the refusal does not apply")
+
+
 def test_shards_follow_torch_chunk():
     assert [shard_rows(10, 4, j) for j in range(4)] == [3, 3, 3, 1]
     assert [shard_rows(2, 4, j) for j in range(4)] == [1, 1, 0, 0]
