@@ -15,7 +15,10 @@ the root kept gathered through the backward):
   overlap "fsdp2" streams them alongside the following backward;
 - after the "backward" mark: the optimizer step and the method's own exchange (the DeMo
   family's top-k, sized by `flexdemo.replicators.demo.plan_exchange`, the code the optimizer
-  sets itself up with; DiLoCo's outer all-reduce of the shard every H steps).
+  sets itself up with; DiLoCo's outer all-reduce of the shard every H steps; Streaming
+  DiLoCo's fragment syncs, cut by `fragment_numels` and sized by the outer wire's `payload`,
+  posted and applied on the replicator's own schedule). An exchange waited on in a later step
+  than the one that posted it is carried there, as a recording holds it.
 
 FSDP2's mixed precision sets the sizes: all-gathers carry `param_dtype`, reduce-scatters and
 hsdp-adamw's all-reduce `reduce_dtype`. Collectives take no time in the trace (waited on as
