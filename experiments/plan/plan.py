@@ -96,6 +96,9 @@ class MethodPlan:
                 "compute_utilization": self.compute_s / p.step_time_s,
                 "exposed_comm_s": max(0.0, p.step_time_s - self.compute_s),
                 "bytes_per_node_step": p.bytes_per_node_step,
+                # One outer round (a DiLoCo sync, a fragment's): a period's bytes per exchange.
+                "bytes_per_node_round": p.bytes_per_node_step * self.period
+                / max(1, self.exchanges_per_period),
                 "memory_per_gpu_bytes": self.memory.total, "period_steps": self.period,
                 "peak_exchange_bytes": self.peak_exchange_bytes,
             })

@@ -47,6 +47,10 @@ def test_diloco_exposes_one_outer_all_reduce_every_h_steps():
     outer = ring_all_reduce_time(NODES, model.params * 4, Link(GBIT, 0.0))
     assert (plan.period, plan.exchanges_per_period) == (h, 1)
     assert plan.points[0].step_time_s == pytest.approx(step_s + outer / h, rel=1e-3)
+    row = plan.frame().iloc[0]
+    assert row["bytes_per_node_round"] == pytest.approx(
+        2 * (NODES - 1) / NODES * model.params * 4, rel=1e-6)
+    assert row["bytes_per_node_step"] == pytest.approx(row["bytes_per_node_round"] / h)
 
 
 def test_full_overlap_leaves_the_last_units_reduction_exposed():
