@@ -6,6 +6,8 @@
     flexbench compare results/quick --inter-bw 200Mbit --inter-lat 30ms --out cmp.json
     flexbench validate-sim --calibration calibration.json
     flexbench profile-compute --workload lm-small --method flexdemo --out profile.json
+    flexbench plan --model llama3-8b --method hsdp-adamw flexdemo --nodes 4 --gpus-per-node 8 \
+        --gpu h100 --batch 2 --seq 4096 --inter-bw 1Gbit:400Gbit:12 --inter-lat 5ms --out p.csv
     flexbench sweep experiments/configs/quick.toml
     flexbench report results/quick
     flexbench check-comm
@@ -31,6 +33,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("experiments.replay.calibrate", "fit the model's goodput and per-message cost"),
     "profile-compute": ("experiments.replay.compute_profile",
                         "time a step's compute phases on this machine's device, for simulate"),
+    "plan": ("experiments.plan.command",
+             "step time, utilization, bytes and memory of methods on a declared model and "
+             "cluster"),
     "sweep": ("experiments.sweep", "methods x networks x seeds: time-to-target-loss"),
     "report": ("experiments.report", "figures and tables from a sweep's results"),
     "check-comm": ("experiments.check_comm", "fail when a method sends more bytes"),

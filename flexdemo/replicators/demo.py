@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ..chunking import BlockLayout
-from ..codec import topk_encode
+from ..codec import clamp_topk, topk_encode
 from ..formats import make_format
 from ..knobs import DeMoKnobs
 from ..wire import (
@@ -58,6 +58,94 @@ def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Group) -> obje
     # torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return gather(out, inp, group=group, async_op=True)
+
+
+GroupKey = tuple[int, int, torch.dtype]  # (c1, c2, dtype) of a block group
+
+
+@dataclass(frozen=True)
+class ExchangePlan:
+    """What DeMo's exchange over one rank's shards is made of and how many bytes it moves.
+
+    The one sizing of the exchange: :meth:`DeMoReplicator.setup` builds its block groups and
+    wire layout from it, and the planner (``experiments.plan``) sizes the same exchange from a
+    declared model's shard shapes with it, so the two cannot drift apart.
+    """
+
+    groups: tuple[tuple[GroupKey, tuple[tuple[int, BlockLayout], ...]], ...]
+    """Per block group, in wire order: its key and its members (shard index, block layout)."""
+    spans: tuple[tuple[int, int], ...]
+    """Per group: its first segment in the bucket and how many segments it has."""
+    segments: list
+    """The bucket's segments (flexdemo.wire.Segment), every group's in order."""
+    bucket_bytes: int
+    """Bytes of one rank's packed bucket (the all-gather's input)."""
+    dense_offsets: tuple[int, ...]
+    """Where each group's coefficients start in the dense vector."""
+    dense_numel: int
+    """Coefficients of the shard's dense vector (every block's)."""
+    counted: bool
+    """Whether the dense buffer carries a count per coefficient (dense-mean, auto)."""
+    dense_bytes: int
+    """Bytes of the dense exchange's bf16 all-reduce."""
+    dense: bool
+    """Whether the replicas all-reduce the dense vector instead of all-gathering buckets."""
+
+    @property
+    def op(self) -> str:
+        """The collective the exchange is: "all_reduce" (dense) or "all_gather"."""
+        return "all_reduce" if self.dense else "all_gather"
+
+    @property
+    def payload_bytes(self) -> int:
+        """The bytes one rank hands to that collective."""
+        return self.dense_bytes if self.dense else self.bucket_bytes
+
+
+def plan_exchange(shapes: list[tuple[int, ...]], dtypes: list[torch.dtype], knobs: DeMoKnobs,
+                  ranks: int) -> ExchangePlan:
+    """DeMo's exchange over shards of these shapes and dtypes among ``ranks`` replicas.
+
+    Needs no tensors and no process group: shapes only (a meta-device model's shards will do).
+    ValueError (one sentence) for a counted dense exchange over more than 256 replicas.
+    """
+    chunking, chunk, topk = knobs.chunking, knobs.chunk, knobs.topk
+    members: dict[GroupKey, list[tuple[int, BlockLayout]]] = {}
+    for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=True)):
+        numel = math.prod(shape)
+        if numel == 0:
+            continue  # FSDP2 can leave a rank with nothing of a small parameter.
+        layout = BlockLayout.for_shape((numel,) if chunking == "flat" else shape, chunk)
+        members.setdefault((layout.c1, layout.c2, dtype), []).append((i, layout))
+    # A fixed order (same on every replica, whose shards have the same shapes) defines the
+    # wire layout.
+    keys = sorted(members, key=lambda k: (k[0], k[1], str(k[2])))
+    fmt = make_format(knobs.value_format)
+    specs, spans, offsets, dense_numel = [], [], [], 0
+    for key in keys:
+        c1, c2, _ = key
+        blocks = sum(layout.num_blocks for _, layout in members[key])
+        group_specs = fmt.specs(blocks, clamp_topk(topk, c1 * c2), c1 * c2)
+        spans.append((len(specs), len(group_specs)))
+        specs += group_specs
+        offsets.append(dense_numel)
+        dense_numel += blocks * c1 * c2
+    segments, bucket_bytes = plan_bucket(specs)
+    # dense-mean (and auto, which keeps DeMo's mean) all-reduce a count per coefficient
+    # beside its sum, in the same buffer: twice the elements, one collective.
+    counted = knobs.exchange in ("dense-mean", "auto")
+    dense_bytes = dense_numel * DENSE_DTYPE.itemsize * (2 if counted else 1)
+    dense = knobs.exchange in ("dense", "dense-mean") or (
+        knobs.exchange == "auto" and dense_is_cheaper(bucket_bytes, dense_bytes, ranks))
+    if counted and dense and ranks > MAX_COUNTED_RANKS:
+        # A ring all-reduce adds one rank at a time: a bf16 count of ones stops at 256, and
+        # the divisor would be wrong without a word. Refuse rather than train on it.
+        raise ValueError(
+            f"exchange {knobs.exchange!r} all-reduces a bf16 count of senders, exact only up "
+            f"to {MAX_COUNTED_RANKS} replicas, and this group has {ranks}; use exchange "
+            "'dense' (the sum over all replicas) or 'allgather'.")
+    return ExchangePlan(tuple((k, tuple(members[k])) for k in keys), tuple(spans), segments,
+                        bucket_bytes, tuple(offsets), dense_numel, counted, dense_bytes, dense)
 
 
 class DeMoReplicator(Replicator):
@@ -141,50 +229,19 @@ class DeMoReplicator(Replicator):
         super().setup(params, group, ranks)
         self.shapes = [p.shape for p in params]
         self.empty_like = [(p.shape, p.dtype, p.device) for p in params]
-        groups: dict[tuple[int, int, torch.dtype], BlockGroup] = {}
-        for i, p in enumerate(params):
-            if p.numel() == 0:
-                continue  # FSDP2 can leave a rank with nothing of a small parameter.
-            shape = (p.numel(),) if self.chunking == "flat" else p.shape
-            layout = BlockLayout.for_shape(shape, self.chunk)
-            key = (layout.c1, layout.c2, p.dtype)
-            if key not in groups:
-                groups[key] = BlockGroup(layout.c1, layout.c2, self.topk, p.dtype, p.device)
-            groups[key].add(i, layout)
-        # A fixed order (same on every replica, whose shards have the same shapes) defines the
-        # wire layout.
-        self.groups = [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1], str(k[2])))]
-        specs = []
-        self.spans = []  # per group: its first segment and how many it has
-        for g in self.groups:
+        plan = plan_exchange([tuple(p.shape) for p in params], [p.dtype for p in params],
+                             self.knobs, ranks)
+        self.groups = []
+        for (c1, c2, dtype), members in plan.groups:
+            g = BlockGroup(c1, c2, self.topk, dtype, params[members[0][0]].device)
+            for index, layout in members:
+                g.add(index, layout)
             g.allocate()
-            group_specs = self.format.specs(g.num_blocks, g.k, g.c1 * g.c2)
-            self.spans.append((len(specs), len(group_specs)))
-            specs += group_specs
-        self.segments, self.bucket_bytes = plan_bucket(specs)
-        self._plan_dense(ranks)
-
-    def _plan_dense(self, ranks: int) -> None:
-        # Where each group's coefficients sit in the dense vector, and whether this group of
-        # replicas exchanges it (every replica computes the same sizes: no communication).
-        self.dense_offsets, self.dense_numel = [], 0
-        for g in self.groups:
-            self.dense_offsets.append(self.dense_numel)
-            self.dense_numel += g.num_blocks * g.c1 * g.c2
-        # dense-mean (and auto, which keeps DeMo's mean) all-reduce a count per coefficient
-        # beside its sum, in the same buffer: twice the elements, one collective.
-        self.counted = self.exchange in ("dense-mean", "auto")
-        self.dense_bytes = self.dense_numel * DENSE_DTYPE.itemsize * (2 if self.counted else 1)
-        self.dense = self.exchange in ("dense", "dense-mean") or (
-            self.exchange == "auto" and dense_is_cheaper(self.bucket_bytes, self.dense_bytes,
-                                                         ranks))
-        if self.counted and self.dense and ranks > MAX_COUNTED_RANKS:
-            # A ring all-reduce adds one rank at a time: a bf16 count of ones stops at 256, and
-            # the divisor would be wrong without a word. Refuse rather than train on it.
-            raise ValueError(
-                f"exchange {self.exchange!r} all-reduces a bf16 count of senders, exact only up "
-                f"to {MAX_COUNTED_RANKS} replicas, and this group has {ranks}; use exchange "
-                "'dense' (the sum over all replicas) or 'allgather'.")
+            self.groups.append(g)
+        self.spans, self.segments, self.bucket_bytes = list(plan.spans), plan.segments, \
+            plan.bucket_bytes
+        self.dense_offsets, self.dense_numel = list(plan.dense_offsets), plan.dense_numel
+        self.counted, self.dense_bytes, self.dense = plan.counted, plan.dense_bytes, plan.dense
 
     # -- the paper's steps ---------------------------------------------------------------------
     def decay_and_add(self, grads: list[torch.Tensor], lrs: list[float]) -> None:

@@ -71,6 +71,12 @@ class OuterWire:
         """Launch the collective of ``payload`` (``numel`` values; counted in ``stats``)."""
         raise NotImplementedError
 
+    def payload(self, numel: int) -> tuple[str, int]:
+        """The collective a fragment of ``numel`` values goes by and the bytes each rank hands
+        in: the one sizing that :meth:`post` counts and the planner (``experiments.plan``)
+        plans with."""
+        raise NotImplementedError
+
 
 class DenseWire(OuterWire):
     """The values themselves, in ``dtype``, summed by one all-reduce."""
@@ -88,9 +94,14 @@ class DenseWire(OuterWire):
              stats: CommStats) -> Pending:
         """One SUM all-reduce, divided by ``ranks`` when read."""
         work = dist.all_reduce(payload, op=dist.ReduceOp.SUM, group=group, async_op=True)
-        n = all_reduce_bytes(payload.numel() * payload.element_size(), ranks)
+        n = all_reduce_bytes(self.payload(numel)[1], ranks)
         stats.add(n, n)
         return Pending(payload, work, lambda b: b.float().div_(ranks))
+
+
+    def payload(self, numel: int) -> tuple[str, int]:
+        """A SUM all-reduce of the values in the wire dtype."""
+        return "all_reduce", numel * self.dtype.itemsize
 
 
 class QuantizedWire(OuterWire):
@@ -129,9 +140,13 @@ class QuantizedWire(OuterWire):
         # torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         work = gather(gathered, payload, group=group, async_op=True)
-        n = all_gather_bytes(payload.numel(), ranks)
+        n = all_gather_bytes(self.payload(numel)[1], ranks)
         stats.add(n, n)
         return Pending(gathered, work, lambda b: self._mean(b, ranks, numel))
+
+    def payload(self, numel: int) -> tuple[str, int]:
+        """An all-gather of the packed codes and the scale (the bucket ``encode`` packs)."""
+        return "all_gather", plan_bucket(self._specs(numel))[1]
 
     def _mean(self, gathered: torch.Tensor, ranks: int, numel: int) -> torch.Tensor:
         segments, nbytes = plan_bucket(self._specs(numel))

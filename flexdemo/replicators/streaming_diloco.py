@@ -209,9 +209,20 @@ def _parameter_runs(n: int, frags: int) -> list[range]:
     return [range(cuts[f], cuts[f + 1]) for f in range(frags)]
 
 
-def _element_pieces(params: list[torch.Tensor], frags: int) -> list[list[Piece]]:
+def fragment_numels(sizes: list[int], frags: int, cut: str) -> list[int]:
+    """Elements of each fragment of parameters of these sizes, cut as ``fragment_cut`` says.
+
+    The replicator's own cut (:meth:`StreamingDiLoCoReplicator.setup`) from sizes alone, so the
+    planner sizes every fragment's sync as the run does. ValueError (one sentence) for more
+    fragments than there are parameters (or elements) to cut.
+    """
+    if cut == "elements":
+        return [sum(b - a for _, a, b in pieces) for pieces in _element_cuts(sizes, frags)]
+    return [sum(sizes[i] for i in run) for run in _parameter_runs(len(sizes), frags)]
+
+
+def _element_cuts(sizes: list[int], frags: int) -> list[list[Piece]]:
     """Fragment f holds elements [N*f // F, N*(f+1) // F) of the parameters laid end to end."""
-    sizes = [p.numel() for p in params]
     total = sum(sizes)
     check(frags <= total, f"num_fragments={frags} is more than the {total} parameter elements "
                           f"handed in; use num_fragments <= {total}.")
@@ -222,6 +233,13 @@ def _element_pieces(params: list[torch.Tensor], frags: int) -> list[list[Piece]]
         out.append([(i, max(lo, s) - s, min(hi, s + n) - s)
                     for i, (s, n) in enumerate(zip(starts, sizes, strict=True))
                     if max(lo, s) < min(hi, s + n)])
+    return out
+
+
+def _element_pieces(params: list[torch.Tensor], frags: int) -> list[list[Piece]]:
+    """The element cut of ``params`` (:func:`_element_cuts`), checked for in-place views."""
+    sizes = [p.numel() for p in params]
+    out = _element_cuts(sizes, frags)
     for i in {i for pieces in out for i, a, b in pieces if (a, b) != (0, sizes[i])}:
         # a split parameter is read and written through a flat view of its storage
         check(params[i].is_contiguous(), f"parameter {i} is not contiguous, so "

@@ -61,9 +61,10 @@ from netsim.model.replay import (
     has_backward_marks,
     has_unit_marks,
     simulate,
+    simulate_each,
 )
 from netsim.model.shared_link import SharedLink
 
-__all__ = ["SharedLink", "simulate", "Replay", "AlgorithmChoice", "algorithm_summary",
-           "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "CARRY_NOTE", "has_unit_marks",
-           "has_backward_marks", "PhaseCompute", "compute_phases"]
+__all__ = ["SharedLink", "simulate", "simulate_each", "Replay", "AlgorithmChoice",
+           "algorithm_summary", "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "CARRY_NOTE",
+           "has_unit_marks", "has_backward_marks", "PhaseCompute", "compute_phases"]

@@ -27,9 +27,9 @@ from netsim.trace import (
     waited_after_step,
 )
 
-__all__ = ["simulate", "Replay", "AlgorithmChoice", "algorithm_summary", "MODEL_NOTE", "P2P_NOTE",
-           "OVERLAP_NOTE", "CARRY_NOTE", "has_unit_marks", "has_backward_marks", "PhaseCompute",
-           "compute_phases"]
+__all__ = ["simulate", "simulate_each", "Replay", "AlgorithmChoice", "algorithm_summary",
+           "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "CARRY_NOTE", "has_unit_marks",
+           "has_backward_marks", "PhaseCompute", "compute_phases"]
 
 MODEL_NOTE = (
     "weak scaling: per-step compute and payload sizes as recorded; steps beyond the recording "
@@ -375,8 +375,39 @@ def simulate(
             netsim.sites.SiteRound, such as gossip_round(sites, the graph's peers); the note
             adds gossip_line.
     """
-    if not isinstance(topology, Topology):
-        raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
+    return simulate_each(
+        trace, [topology], steps=steps, compute_scale=compute_scale, intra=intra,
+        algorithm=algorithm, degrees=degrees, payloads=payloads, overlap=overlap,
+        progress=progress, phase_seconds=phase_seconds, phase_scale=phase_scale,
+        site_rounds=site_rounds)[0]
+
+
+def simulate_each(
+    trace: pd.DataFrame | str | os.PathLike,
+    topologies: Iterable[Topology],
+    steps: int | None = None,
+    compute_scale: float = 1.0,
+    intra: str = "model",
+    algorithm: str = "auto",
+    degrees: Degrees | None = None,
+    payloads: str | None = None,
+    overlap: str = "recorded",
+    progress: bool = False,
+    phase_seconds: tuple[float, float] | None = None,
+    phase_scale: tuple[float, float] | None = None,
+    site_rounds: SiteRounds | None = None,
+) -> list[Replay]:
+    """`simulate` on each topology in turn, the trace checked and its programs built once.
+
+    The programs depend on the trace and its recorded shape alone, so a grid of networks (a
+    planner's bandwidths) pays for them once. Arguments as `simulate`'s.
+    """
+    topologies = list(topologies)
+    if not topologies:
+        raise ValueError("topologies is empty; give at least one netsim.Topology.")
+    for topology in topologies:
+        if not isinstance(topology, Topology):
+            raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
     df = _training_rows(trace)
     _check_compute_scale(compute_scale)
     _check_overlap(overlap, df)
@@ -385,44 +416,52 @@ def simulate(
             f"algorithm {algorithm!r} is not known; use one of {', '.join(ALGORITHM_CHOICES)}."
         )
     nodes, per_node = _layout(df)
-    recorded = Topology(nodes, per_node, topology.intra, topology.inter)
     carries = _check_waits_in_their_step(df)
     _check_phase_seconds(phase_seconds, compute_scale, df)
     _check_phase_scale(phase_scale, phase_seconds, df)
+    first = topologies[0]
     with _gc_paused():
-        programs = build_programs(df, recorded, overlap)
+        # Programs read the recorded shape only (which rank is where), never its links.
+        programs = build_programs(df, Topology(nodes, per_node, first.intra, first.inter),
+                                  overlap)
         programs, phases, how = _with_phases(programs, phase_seconds, phase_scale)
-        n_steps = programs.n_steps if steps is None else steps
-        _check_steps_and_intra(n_steps, steps, intra)
-        p2p = any(spec.scope == "p2p" for spec in programs.specs)
+    n_steps = programs.n_steps if steps is None else steps
+    _check_steps_and_intra(n_steps, steps, intra)
+    p2p = any(spec.scope == "p2p" for spec in programs.specs)
+    for topology in topologies:
         _check_peers(p2p, degrees, nodes, topology)
-        cluster = Cluster(
-            topology, recorded, programs.by_slot, programs.specs, programs.n_steps,
-            float(compute_scale), intra, algorithm, degrees, programs.step_numbers,
-            programs.carried, site_rounds,
-        )  # fmt: skip
-    times = np.asarray(_run(cluster, int(n_steps), progress), dtype=float)
-    frame = pd.DataFrame(
-        {
-            "step": np.arange(len(times), dtype=np.int64),
-            "step_time_s": np.diff(times, prepend=0.0),
-            "time_s": times,
-        }
-    )
-    return Replay(
-        frame=frame, topology=topology, recorded_topology=(nodes, per_node),
-        note=_model_note(payloads) + (" " + P2P_NOTE if p2p else "")
-        + (" " + OVERLAP_NOTE if overlap == "fsdp2" else "")
-        + (" " + CARRY_NOTE if carries else "")
-        + (" " + _phase_note(phases, how, phase_scale) if phases is not None else "")
-        + _sites_note(topology, site_rounds if p2p else None, programs.step_numbers[0]),
-        algorithms=tuple(
-            AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
-            for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
-        ),
-        p2p_degrees=tuple(sorted(cluster.p2p_degrees)),
-        node_egress_bytes=cluster.node_egress_bytes, overlap=overlap, phases=phases,
-    )  # fmt: skip
+    replays = []
+    for topology in topologies:
+        recorded = Topology(nodes, per_node, topology.intra, topology.inter)
+        with _gc_paused():
+            cluster = Cluster(
+                topology, recorded, programs.by_slot, programs.specs, programs.n_steps,
+                float(compute_scale), intra, algorithm, degrees, programs.step_numbers,
+                programs.carried, site_rounds,
+            )  # fmt: skip
+        times = np.asarray(_run(cluster, int(n_steps), progress), dtype=float)
+        frame = pd.DataFrame(
+            {
+                "step": np.arange(len(times), dtype=np.int64),
+                "step_time_s": np.diff(times, prepend=0.0),
+                "time_s": times,
+            }
+        )
+        replays.append(Replay(
+            frame=frame, topology=topology, recorded_topology=(nodes, per_node),
+            note=_model_note(payloads) + (" " + P2P_NOTE if p2p else "")
+            + (" " + OVERLAP_NOTE if overlap == "fsdp2" else "")
+            + (" " + CARRY_NOTE if carries else "")
+            + (" " + _phase_note(phases, how, phase_scale) if phases is not None else "")
+            + _sites_note(topology, site_rounds if p2p else None, programs.step_numbers[0]),
+            algorithms=tuple(
+                AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
+                for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
+            ),
+            p2p_degrees=tuple(sorted(cluster.p2p_degrees)),
+            node_egress_bytes=cluster.node_egress_bytes, overlap=overlap, phases=phases,
+        ))  # fmt: skip
+    return replays
 
 
 def _check_peers(p2p: bool, degrees: Degrees | None, nodes: int, topology: Topology) -> None:

@@ -1,0 +1,1 @@
+"""Planning a cluster you don't have: declared models, hardware and methods, replayed by netsim."""

@@ -1,0 +1,431 @@
+"""`flexbench plan`: step time, compute utilization, bytes and memory of methods on a declared
+model, cluster and network, with the bandwidth each method needs for a target utilization.
+
+    flexbench plan --model llama3-8b --method hsdp-adamw flexdemo diloco --nodes 4 \\
+        --gpus-per-node 8 --gpu h100 --batch 2 --seq 4096 --inter-bw 1Gbit:400Gbit:12 \\
+        --inter-lat 5ms --out plan.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments.config import load_site_file
+from experiments.errors import ConfigError
+from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
+from experiments.plan.models import declare_model
+from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
+from experiments.plan.synth import PLANNED_METHODS, Precision
+from experiments.replay.compute_profile import load_profile
+from flexdemo.methods import METHODS, method_record
+from netsim.costs import ALGORITHM_CHOICES
+from netsim.sites import hierarchy_line
+from netsim.topology import Link, Topology
+from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
+
+__all__ = ["configure", "main", "parse_bandwidths", "parse_sets"]
+
+OUTPUTS = (".csv", ".json", ".png")
+# --set keys that are the plan's own (FSDP2's mixed precision), not a method's knob.
+PLAN_KEYS = ("param_dtype", "reduce_dtype", "optimizer_s", "backend")
+_RANGE = re.compile(r"^([^:]+):([^:]+):([^:]+)$")
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|TB)\s*$")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The plan's flags, named as `simulate`'s and `run`'s where they mean the same."""
+    parser.add_argument("--model", required=True,
+                        help="a preset (llama3-8b, ...), a built-in workload (lm-tiny), "
+                             "gpt:dim=...,layers=...,heads=...,vocab=...,ffn=...,tied=... or "
+                             "module:function (built on the meta device)")
+    parser.add_argument("--method", nargs="+", required=True, metavar="M",
+                        help=f"methods to plan: {', '.join(PLANNED_METHODS)}")
+    parser.add_argument("--nodes", type=int, required=True, help="nodes of the cluster")
+    parser.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node")
+    compute = parser.add_mutually_exclusive_group(required=True)
+    compute.add_argument("--gpu", help=f"GPU kind: {', '.join(GPUS)}")
+    compute.add_argument("--step-time", type=float, metavar="S",
+                         help="compute seconds per step, as given")
+    compute.add_argument("--compute-profile", default=None, metavar="P",
+                         help="a `flexbench profile-compute` file of the same model: its "
+                              "forward+backward and optimizer seconds per step")
+    parser.add_argument("--mfu", type=float, default=None,
+                        help=f"model FLOPs utilization with --gpu (default {DEFAULT_MFU})")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="sequences per GPU per step (with --gpu)")
+    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (with --gpu)")
+    parser.add_argument("--gpu-memory", default=None,
+                        help="memory per GPU, e.g. 80GB (default: the --gpu table's)")
+    parser.add_argument("--inter-bw", nargs="+", default=None, metavar="BW",
+                        help="inter-node bandwidth: one rate, several, or A:B:COUNT log-spaced")
+    parser.add_argument("--inter-lat", default=None, help="inter-node latency, e.g. 5ms")
+    parser.add_argument("--topology", default=None, metavar="FILE",
+                        help="a site file (TOML, as simulate's) instead of --inter-bw and "
+                             "--inter-lat: the nodes in sites, their links and round trips")
+    parser.add_argument("--intra-bw", default="100GB/s",
+                        help="intra-node bandwidth (default 100GB/s, NVLink-class)")
+    parser.add_argument("--intra-lat", default="5us", help="intra-node latency (default 5us)")
+    parser.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto",
+                        help="inter-node collective algorithms (default auto)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a method knob by its run name (diloco_h=100, topk=8, ...) or "
+                             f"the plan's own ({', '.join(PLAN_KEYS)})")
+    parser.add_argument("--out", required=True,
+                        help=f"file to write: {', '.join(OUTPUTS)} by its extension")
+
+
+def parse_bandwidths(values: list[str]) -> list[float]:
+    """Bytes/s of each --inter-bw value; A:B:COUNT is COUNT rates log-spaced from A to B."""
+    rates: list[float] = []
+    for value in values:
+        match = _RANGE.match(value)
+        if match is None:
+            rates.append(parse_bandwidth(value))
+            continue
+        low, high = parse_bandwidth(match.group(1)), parse_bandwidth(match.group(2))
+        count = match.group(3)
+        if not count.isdigit() or int(count) < 2:
+            raise ConfigError(f"--inter-bw {value!r}: COUNT {count!r} must be a whole number "
+                              ">= 2 (a range of one point is empty; give the rate alone).")
+        if not low < high:
+            raise ConfigError(f"--inter-bw {value!r} runs from {match.group(1)} down to "
+                              f"{match.group(2)}; give A:B:COUNT with A below B.")
+        rates.extend(float(r) for r in np.geomspace(low, high, int(count)))
+    return sorted(set(rates))
+
+
+def _value(text: str) -> object:
+    """A --set value as the knob schemas take it: bool, int, float or the string."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_sets(items: list[str], methods: list[str]) -> tuple[dict, dict[str, dict]]:
+    """(the plan's own settings, per method the knobs it reads); one sentence on a bad one."""
+    own: dict = {}
+    knobs: dict[str, dict] = {m: {} for m in methods}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r} must be KEY=VALUE, such as diloco_h=100.")
+        if key in PLAN_KEYS:
+            own[key] = text.strip()
+            continue
+        readers = [m for m in methods if key in method_record(m).takes]
+        if not readers:
+            takes = sorted({k for m in methods for k in method_record(m).takes})
+            raise ConfigError(f"--set {key}: no planned method reads it; "
+                              f"{', '.join(methods)} take {', '.join(takes) or 'no knobs'}, "
+                              f"and the plan itself {', '.join(PLAN_KEYS)}.")
+        for m in readers:
+            knobs[m][key] = _value(text.strip())
+    return own, knobs
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Refuse, in one sentence each, what the flags cannot mean (before anything runs)."""
+    suffix = Path(args.out).suffix.lower()
+    if suffix not in OUTPUTS:
+        raise ConfigError(f"--out {args.out!r} must end in {', '.join(OUTPUTS)}.")
+    for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value} must be a whole number >= 1.")
+    _check_methods(args.method)
+    _check_network(args)
+    _check_compute(args)
+
+
+def _check_methods(methods: list[str]) -> None:
+    """Known methods, each planned, none twice."""
+    for method in methods:
+        if method not in METHODS:
+            raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}.")
+        if method not in PLANNED_METHODS:
+            raise ConfigError(f"--method {method!r} has no synthesized program yet; plan one "
+                              f"of {', '.join(PLANNED_METHODS)}.")
+    if len(set(methods)) != len(methods):
+        raise ConfigError(f"--method lists a method twice ({' '.join(methods)}).")
+
+
+def _check_network(args: argparse.Namespace) -> None:
+    """A bandwidth grid and latency, or a site file: one of the two."""
+    if args.topology is None and (args.inter_bw is None or args.inter_lat is None):
+        raise ConfigError("give the inter-node network: --inter-bw and --inter-lat, or a site "
+                          "file as --topology.")
+    if args.topology is not None and (args.inter_bw is not None or args.inter_lat is not None):
+        raise ConfigError(f"--topology {args.topology} sets the links between nodes; leave out "
+                          "--inter-bw and --inter-lat.")
+
+
+def _check_compute(args: argparse.Namespace) -> None:
+    """The rule's flags only with --gpu, and all of them there."""
+    if args.step_time is not None or args.compute_profile is not None:
+        for flag, value in (("--mfu", args.mfu), ("--batch", args.batch), ("--seq", args.seq)):
+            if value is not None:
+                raise ConfigError(f"{flag} sizes the compute with --gpu; --step-time or "
+                                  "--compute-profile gives it already, so leave it out.")
+    elif args.batch is None or args.seq is None:
+        raise ConfigError("--gpu needs --batch and --seq (sequences per GPU and tokens per "
+                          "sequence) for the 6 x N x tokens rule.")
+
+
+def _gpu_memory(args: argparse.Namespace) -> tuple[float | None, str]:
+    """Bytes of memory per GPU and where the figure comes from (None: not known)."""
+    if args.gpu_memory is not None:
+        match = _MEMORY.match(args.gpu_memory)
+        if match is None:
+            raise ConfigError(f"--gpu-memory {args.gpu_memory!r} is not a size; give GB, GiB "
+                              "or TB, such as 80GB.")
+        scale = {"GB": 1e9, "GiB": 2**30, "TB": 1e12}[match.group(2)]
+        return float(match.group(1)) * scale, f"{args.gpu_memory} as given"
+    if args.gpu is not None:
+        device = gpu(args.gpu)
+        return float(device.memory_bytes), f"{device.memory_bytes / 1e9:g} GB ({device.source})"
+    return None, "not known (give --gpu-memory)"
+
+
+def main(args: argparse.Namespace) -> int:
+    """Plan every method on every bandwidth, print the figures and assumptions, write --out."""
+    _check(args)
+    topologies, labels, network = _network(args)
+    own, knobs = parse_sets(args.set, args.method)
+    args.set_keys = set(own)
+    precision = Precision(own.get("param_dtype", "bf16"), own.get("reduce_dtype", "fp32"))
+    optimizer_s = _seconds(own.get("optimizer_s", "0"))
+    backend = own.get("backend", "nccl")
+    if backend not in ("nccl", "gloo"):
+        raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
+    settings = {m: method_record(m).settings(knobs[m])[0] for m in args.method}
+    memory_cap, memory_source = _gpu_memory(args)
+    model = declare_model(args.model)
+    unit_params = [model.unit_params(u) for u in range(len(model.units))]
+    if args.gpu is not None:
+        compute = rule_compute(unit_params, gpu(args.gpu),
+                               DEFAULT_MFU if args.mfu is None else args.mfu, args.batch,
+                               args.seq, optimizer_s)
+    elif args.compute_profile is not None:
+        compute = _profiled(args, unit_params, optimizer_s)
+    else:
+        compute = given_compute(unit_params, args.step_time, optimizer_s)
+    plans = [plan_method(method_record(m), settings[m], model, topologies, labels, compute,
+                         precision, args.algorithm, backend=backend) for m in args.method]
+    frame = pd.concat([p.frame() for p in plans], ignore_index=True)
+    frame["memory_over"] = (frame["memory_per_gpu_bytes"] > memory_cap
+                            if memory_cap is not None else False)
+    needed = _needed_table(plans, frame) if args.topology is None else pd.DataFrame()
+    assumptions = _assumptions(args, model, compute, precision, network, memory_source,
+                               plans, settings)
+    _print(args, frame, needed, plans, assumptions, memory_cap)
+    _write(Path(args.out), frame, needed, assumptions)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _profiled(args: argparse.Namespace, unit_params: list[int], optimizer_s: float):
+    """Compute per step from a profile-compute file, refused for another model or shape."""
+    profile = load_profile(args.compute_profile)
+    if profile.workload != args.model:
+        raise ConfigError(f"--compute-profile {args.compute_profile} was measured on workload "
+                          f"{profile.workload!r}, not on --model {args.model!r}; profile the "
+                          "model you plan.")
+    if profile.gpus_per_node != args.gpus_per_node:
+        raise ConfigError(f"--compute-profile {args.compute_profile} was measured at "
+                          f"{profile.gpus_per_node} GPUs per node, not --gpus-per-node "
+                          f"{args.gpus_per_node}; profile at the planned shape.")
+    if "optimizer_s" in args.set_keys:
+        raise ConfigError("--set optimizer_s and --compute-profile both give the optimizer "
+                          "step's seconds; give one.")
+    del optimizer_s
+    fb, opt = profile.phase_seconds
+    compute = given_compute(unit_params, fb, opt)
+    rule = compute.rule.replace(f"{fb:g} s per step as given (--step-time)",
+                                f"{fb:g} s forward+backward per step measured for "
+                                f"{profile.method} ({profile.describe()})")
+    return dataclasses.replace(compute, rule=rule)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"optimizer_s={text!r} must be seconds >= 0.")
+    return value
+
+
+def _needed_table(plans: list[MethodPlan], frame: pd.DataFrame) -> pd.DataFrame:
+    """Per method and CU target: the bandwidth needed, and whether a grid point or interpolated."""
+    rows = []
+    for p in plans:
+        mine = frame[frame["method"] == p.method]
+        for target in CU_TARGETS:
+            bps, how = bandwidth_needed(mine, target)
+            rows.append({"method": p.method, "target_cu": target, "inter_bw_bps": bps,
+                         "inter_bw": None if bps is None else format_bandwidth(bps),
+                         "how": how})
+    return pd.DataFrame(rows)
+
+
+def _network(args: argparse.Namespace) -> tuple[list[Topology], list[str], str]:
+    """The target topologies (one per bandwidth, or the site file's), their labels, in words."""
+    if args.topology is not None:
+        sites = load_site_file(args.topology)
+        if sites.nodes != args.nodes:
+            raise ConfigError(f"--topology {args.topology} holds {sites.nodes} nodes but --nodes "
+                              f"is {args.nodes}; give --nodes {sites.nodes}.")
+        intra = Link(parse_bandwidth(args.intra_bw), parse_latency(args.intra_lat))
+        topology = Topology.on_sites(sites, args.gpus_per_node, intra)
+        return [topology], [f"sites:{Path(args.topology).name}"], (
+            f"inter-node: the sites of {args.topology} ({hierarchy_line(sites)})")
+    rates = parse_bandwidths(args.inter_bw)
+    latency = parse_latency(args.inter_lat)
+    topologies = [Topology.from_strings(args.nodes, args.gpus_per_node, r, latency,
+                                        args.intra_bw, args.intra_lat) for r in rates]
+    return topologies, [format_bandwidth(r) for r in rates], (
+        f"inter-node: {len(rates)} bandwidth(s), {latency * 1e3:g} ms a message (declared)")
+
+
+def _assumptions(args: argparse.Namespace, model, compute, precision: Precision, network: str,
+                 memory_source: str, plans: list[MethodPlan], settings: dict) -> list[str]:
+    """Every assumption behind the figures, one line each."""
+    lines = [model.describe() + "; FSDP2 units as flexdemo.parallelize wraps it",
+             f"cluster: {args.nodes} nodes x {args.gpus_per_node} GPUs; the program is "
+             f"synthesized for {min(args.nodes, 2)} node(s) and replayed with replicate groups "
+             "spanning every node",
+             compute.rule,
+             precision.describe(),
+             f"intra-node: {args.intra_bw}, {args.intra_lat} a message (declared); {network}; "
+             f"algorithm {args.algorithm}",
+             "FSDP2 prefetch: each unit's all-gather overlaps the previous unit's compute "
+             "(forward and backward); nothing is measured, everything is declared",
+             f"memory per GPU: master params, grads (fp32 shards), optimizer and replicator "
+             f"state, FSDP2's gathered working set; activations not counted; GPU memory "
+             f"{memory_source}",
+             "time to target: no steps-to-target source is given, so no time to target is "
+             "planned (the loss of a declared model is not modeled)"]
+    for p in plans:
+        knob = settings[p.method]
+        knob_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knob).items())
+        period = (f"; utilization over a period of {p.period} steps, "
+                  f"{p.exchanges_per_period} with the exchange" if p.period > 1 else "")
+        lines.append(f"{p.method}: {knob_text or 'FSDP2 all-reduce across nodes'}{period}")
+    seen: set[str] = set()
+    for p in plans:  # each method's replay notes; the ones every method shares, once
+        for note in p.notes:
+            line = f"{p.method}: {note}" if note.startswith("inter-node algorithm") else note
+            if line not in seen:
+                seen.add(line)
+                lines.append(line)
+    return lines
+
+
+def _print(args: argparse.Namespace, frame: pd.DataFrame, needed: pd.DataFrame,
+           plans: list[MethodPlan], assumptions: list[str], cap: float | None) -> None:
+    """The figures, then the bandwidth-needed table, then the assumptions."""
+    out = sys.stdout
+    print(f"plan: {args.model} on {args.nodes} x {args.gpus_per_node}, "
+          f"{plans[0].compute_s:.4g} s compute per step", file=out)
+    show = frame.assign(
+        step_time_s=frame["step_time_s"].map(lambda v: f"{v:.4g}"),
+        compute_utilization=frame["compute_utilization"].map(lambda v: f"{v:.1%}"),
+        exposed_comm_s=frame["exposed_comm_s"].map(lambda v: f"{v:.4g}"),
+        bytes_per_node_step=frame["bytes_per_node_step"].map(lambda v: f"{v / 1e9:.4g} GB"),
+        memory_per_gpu=[f"{v / 1e9:.4g} GB" + (" OVER" if over else "")
+                        for v, over in zip(frame["memory_per_gpu_bytes"], frame["memory_over"],
+                                           strict=True)],
+    )[["method", "inter_bw", "step_time_s", "compute_utilization", "exposed_comm_s",
+       "bytes_per_node_step", "memory_per_gpu"]]
+    print(show.to_string(index=False), file=out)
+    print("\nmemory per GPU by part:", file=out)
+    for p in plans:
+        m = p.memory
+        over = f" (above the GPU's {cap / 1e9:.4g} GB)" if cap is not None and m.total > cap else ""
+        print(f"  {p.method}: params {m.params / 1e9:.4g} GB, grads {m.grads / 1e9:.4g} GB, "
+              f"optimizer {m.optimizer / 1e9:.4g} GB, replicator {m.replicator / 1e9:.4g} GB, "
+              f"FSDP2 working set {m.working / 1e9:.4g} GB = {m.total / 1e9:.4g} GB{over}",
+              file=out)
+    if needed.empty:
+        print("\nbandwidth needed: not asked (one network, the site file's, no bandwidth grid)",
+              file=out)
+    else:
+        _print_needed(needed, plans)
+    print("\nassumptions:", file=out)
+    for line in assumptions:
+        print(f"  {line}", file=out)
+
+
+def _print_needed(needed: pd.DataFrame, plans: list[MethodPlan]) -> None:
+    """The table of the bandwidth each method needs per target utilization, and how found."""
+    out = sys.stdout
+    print("\nbandwidth needed for a compute utilization of:", file=out)
+    table = needed.assign(target_cu=needed["target_cu"].map(lambda v: f"{v:.0%}"),
+                          inter_bw=needed["inter_bw"].fillna("-"))
+    wide = table.pivot(index="method", columns="target_cu", values="inter_bw")
+    how = table.pivot(index="method", columns="target_cu", values="how")
+    cells = wide.astype(str) + " (" + how.astype(str) + ")"
+    cells = cells.where(wide != "-", how)
+    print(cells.loc[[p.method for p in plans]].to_string(), file=out)
+
+
+def _write(path: Path, frame: pd.DataFrame, needed: pd.DataFrame, assumptions: list[str]) -> None:
+    """The CSV rows, the JSON (rows, bandwidth needed, assumptions) or the figure; atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        suffix = path.suffix.lower()
+        if suffix == ".csv":
+            frame.to_csv(tmp, index=False)
+        elif suffix == ".json":
+            doc = {"rows": frame.to_dict(orient="records"),
+                   "bandwidth_needed": needed.to_dict(orient="records"),
+                   "assumptions": assumptions}
+            Path(tmp).write_text(json.dumps(doc, indent=2, default=float) + "\n")
+        else:
+            _figure(frame, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _figure(frame: pd.DataFrame, path: str) -> None:
+    """Compute utilization against inter-node bandwidth, log x, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for method, rows in frame.groupby("method", sort=False):
+        rows = rows.sort_values("inter_bw_bps")
+        ax.plot(rows["inter_bw_bps"] * 8 / 1e9, rows["compute_utilization"], marker="o",
+                markersize=3, label=method)
+    ax.set_xscale("log")
+    ax.set_xlabel("inter-node bandwidth (Gbit/s)")
+    ax.set_ylabel("compute utilization")
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=120)
+    plt.close(fig)

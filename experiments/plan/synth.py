@@ -1,0 +1,437 @@
+"""A method's program for a declared model, written as the trace a recording of it would hold.
+
+The trace has the columns of a recorded one (`netsim.trace.TRACE_COLUMNS`), so it replays
+through the same `netsim.model.simulate` on any topology. Per rank and training step, as
+`flexdemo.parallelize` sets FSDP2 up (every block its own unit, resharded after the forward;
+the root kept gathered through the backward):
+
+- forward: an all-gather of each unit's shard, the root's first, then every block's; each
+  after the first is issued when the unit before it starts computing (FSDP2's prefetch on a
+  GPU) and waited on when that unit's forward ends;
+- backward: an all-gather of each block's shard, issued when the unit after it starts its
+  backward and waited on when that backward ends; after each unit's backward (its
+  "unit_backward" mark) a reduce-scatter of its gradients (input: G shards) and, for hsdp-adamw,
+  the inter-node all-reduce of the rank's gradient shard, both tagged with the unit so that
+  overlap "fsdp2" streams them alongside the following backward;
+- after the "backward" mark: the optimizer step and the method's own exchange (the DeMo
+  family's top-k, sized by `flexdemo.replicators.demo.plan_exchange`, the code the optimizer
+  sets itself up with; DiLoCo's outer all-reduce of the shard every H steps; Streaming
+  DiLoCo's fragment syncs, cut by `fragment_numels` and sized by the outer wire's `payload`,
+  posted and applied on the replicator's own schedule). An exchange waited on in a later step
+  than the one that posted it is carried there, as a recording holds it.
+
+FSDP2's mixed precision sets the sizes: all-gathers carry `param_dtype`, reduce-scatters and
+hsdp-adamw's all-reduce `reduce_dtype`. Collectives take no time in the trace (waited on as
+issued, returned at once): the replay times them. Compute is the gaps between them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from experiments.errors import ConfigError
+from experiments.plan.hardware import StepCompute
+from experiments.plan.models import DeclaredModel, padded_shard_elements, shard_rows
+from flexdemo.knobs import DeMoKnobs
+from flexdemo.methods import Method
+from flexdemo.replicators import REPLICATORS
+from flexdemo.replicators.demo import plan_exchange
+from flexdemo.replicators.streaming_diloco import fragment_numels
+from netsim.costs import collective_volume, default_algorithm
+from netsim.trace import BACKWARD, TRACE_COLUMNS, TRAIN, UNIT_BACKWARD
+
+__all__ = ["DTYPE_BYTES", "PLANNED_METHODS", "Exchange", "Precision", "Shape", "exchanges",
+           "local_shard_shapes", "outer_bytes", "schedule", "synthesize"]
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+# The least compute after a delayed exchange's wait in its step (seconds).
+_DECODE_S = 1e-6
+# Methods whose program this module writes; others are refused by name.
+PLANNED_METHODS = ("hsdp-adamw", "flexdemo", "flexdemo-async", "flexdemo-adamw", "diloco",
+                   "streaming-diloco")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """FSDP2's mixed precision: the dtype its all-gathers carry and the one it reduces in."""
+
+    param_dtype: str = "bf16"
+    reduce_dtype: str = "fp32"
+
+    def __post_init__(self) -> None:
+        for name in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, name)
+            if value not in DTYPE_BYTES:
+                raise ConfigError(f"{name}={value!r} is unknown; use one of "
+                                  f"{', '.join(DTYPE_BYTES)}.")
+
+    def describe(self) -> str:
+        """One line: what FSDP2's traffic is sized in."""
+        return (f"FSDP2 mixed precision: param_dtype={self.param_dtype} (its all-gathers), "
+                f"reduce_dtype={self.reduce_dtype} (its reduce-scatters and hsdp-adamw's "
+                "inter-node all-reduce); master parameters, gradients and optimizer state fp32")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The trace's cluster: nodes (1 or 2: the replay spreads replicate groups over the target's)
+    and ranks per node (the target's)."""
+
+    nodes: int
+    per_node: int
+
+    @property
+    def world(self) -> int:
+        """Ranks in the trace."""
+        return self.nodes * self.per_node
+
+
+@functools.lru_cache(maxsize=64)
+def local_shard_shapes(model: DeclaredModel, per_node: int,
+                       local: int) -> tuple[tuple[int, ...], ...]:
+    """Every parameter's local FSDP2 shard on local rank `local` (unpadded), in the order the
+    optimizer is handed them (``model.parameters()``)."""
+    shapes = model.shapes or tuple(shape for unit in model.units for shape in unit)
+    out = []
+    for shape in shapes:
+        full = tuple(shape) or (1,)
+        out.append((shard_rows(full[0], per_node, local), *full[1:]))
+    return tuple(out)
+
+
+def outer_bytes(model: DeclaredModel, per_node: int, local: int, itemsize: int = 4) -> int:
+    """Bytes of a whole-shard exchange (DiLoCo's all-reduce of `anchor - params`, fp32)."""
+    return sum(math.prod(s) for s in local_shard_shapes(model, per_node, local)) * itemsize
+
+
+def schedule(record: Method, knobs: object) -> tuple[int, Callable[[int], bool]]:
+    """(period in steps, whether 1-based step s exchanges), from the replicator's own schedule."""
+    if record.replicator is None:
+        return 1, lambda _step: True
+    replicator = REPLICATORS[record.replicator](knobs)
+    every = replicator.replicate_every
+    skip = replicator.skip_every
+    period = every if skip is None else math.lcm(every, skip)
+    return period, replicator.replicates_on
+
+
+@functools.lru_cache(maxsize=4096)
+def _volume(op: str, size: int, nbytes: int, algorithm: str) -> object:
+    """netsim's wire bytes of one op (the same few sizes recur in every step)."""
+    return collective_volume(op, size, nbytes, algorithm)
+
+
+class _Rank:
+    """One rank's rows, written along its own compute clock."""
+
+    def __init__(self, rank: int, shape: Shape, backend: str) -> None:
+        self.backend = backend
+        self.rank, self.node, self.local = rank, rank // shape.per_node, rank % shape.per_node
+        self.shape = shape
+        self.rows: list[dict] = []
+        self.t = 0.0
+        self.step = 0
+        self.unit = -1
+        first = self.node * shape.per_node
+        self.intra = ",".join(str(first + j) for j in range(shape.per_node))
+        self.replicate = ",".join(str(self.local + k * shape.per_node)
+                                  for k in range(shape.nodes))
+
+    def _row(self, **values: object) -> dict:
+        row = {"rank": self.rank, "node": self.node, "local": self.local, "step": self.step,
+               "seq": len(self.rows), "kind": "compute", "op": "", "group": "", "group_size": 0,
+               "peer": -1, "inter": False, "algorithm": "", "bytes": 0, "bytes_sent": 0.0,
+               "bytes_received": 0.0, "start_s": self.t, "wait_s": math.nan, "end_s": self.t,
+               "modeled_s": math.nan, "phase": TRAIN, "unit": self.unit}
+        row.update(values)
+        self.rows.append(row)
+        return row
+
+    def compute(self, seconds: float) -> None:
+        """Advance the clock: compute, which the replay finds as the gap."""
+        self.t += seconds
+
+    def issue(self, op: str, nbytes: int, inter: bool, unit: int | None = None) -> dict:
+        """A collective issued now on the node's group (inter: the replicate group)."""
+        group = self.replicate if inter else self.intra
+        size = self.shape.nodes if inter else self.shape.per_node
+        algorithm = default_algorithm(op, self.backend)
+        volume = _volume(op, size, int(nbytes), algorithm)
+        return self._row(kind="collective", op=op, group=group, group_size=size, inter=inter,
+                         algorithm=algorithm, bytes=int(nbytes),
+                         bytes_sent=float(volume.bytes_sent),
+                         bytes_received=float(volume.bytes_received), wait_s=math.nan,
+                         end_s=math.nan, unit=self.unit if unit is None else unit)
+
+    def wait(self, row: dict) -> None:
+        """Wait on an issued collective now (it returns at once: the replay times it)."""
+        row["wait_s"] = row["end_s"] = self.t
+
+    def run(self, op: str, nbytes: int, inter: bool) -> None:
+        """Issue a collective and wait on it at once."""
+        self.wait(self.issue(op, nbytes, inter))
+
+    def mark(self, op: str, unit: int = -1) -> None:
+        """A moment in the step: a unit's backward ended, or the whole backward."""
+        self.unit = unit
+        self._row(kind="mark", op=op, unit=unit)
+
+    def begin(self, step: int) -> float:
+        """Start a step; returns its start time."""
+        self.step, self.unit = step, -1
+        return self.t
+
+    def end(self, begin: float) -> None:
+        """Close the step with its kind="step" row."""
+        self.unit = -1
+        self._row(kind="step", start_s=begin, end_s=self.t)
+
+
+class _Sizes:
+    """Bytes of each unit's FSDP2 collectives at G ranks per node, in the plan's precision."""
+
+    def __init__(self, model: DeclaredModel, per_node: int, precision: Precision) -> None:
+        shard = [sum(padded_shard_elements(s, per_node) for s in unit) for unit in model.units]
+        self.gather = [n * DTYPE_BYTES[precision.param_dtype] for n in shard]
+        reduce = DTYPE_BYTES[precision.reduce_dtype]
+        self.scatter = [n * per_node * reduce for n in shard]
+        self.all_reduce = [n * reduce for n in shard]
+
+
+def _fsdp2_step(rank: _Rank, sizes: _Sizes, compute: StepCompute, inter_all_reduce: bool) -> None:
+    """Forward and backward of one step, with FSDP2's collectives (module docstring)."""
+    root = len(sizes.gather) - 1
+    forward = [root, *range(root)]
+    rank.run("all_gather", sizes.gather[forward[0]], False)
+    for i, unit in enumerate(forward):
+        ahead = (rank.issue("all_gather", sizes.gather[forward[i + 1]], False)
+                 if i + 1 < len(forward) else None)
+        rank.compute(compute.forward_s[unit])
+        if ahead is not None:
+            rank.wait(ahead)
+    # Backward: the root (kept gathered) first, its head's gradient; then the blocks, last first.
+    backward = [root, *range(root - 1, -1, -1)]
+    for i, unit in enumerate(backward):
+        ahead = (rank.issue("all_gather", sizes.gather[backward[i + 1]], False)
+                 if i + 1 < len(backward) else None)
+        rank.compute(compute.backward_s[unit])
+        if ahead is not None:
+            rank.wait(ahead)
+        if unit != root:
+            _reduce(rank, sizes, unit, inter_all_reduce)
+    _reduce(rank, sizes, root, inter_all_reduce)
+    rank.mark(BACKWARD)
+
+
+def _reduce(rank: _Rank, sizes: _Sizes, unit: int, inter_all_reduce: bool) -> None:
+    """A unit's backward ended: its reduce-scatter and (HSDP) inter-node all-reduce."""
+    rank.mark(UNIT_BACKWARD, unit)
+    rank.wait(rank.issue("reduce_scatter", sizes.scatter[unit], False))
+    if inter_all_reduce and rank.shape.nodes > 1:
+        rank.wait(rank.issue("all_reduce", sizes.all_reduce[unit], True))
+
+
+def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape,
+               compute: StepCompute, precision: Precision, steps: int,
+               replicas: int | None = None, backend: str = "nccl",
+               first: int = 1) -> pd.DataFrame:
+    """The trace of `steps` training steps of `record`'s method on `shape` (module docstring).
+
+    `knobs` are the replicator's (record.settings); steps are numbered from `first` (1-based,
+    as runs number them), so that the replicator's schedule decides which exchange.
+    `replicas`: the target's node count (default: the trace's), which sizes what depends on it
+    (DeMo's exchange="auto"). `backend` names the algorithm each op runs
+    (`netsim.costs.default_algorithm`): "nccl" rings; "gloo" runs a reduce-scatter as an
+    all-reduce, as CPU recordings hold it. An exchange still in flight after the last step is
+    waited on after it (a run's drain).
+    """
+    if record.name not in PLANNED_METHODS:
+        raise ConfigError(f"--method {record.name!r} has no synthesized program yet; plan one "
+                          f"of {', '.join(PLANNED_METHODS)}.")
+    sizes = _Sizes(model, shape.per_node, precision)
+    exchange = exchanges(record, knobs, model, shape.per_node, replicas or shape.nodes)
+    # Every rank runs the same FSDP2 program; only the exchange's payload may differ from one
+    # local rank to another (FSDP2's last shards can be short). One rank's rows stand for all
+    # the ranks whose exchange is the same, relabelled.
+    steps_run = range(first, first + steps)
+    alike: dict[tuple, list[int]] = {}
+    for local in range(shape.per_node):
+        posts = tuple(tuple(exchange.posts(s, local)) for s in steps_run) if shape.nodes > 1 \
+            else ()
+        alike.setdefault(posts, []).append(local)
+    frames = []
+    for locals_ in alike.values():
+        rank = _Rank(locals_[0], shape, backend)
+        in_flight: dict[object, dict] = {}
+        for step in steps_run:
+            begin = rank.begin(step)
+            _fsdp2_step(rank, sizes, compute, record.inter_all_reduce)
+            rank.compute(compute.optimizer_s / 2)
+            if shape.nodes > 1:
+                _exchange_step(rank, exchange, step, in_flight)
+            rank.compute(compute.optimizer_s / 2)
+            rank.end(begin)
+        for row in in_flight.values():  # the run's drain: waited on after its last step
+            row["wait_s"] = row["end_s"] = rank.t + _DECODE_S
+        template = pd.DataFrame(rank.rows, columns=list(TRACE_COLUMNS))
+        frames.extend(_relabelled(template, shape, node, local)
+                      for node in range(shape.nodes) for local in locals_)
+    trace = pd.concat(frames, ignore_index=True).astype(TRACE_COLUMNS)
+    return trace.sort_values(["rank", "seq"], kind="stable", ignore_index=True)
+
+
+def _relabelled(template: pd.DataFrame, shape: Shape, node: int, local: int) -> pd.DataFrame:
+    """One rank's rows as another rank's: its rank, node, local index and groups."""
+    frame = template.copy()
+    rank = node * shape.per_node + local
+    frame["rank"], frame["node"], frame["local"] = rank, node, local
+    collective = frame["kind"] == "collective"
+    inter = frame["inter"].astype(bool)
+    first = node * shape.per_node
+    frame.loc[collective & ~inter, "group"] = ",".join(
+        str(first + j) for j in range(shape.per_node))
+    frame.loc[collective & inter, "group"] = ",".join(
+        str(local + k * shape.per_node) for k in range(shape.nodes))
+    return frame
+
+
+def _exchange_step(rank: _Rank, exchange: Exchange, step: int,
+                   in_flight: dict[object, dict]) -> None:
+    """This step's exchange: post what it posts, then wait on what it applies."""
+    posted_now = set()
+    for key, op, nbytes in exchange.posts(step, rank.local):
+        in_flight[key] = rank.issue(op, nbytes, True)
+        posted_now.add(key)
+    carried = False
+    for key in exchange.waits(step):
+        row = in_flight.pop(key, None)
+        if row is not None:
+            rank.wait(row)
+            carried = carried or key not in posted_now
+    if carried:
+        # A wait at the very end of its step reads as one between steps, taken at the next
+        # step's start (netsim.model.programs); the decode that follows keeps it in its step.
+        rank.compute(_DECODE_S)
+
+
+class Exchange:
+    """A method's inter-node ops of one step: the ones it posts and the ones it waits on."""
+
+    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
+        """(key, op, payload bytes) of every op posted after 1-based step `step`'s update."""
+        return []
+
+    def waits(self, step: int) -> list[object]:
+        """Keys of the posted ops step `step` waits on (after its posts)."""
+        return []
+
+
+class _DeMoExchange(Exchange):
+    """The DeMo family's one bucket per replicating step, sized by `plan_exchange`."""
+
+    def __init__(self, record: Method, knobs: DeMoKnobs, model: DeclaredModel, per_node: int,
+                 replicas: int) -> None:
+        self.knobs, self.model, self.per_node, self.replicas = knobs, model, per_node, replicas
+        self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
+        self.plans: dict[tuple, object] = {}
+
+    def plan(self, local: int) -> object:
+        """The exchange of local rank `local` (ranks whose shards have the same shapes, all of
+        them where FSDP2 cuts evenly, share one: sizing a 70B model's chunks takes seconds)."""
+        shapes = tuple(local_shard_shapes(self.model, self.per_node, local))
+        if shapes not in self.plans:
+            self.plans[shapes] = plan_exchange(list(shapes), [torch.float32] * len(shapes),
+                                               self.knobs, self.replicas)
+        return self.plans[shapes]
+
+    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
+        """The bucket (or dense vector) of a replicating step."""
+        if not self.replicates_on(step):
+            return []
+        plan = self.plan(local)
+        return [(step, plan.op, plan.payload_bytes)]
+
+    def waits(self, step: int) -> list[object]:
+        """delay=0: this step's own; delay=1: the previous replicating step's."""
+        if not self.replicates_on(step):
+            return []
+        if self.knobs.delay == 0:
+            return [step]
+        earlier = [s for s in range(step - 1, 0, -1) if self.replicates_on(s)]
+        return earlier[:1]
+
+
+class _DiLoCoExchange(Exchange):
+    """DiLoCo's outer all-reduce of the whole shard (fp32) every diloco_h steps."""
+
+    def __init__(self, record: Method, knobs: object, model: DeclaredModel,
+                 per_node: int) -> None:
+        self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
+        self.model, self.per_node = model, per_node
+
+    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
+        """The pseudo-gradient's all-reduce on a syncing step."""
+        if not self.replicates_on(step):
+            return []
+        return [(step, "all_reduce", outer_bytes(self.model, self.per_node, local))]
+
+    def waits(self, step: int) -> list[object]:
+        """Waited on in the step that posts it."""
+        return [step] if self.replicates_on(step) else []
+
+
+class _StreamingExchange(Exchange):
+    """Streaming DiLoCo: one fragment's sync posted tau steps before it is applied."""
+
+    def __init__(self, record: Method, knobs: object, model: DeclaredModel,
+                 per_node: int) -> None:
+        replicator = REPLICATORS[record.replicator](knobs)
+        self.prepared_on = replicator.fragment_prepared_on
+        self.applied_on = replicator.fragment_applied_on
+        self.wire = replicator.wire
+        self.knobs, self.model, self.per_node = knobs, model, per_node
+
+    def fragments(self, local: int) -> list[int]:
+        """Elements of each fragment of local rank `local`'s shards (the replicator's cut)."""
+        sizes = [math.prod(s) for s in local_shard_shapes(self.model, self.per_node, local)]
+        try:
+            return fragment_numels(sizes, self.knobs.num_fragments, self.knobs.fragment_cut)
+        except ValueError as err:
+            raise ConfigError(f"--method streaming-diloco: {err}") from None
+
+    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
+        """The fragment prepared after this step, in the outer wire format."""
+        fragment = self.prepared_on(step)
+        if fragment is None:
+            return []
+        numel = self.fragments(local)[fragment]
+        if numel == 0:
+            return []  # nothing of it on this rank: nothing crosses (the replicator's rule)
+        op, nbytes = self.wire.payload(numel)
+        return [(fragment, op, nbytes)]
+
+    def waits(self, step: int) -> list[object]:
+        """The fragment applied after this step."""
+        fragment = self.applied_on(step)
+        return [] if fragment is None else [fragment]
+
+
+def exchanges(record: Method, knobs: object, model: DeclaredModel, per_node: int,
+              replicas: int) -> Exchange:
+    """The method's inter-node exchange, from its replicator's own schedule and sizing."""
+    if record.replicator is None:
+        return Exchange()  # hsdp-adamw: FSDP2's all-reduce, in the backward
+    if isinstance(knobs, DeMoKnobs):
+        return _DeMoExchange(record, knobs, model, per_node, replicas)
+    if record.replicator == "diloco":
+        return _DiLoCoExchange(record, knobs, model, per_node)
+    if record.replicator == "streaming-diloco":
+        return _StreamingExchange(record, knobs, model, per_node)
+    raise ConfigError(f"--method {record.name!r} has no synthesized program yet; plan one of "
+                      f"{', '.join(PLANNED_METHODS)}.")

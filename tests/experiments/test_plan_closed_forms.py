@@ -1,0 +1,126 @@
+"""The plan against closed forms: ring all-reduces, DiLoCo's period, what overlap leaves exposed."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from experiments.plan.hardware import given_compute
+from experiments.plan.models import declare_model
+from experiments.plan.plan import bandwidth_needed, plan_method
+from experiments.plan.synth import Precision
+from flexdemo.methods import method_record
+from netsim import Link, Topology
+from netsim.costs import ring_all_reduce_time
+
+MODEL = "gpt:dim=256,layers=4,heads=4,vocab=1000,ffn=1024,tied=false"
+NODES = 4
+GBIT = 1e9 / 8
+
+
+def _plan(method: str, step_s: float, bandwidth: float, precision: Precision | None = None,
+          **knobs):
+    precision = precision or Precision()
+    model = declare_model(MODEL)
+    record = method_record(method)
+    settings, _ = record.settings(knobs)
+    compute = given_compute([model.unit_params(u) for u in range(len(model.units))], step_s)
+    topology = Topology(NODES, 1, Link(100e9, 0.0), Link(bandwidth, 0.0))
+    plan = plan_method(record, settings, model, [topology], ["x"], compute, precision,
+                       algorithm="ring")
+    return model, plan
+
+
+@pytest.mark.parametrize(("reduce_dtype", "itemsize"), [("fp32", 4), ("bf16", 2)])
+def test_network_bound_data_parallel_step_is_the_ring_all_reduce(reduce_dtype, itemsize):
+    model, plan = _plan("hsdp-adamw", 1e-6, GBIT, Precision("bf16", reduce_dtype))
+    link = Link(GBIT, 0.0)
+    expected = ring_all_reduce_time(NODES, model.params * itemsize, link)
+    assert plan.points[0].step_time_s == pytest.approx(expected, rel=1e-3)
+    assert plan.points[0].bytes_per_node_step == pytest.approx(
+        2 * (NODES - 1) / NODES * model.params * itemsize, rel=1e-6)
+
+
+def test_diloco_exposes_one_outer_all_reduce_every_h_steps():
+    h, step_s = 10, 0.5
+    model, plan = _plan("diloco", step_s, GBIT, diloco_h=h)
+    outer = ring_all_reduce_time(NODES, model.params * 4, Link(GBIT, 0.0))
+    assert (plan.period, plan.exchanges_per_period) == (h, 1)
+    assert plan.points[0].step_time_s == pytest.approx(step_s + outer / h, rel=1e-3)
+    row = plan.frame().iloc[0]
+    assert row["bytes_per_node_round"] == pytest.approx(
+        2 * (NODES - 1) / NODES * model.params * 4, rel=1e-6)
+    assert row["bytes_per_node_step"] == pytest.approx(row["bytes_per_node_round"] / h)
+
+
+def test_full_overlap_leaves_the_last_units_reduction_exposed():
+    # Every block's all-reduce hides behind the next block's backward, but block 0's and the
+    # root's come after the last backward compute: the optimizer waits for both.
+    step_s = 2.0
+    model, plan = _plan("hsdp-adamw", step_s, 100 * GBIT)
+    link = Link(100 * GBIT, 0.0)
+    blocks, root = model.unit_params(0), model.unit_params(len(model.units) - 1)
+    backward_per_block = step_s * 2 / 3 * blocks / model.params
+    assert ring_all_reduce_time(NODES, blocks * 4, link) < backward_per_block
+    exposed = (ring_all_reduce_time(NODES, blocks * 4, link)
+               + ring_all_reduce_time(NODES, root * 4, link))
+    cu = plan.compute_s / plan.points[0].step_time_s
+    assert cu == pytest.approx(step_s / (step_s + exposed), rel=1e-3)
+
+
+def test_bandwidth_needed_says_how_it_was_found():
+    frame = pd.DataFrame({"inter_bw_bps": [1.0, 10.0, 100.0],
+                          "compute_utilization": [0.2, 0.6, 0.9]})
+    bps, how = bandwidth_needed(frame, 0.8)
+    assert how == "interpolated" and 10 < bps < 100
+    assert bandwidth_needed(frame, 0.6) == (10.0, "grid point")
+    assert bandwidth_needed(frame, 0.1)[1] == "at or below the grid's lowest bandwidth"
+    assert bandwidth_needed(frame, 0.95) == (None, "not reached (at most 90.0% on this grid)")
+
+
+def test_streaming_diloco_without_delay_exposes_its_fragments_all_reduces():
+    step_s, every = 0.5, 12
+    model, plan = _plan("streaming-diloco", step_s, GBIT, sync_every=every, num_fragments=4,
+                        fragment_sync_delay=0, fragment_cut="elements")
+    outer = ring_all_reduce_time(NODES, model.params * 4, Link(GBIT, 0.0))
+    assert (plan.period, plan.exchanges_per_period) == (every, 4)
+    assert plan.points[0].step_time_s == pytest.approx(step_s + outer / every, rel=1e-3)
+
+
+def test_streaming_diloco_peak_bytes_are_a_fragment_of_diloco_s():
+    _, diloco = _plan("diloco", 0.5, GBIT)
+    _, streaming = _plan("streaming-diloco", 0.5, GBIT, num_fragments=5, sync_every=50,
+                         fragment_cut="elements")
+    assert diloco.peak_exchange_bytes // 5 - 4 <= streaming.peak_exchange_bytes
+    assert streaming.peak_exchange_bytes <= diloco.peak_exchange_bytes // 5 + 4
+
+
+def test_streaming_diloco_hides_a_sync_that_fits_its_delay():
+    # Each fragment's all-reduce takes less than the tau = 2 steps of compute it overlaps.
+    model, plan = _plan("streaming-diloco", 0.5, 100 * GBIT, sync_every=12, num_fragments=4,
+                        fragment_sync_delay=2)
+    _, quiet = _plan("diloco", 0.5, 100 * GBIT, diloco_h=10**6)  # never syncs in a window
+    one = ring_all_reduce_time(NODES, model.params * 4 // 4, Link(100 * GBIT, 0.0))
+    assert one < 2 * 0.5
+    assert plan.points[0].step_time_s == pytest.approx(quiet.points[0].step_time_s, rel=1e-3)
+
+
+def test_memory_parts_by_hand():
+    from experiments.plan.models import padded_shard_elements
+    from experiments.plan.plan import memory
+
+    model = declare_model(MODEL)
+    shard = sum(padded_shard_elements(s, 8) for unit in model.units for s in unit)
+    precision = Precision()
+    hsdp = memory(method_record("hsdp-adamw"), None, model, 8, NODES, precision)
+    assert (hsdp.params, hsdp.grads, hsdp.optimizer, hsdp.replicator) == (
+        4 * shard, 4 * shard, 8 * shard, 0)
+    block, root = model.unit_params(0), model.unit_params(len(model.units) - 1)
+    assert hsdp.working == (root + 2 * block) * 2 + block * 4  # bf16 gathered, fp32 gradient
+    record = method_record("diloco")
+    diloco = memory(record, record.settings({})[0], model, 8, NODES, precision)
+    assert diloco.replicator == 8 * shard and diloco.optimizer == 8 * shard
+    record = method_record("flexdemo")
+    flex = memory(record, record.settings({})[0], model, 8, NODES, precision)
+    assert flex.optimizer == 0  # the sign step keeps no moments
+    assert flex.replicator > 4 * shard  # the momentum, plus every replica's bucket
