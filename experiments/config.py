@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from experiments.errors import ConfigError
+from experiments.workload_budgets import BUILTIN_BUDGETS
 from flexdemo.devices import BACKENDS
 from flexdemo.graphs import graph_problem, site_blocks, site_count
 from flexdemo.knobs import StepKnobs
@@ -28,7 +29,7 @@ from flexdemo.knobs import StepKnobs
 from flexdemo.methods import METHODS, RECORDS, Method, method_record
 
 __all__ = ["KNOBS", "METHODS", "BACKENDS", "SCHEDULES", "SHAPING_MODES", "WORKLOADS",
-           "BUILTIN_BUDGETS", "ConfigError", "KnobSettings", "RunConfig", "RunSettings",
+           "ConfigError", "KnobSettings", "RunConfig", "RunSettings",
            "add_run_arguments", "field_help", "load_site_file", "parse_overrides",
            "run_arguments", "shared_for"]
 
@@ -36,10 +37,6 @@ if TYPE_CHECKING:
     from netsim.sites import Sites
     from netsim.topology import Topology
 
-# The built-in workloads and their budgets, (steps, batch size, evaluate every): the workloads
-# use them, and a sweep's dry run estimates a unit whose steps are the workload's from them.
-BUILTIN_BUDGETS = {"lm-tiny": (300, 16, 25), "lm-small": (2000, 16, 100),
-                   "vision-tiny": (200, 32, 20)}
 WORKLOADS = tuple(BUILTIN_BUDGETS)
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
 SCHEDULES = ("constant", "warmup", "cosine")

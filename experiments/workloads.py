@@ -33,9 +33,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from experiments.config import BUILTIN_BUDGETS
 from experiments.deadline import bounded
 from experiments.errors import ConfigError, RunFailed, users_location
+from experiments.workload_budgets import BUILTIN_BUDGETS
 
 __all__ = ["Workload", "BuiltinWorkload", "make_workload", "check_workload", "WORKLOAD_NAMES",
            "builtin_model",

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -209,23 +209,30 @@ def _fsdp2_step(rank: _Rank, sizes: _Sizes, compute: StepCompute, inter_all_redu
     root = len(sizes.gather) - 1
     forward = [root, *range(root)]
     rank.run("all_gather", sizes.gather[forward[0]], False)
-    for i, unit in enumerate(forward):
-        ahead = (rank.issue("all_gather", sizes.gather[forward[i + 1]], False)
-                 if i + 1 < len(forward) else None)
-        rank.compute(compute.forward_s[unit])
-        if ahead is not None:
-            rank.wait(ahead)
+    _prefetching(rank, sizes, forward, compute.forward_s)
     # Backward: the root (kept gathered) first, its head's gradient; then the blocks, last first.
     backward = [root, *range(root - 1, -1, -1)]
-    for i, unit in enumerate(backward):
-        ahead = (rank.issue("all_gather", sizes.gather[backward[i + 1]], False)
-                 if i + 1 < len(backward) else None)
-        rank.compute(compute.backward_s[unit])
-        if ahead is not None:
-            rank.wait(ahead)
+
+    def reduce_block(unit: int) -> None:
         if unit != root:
             _reduce(rank, sizes, unit, inter_all_reduce)
+
+    _prefetching(rank, sizes, backward, compute.backward_s, then=reduce_block)
     _reduce(rank, sizes, root, inter_all_reduce)
+
+
+def _prefetching(rank: _Rank, sizes: _Sizes, order: list[int], seconds: Sequence[float],
+                 then: Callable[[int], None] | None = None) -> None:
+    """Compute the units in ``order``, each next unit all-gathered while this one computes
+    (FSDP2's prefetch); ``then(unit)`` once a unit's compute and the prefetch are done."""
+    for i, unit in enumerate(order):
+        ahead = (rank.issue("all_gather", sizes.gather[order[i + 1]], False)
+                 if i + 1 < len(order) else None)
+        rank.compute(seconds[unit])
+        if ahead is not None:
+            rank.wait(ahead)
+        if then is not None:
+            then(unit)
     rank.mark(BACKWARD)
 
 

@@ -15,8 +15,8 @@ import json
 import statistics
 from pathlib import Path
 
-from experiments.config import BUILTIN_BUDGETS
 from experiments.sweep.plan import Unit, unit_state
+from experiments.workload_budgets import BUILTIN_BUDGETS
 
 __all__ = ["DEFAULT_REFERENCE", "estimate_text", "seconds_per_step"]
 

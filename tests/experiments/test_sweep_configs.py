@@ -140,8 +140,8 @@ def test_the_estimate_of_units_on_the_workloads_own_budget_uses_that_budget(
         tmp_path: Path) -> None:
     import json
 
-    from experiments.config import BUILTIN_BUDGETS
     from experiments.sweep.estimate import estimate_text
+    from experiments.workload_budgets import BUILTIN_BUDGETS
 
     units = [u for u in sweep.units_of(sweep.load_config(CONFIGS / "frontier.toml"))
              if u.method == "hsdp-adamw"]
