@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import math
 import textwrap
@@ -50,6 +51,13 @@ def field_help(cls: type) -> dict[str, str]:
 
     Fields of base classes count; a generated field's help is its metadata's "help".
     """
+    return dict(_field_help(cls))
+
+
+# Parsing a class's source takes tens of milliseconds and the knob fields ask for the same few
+# schemas over a hundred times at import, in every process a run starts: parsed once each.
+@functools.cache
+def _field_help(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if klass is object or not dataclasses.is_dataclass(klass):

@@ -93,7 +93,10 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     backend = _backend(cfg, cfg.world_size)
     # forkserver imports torch and our modules once, then forks every rank from that warm
     # process: four cold interpreters would spend longer importing than a short run trains.
-    mp.set_forkserver_preload(["experiments.run.train"])
+    # flexdemo imports its optimizer, replicators and FSDP2 (and through it sympy) on first use,
+    # which is in the ranks: named here, they are imported once too (1-2 s a rank on 2 cores).
+    mp.set_forkserver_preload(["experiments.run.train", "flexdemo.build", "flexdemo.hsdp",
+                               "flexdemo.optimizer", "flexdemo.replicators"])
     watchdog = Watchdog([folder.progress(r) for r in range(cfg.world_size)], cfg.stall_timeout)
     ctx = None
     previous_handler = raise_on_sigterm()
