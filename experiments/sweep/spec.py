@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from experiments.config import KNOBS, METHODS, RunConfig, parse_overrides
 from experiments.errors import ConfigError
 from experiments.sweep.executors import EXECUTORS
-from experiments.values import AT_LEAST_ZERO, COUNT, POSITIVE, UNIT_OPEN_LOW
+from experiments.values import AT_LEAST_ZERO, COUNT, POSITIVE, SEED, UNIT_OPEN_LOW
 from flexdemo.methods import BASELINE, method_record
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int
     bws = _nonempty_list(grid, "inter_bw", str)
     lats = _nonempty_list(grid, "inter_lat", str)
     networks = [network_point(bw, lat) for bw in bws for lat in lats]
-    seeds = _nonempty_list(grid, "seeds", int)
+    seeds = [SEED.check("grid.seeds", seed) for seed in _nonempty_list(grid, "seeds", int)]
     return methods, networks, seeds, _knobs(grid.get("knobs", {}), methods)
 
 def _parse_value(text: str) -> Any:
