@@ -99,8 +99,8 @@ class SlurmCluster:
         key.chmod(0o400)
         user = os.environ.get("USER") or _user()
         self.conf.write_text(SLURM_CONF.format(
-            node=NODE, host=socket.gethostname().split('.')[0], root=self.root, user=user, cpus=CPUS,
-            ctld_port=_free_port(), slurmd_port=_free_port()))
+            node=NODE, host=socket.gethostname().split(".")[0], root=self.root, user=user,
+            cpus=CPUS, ctld_port=_free_port(), slurmd_port=_free_port()))
         m = self.root / "munge"
         self._spawn(_which("munged"), "-F", "-f", f"--socket={m}/munge.socket",
                     f"--key-file={key}", f"--pid-file={m}/munged.pid",
