@@ -70,9 +70,10 @@ def check_reachable(kind: str) -> None:
     except subprocess.TimeoutExpired:
         done = subprocess.CompletedProcess([], 1, "", "no answer in 20 s")
     if done.returncode != 0:
-        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1].strip()
         raise ConfigError(f"--executor slurm: no Slurm controller answers here (sinfo: "
-                          f"{said.strip().removeprefix('sinfo: ')}); check SLURM_CONF or use --executor local.")
+                          f"{said.removeprefix('sinfo: ')}); check SLURM_CONF or use "
+                          "--executor local.")
 
 
 def default_launcher() -> Launcher:
