@@ -134,7 +134,7 @@ def _wait_for_ranks(out: Path, proc: subprocess.Popen, deadline_s: float) -> Non
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_scancel_leaves_the_running_unit_pending_and_resume_reruns_it(slurm, tmp_path):
-    config = _write(tmp_path, "cancel", steps=30)
+    config = _write(tmp_path, "cancel", steps=20)
     out = tmp_path / "out"
     env = _env(slurm)
     proc = _sweep(config, out, env)
