@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from experiments.errors import ConfigError
-from experiments.workload_budgets import BUILTIN_BUDGETS
 from experiments.values import (
     AT_LEAST_ZERO,
     COUNT,
@@ -32,6 +31,7 @@ from experiments.values import (
     UNIT_OPEN_LOW,
     Kind,
 )
+from experiments.workload_budgets import BUILTIN_BUDGETS
 from flexdemo.devices import BACKENDS
 from flexdemo.graphs import graph_problem, site_blocks, site_count
 from flexdemo.knobs import StepKnobs
