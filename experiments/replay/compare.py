@@ -193,6 +193,8 @@ def _check_one_workload(found: list[Candidate]) -> None:
 TRAINING_SETTINGS = ("lr", "schedule", "warmup", "warmup_steps", "batch_size", "weight_decay")
 """Run settings that change a run's loss curve beside its method's knobs: a variant's seeds
 must share them, or their spread would be the settings' and not the seeds'."""
+# Read by the warmup and cosine schedules only: under constant they change nothing.
+_WARMUP_SETTINGS = ("warmup", "warmup_steps")
 
 
 def _check_one_setting_per_variant(found: list[Candidate]) -> None:
@@ -209,7 +211,9 @@ def _check_one_setting_per_variant(found: list[Candidate]) -> None:
             first[c.variant] = (c.path, settings)
             continue
         path, seen = first[c.variant]
-        differ = [k for k in TRAINING_SETTINGS if settings[k] != seen[k]]
+        differ = [k for k in TRAINING_SETTINGS if settings[k] != seen[k]
+                  and not (k in _WARMUP_SETTINGS and settings["schedule"] == seen["schedule"]
+                           == "constant")]
         if differ:
             k = differ[0]
             raise ConfigError(f"{str(path)!r} and {str(c.path)!r} are both {c.variant} but train "
