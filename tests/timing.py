@@ -19,12 +19,16 @@ class SleepLog:
     sleeps in slices until the modeled finish); `remove()` puts the real module back.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wall_step_s: float = 0.0) -> None:
         self.requested: list[float] = []
         self._module: types.ModuleType | None = None
+        self.wall_step_s = wall_step_s  # the wall clock as if set forward by this much
 
     def time(self) -> float:
-        return time.time()
+        return time.time() + self.wall_step_s
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
     def sleep(self, seconds: float) -> None:
         self.requested.append(float(seconds))
