@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from experiments.config import KNOBS, METHODS, RunConfig, parse_overrides
 from experiments.errors import ConfigError
 from experiments.sweep.executors import EXECUTORS
-from experiments.values import AT_LEAST_ZERO, COUNT, POSITIVE, SEED, UNIT_OPEN_LOW
+from experiments.values import AT_LEAST_ZERO, COUNT, POSITIVE, POSITIVE_INT, SEED, UNIT_OPEN_LOW
 from flexdemo.methods import BASELINE, method_record
 
 if TYPE_CHECKING:
@@ -243,7 +243,14 @@ def _executor_numbers(params: dict[str, Any]) -> None:
     for key, value in params.items():
         number = typed.get(key) in (int, float)
         if number or isinstance(value, (int, float)) and not isinstance(value, bool):
-            (COUNT if typed.get(key) is int else AT_LEAST_ZERO).check(f"executor.{key}", value)
+            kind = (POSITIVE_INT if key in _AT_LEAST_ONE else
+                    COUNT if typed.get(key) is int else AT_LEAST_ZERO)
+            kind.check(f"executor.{key}", value)
+
+
+# A job of none of these cannot run. Zero is meaningful elsewhere: Slurm reads timeout_min 0
+# as no limit and mem_gb 0 as all of the node's memory; gpus_per_node 0 asks for none.
+_AT_LEAST_ONE = ("nodes", "cpus_per_task", "tasks_per_node")
 
 def _known(where: str, table: dict[str, Any], allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)

@@ -53,9 +53,10 @@ def make():
 """
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A one-node Slurm cluster (munged, slurmctld, slurmd) for the whole session."""
+    """A one-node Slurm cluster (munged, slurmctld, slurmd), started once for this module's
+    tests and stopped after the last of them."""
     missing = missing_binaries()
     if missing:
         pytest.skip(f"Slurm is not installed (no {', '.join(missing)}): "
@@ -104,7 +105,7 @@ def _finish(proc: subprocess.Popen, slurm: SlurmCluster, timeout: float) -> tupl
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_slurm_sweep_runs_two_units_as_jobs_and_scores_them(slurm, tmp_path):
-    config = _write(tmp_path, "two", steps=3, seeds="[0, 1]")
+    config = _write(tmp_path, "two", steps=1, seeds="[0, 1]")
     out = tmp_path / "out"
     code, text = _finish(_sweep(config, out, _env(slurm)), slurm, 200)
     assert code == 0, text[-3000:]
@@ -158,7 +159,7 @@ def test_scancel_leaves_the_running_unit_pending_and_resume_reruns_it(slurm, tmp
 @pytest.mark.timeout(240)
 def test_a_unit_that_fails_in_its_job_is_recorded_failed_with_its_log(slurm, tmp_path):
     (tmp_path / "broken_workload.py").write_text(BROKEN)
-    config = _write(tmp_path, "broken", steps=2, workload="broken_workload:make")
+    config = _write(tmp_path, "broken", steps=1, workload="broken_workload:make")
     out = tmp_path / "out"
     env = {**_env(slurm), "PYTHONPATH": f"{ROOT}:{tmp_path}"}
     code, text = _finish(_sweep(config, out, env), slurm, 150)

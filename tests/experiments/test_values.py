@@ -194,6 +194,16 @@ def test_an_executor_number_must_be_finite_and_not_negative(value: float) -> Non
         parse_config(raw)
 
 
+@pytest.mark.parametrize("key", ["nodes", "cpus_per_task", "tasks_per_node"])
+def test_an_executor_count_a_job_cannot_run_without_must_be_at_least_one(key: str) -> None:
+    raw = {**SWEEP, "executor": {"kind": "local", key: 0}}
+    with pytest.raises(ConfigError, match=rf"^executor\.{key} must be an integer >= 1, got 0\.$"):
+        parse_config(raw)
+    # Zeros Slurm reads as a setting: no time limit, all of the node's memory, no GPU.
+    parse_config({**SWEEP, "executor": {"kind": "local", "timeout_min": 0, "mem_gb": 0,
+                                        "gpus_per_node": 0}})
+
+
 SITE = {"site": [{"name": "a", "nodes": 2, "uplink": "1Gbit", "downlink": "1Gbit",
                   "intra_bw": "10Gbit", "intra_lat": "1ms"}], "rtt": {"matrix": [[0]]}}
 
