@@ -165,7 +165,7 @@ def test_cli_reads_the_file_and_refuses_a_bad_one(tmp_path, capsys):
     assert main(["validate-sim", "--shaping", "wall", "--calibration", str(path)]) == 2
     assert "fitted under kernel shaping, not wall" in capsys.readouterr().err
     assert main(["validate-sim", "--recordings", "0"]) == 2
-    assert "--recordings must be >= 1" in capsys.readouterr().err
+    assert "argument --recordings: must be an integer >= 1, got '0'" in capsys.readouterr().err
 
 
 def _calibrate(tmp_path: Path, shaping: str) -> Calibration:
