@@ -29,6 +29,7 @@ from typing import Any
 
 from experiments.config import METHODS, RunConfig, shared_for
 from experiments.io import write_atomic
+from experiments.values import AT_LEAST_ZERO
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--update", action="store_true",
                         help="measure and record instead of comparing; with --methods, only "
                         "their rows change")
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE,
+    parser.add_argument("--tolerance", type=AT_LEAST_ZERO.arg, default=TOLERANCE,
                         help="allowed relative change per figure (default 0.01 = 1%%)")
     parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                         help="check only these methods (default: all, and every one the "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from experiments.errors import Stopped
 from experiments.logs import configure_logging
@@ -42,9 +43,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a refusal of one line: the command, the flag, what it takes (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``PROG: error: MESSAGE`` alone (the usage is one --help away) and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The top-level parser; only the chosen subcommand's module is imported."""
-    parser = argparse.ArgumentParser(prog="flexbench", description=__doc__.splitlines()[0])
+    parser = Parser(prog="flexbench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
@@ -59,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `flexbench` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help (0) or a refused flag (2, said in one line)
+        return stop.code if isinstance(stop.code, int) else 2
     configure_logging()
     try:
         return int(importlib.import_module(args._module).main(args) or 0)

@@ -14,13 +14,23 @@ import ast
 import dataclasses
 import functools
 import inspect
-import math
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from experiments.errors import ConfigError
+from experiments.values import (
+    AT_LEAST_ZERO,
+    COUNT,
+    FRACTION,
+    POSITIVE,
+    POSITIVE_INT,
+    SEED,
+    UNIT_CLOSED,
+    UNIT_OPEN_LOW,
+    Kind,
+)
 from experiments.workload_budgets import BUILTIN_BUDGETS
 from flexdemo.devices import BACKENDS
 from flexdemo.graphs import graph_problem, site_blocks, site_count
@@ -41,7 +51,6 @@ if TYPE_CHECKING:
 WORKLOADS = tuple(BUILTIN_BUDGETS)
 SHAPING_MODES = ("off", "wall", "virtual", "kernel")
 SCHEDULES = ("constant", "warmup", "cosine")
-MAX_SEED = 2**32 - 1
 # RunSettings.warmup's default: a warmup other than it beside warmup_steps was set on purpose.
 _DEFAULT_WARMUP = 0.05
 
@@ -101,8 +110,23 @@ def _knob_field(name: str, records: list[Method]) -> tuple[str, str, Any]:
         read = "; ".join(f"{', '.join(names)} (default {value.strip(repr(''))})"
                          for value, names in by_default.items())
     kind = _knob_doc(name, records[0])[0]
-    return name, f"{kind} | None", field(
-        default=None, metadata={"knob": True, "help": f"{text} Read by {read}."})
+    meta = {"knob": True, "help": f"{text} Read by {read}."}
+    if name in KNOB_KINDS:
+        meta["kind"] = KNOB_KINDS[name]
+    return name, f"{kind} | None", field(default=None, metadata=meta)
+
+
+# The kind of number each numeric knob takes, checked where a flag or key is parsed; the knob's
+# schema (flexdemo.knobs) narrows it further (chunk <= MAX_DCT_CHUNK, delay 0 or 1, ada_low <
+# ada_high). A numeric knob missing here is found by tests/experiments/test_values.py.
+KNOB_KINDS: dict[str, Kind] = {
+    "replicate_every": POSITIVE_INT, "skip_every": POSITIVE_INT, "decay": FRACTION,
+    "topk": POSITIVE_INT, "chunk": POSITIVE_INT, "delay": COUNT, "beta1": FRACTION,
+    "diloco_h": POSITIVE_INT, "outer_lr": POSITIVE, "outer_momentum": FRACTION,
+    "sync_every": POSITIVE_INT, "num_fragments": POSITIVE_INT, "fragment_sync_delay": COUNT,
+    "fragment_update_alpha": UNIT_CLOSED, "rate": UNIT_OPEN_LOW, "ada_every": POSITIVE_INT,
+    "ada_high": AT_LEAST_ZERO, "ada_low": AT_LEAST_ZERO, "ada_sample": POSITIVE_INT,
+}
 
 
 def _knob_fields() -> list[tuple[str, str, Any]]:
@@ -129,29 +153,29 @@ class RunSettings:
     """Training scheme: one of flexdemo.methods.METHODS."""
     workload: str = "lm-tiny"
     """Model and data: lm-tiny, lm-small, vision-tiny, or your own factory as "module.path:attr"."""
-    nodes: int = 2
+    nodes: int = field(default=2, metadata={"kind": POSITIVE_INT})
     """Nodes (replicas); the inter-node group has one rank per node."""
-    gpus_per_node: int = 2
+    gpus_per_node: int = field(default=2, metadata={"kind": POSITIVE_INT})
     """Accelerators (ranks) per node; FSDP2 shards across them."""
-    steps: int | None = None
+    steps: int | None = field(default=None, metadata={"kind": POSITIVE_INT})
     """Optimizer steps; None takes the workload's default budget."""
-    lr: float | None = None
+    lr: float | None = field(default=None, metadata={"kind": POSITIVE})
     """Learning rate; None takes the method's default (flexdemo.methods: its record's lr)."""
     schedule: str = "constant"
     """Learning-rate schedule of every method: constant, warmup
     (linear warm-up, then constant) or cosine (linear warm-up, then cosine down to 10%)."""
-    warmup: float = _DEFAULT_WARMUP
+    warmup: float = field(default=_DEFAULT_WARMUP, metadata={"kind": FRACTION})
     """Fraction of the steps spent in linear warm-up (warmup and cosine schedules)."""
-    warmup_steps: int | None = None
+    warmup_steps: int | None = field(default=None, metadata={"kind": COUNT})
     """Steps of linear warm-up, instead of the fraction warmup (warmup and cosine schedules;
     below steps; constant ignores it); None: the fraction."""
-    seed: int = 0
+    seed: int = field(default=0, metadata={"kind": SEED})
     """Seed for model init, data order, random replication and Ada's sample."""
-    batch_size: int | None = None
+    batch_size: int | None = field(default=None, metadata={"kind": POSITIVE_INT})
     """Per-rank micro-batch; None takes the workload's default."""
-    eval_every: int | None = None
+    eval_every: int | None = field(default=None, metadata={"kind": POSITIVE_INT})
     """Steps between validation evaluations; None takes the workload's default."""
-    weight_decay: float = 0.0
+    weight_decay: float = field(default=0.0, metadata={"kind": AT_LEAST_ZERO})
     """Decoupled weight decay."""
     inter_bw: str | None = None
     """Inter-node bandwidth ("100Mbit", "1Gbit", "25GB/s"); None: the real, unshaped link."""
@@ -177,14 +201,14 @@ class RunSettings:
     backend: str = "auto"
     """Process-group backend: auto (nccl when every local rank has a GPU, else gloo), gloo or
     nccl; nccl runs as "cpu:gloo,cuda:nccl" (flexdemo.devices.backend_for)."""
-    threads_per_rank: int = 1
+    threads_per_rank: int = field(default=1, metadata={"kind": POSITIVE_INT})
     """torch threads per rank when the launcher spawns ranks on this machine."""
     pin_cores: bool = False
     """Pin rank r to core r mod cores, so runs compared with each other share CPUs alike."""
     sync_phases: bool = False
     """Wait for the GPU at the end of each step phase (the backward mark, the step's end), so
     the trace's times are the device's: `flexbench profile-compute` sets it. CPU runs ignore it."""
-    stall_timeout: float = 90.0
+    stall_timeout: float = field(default=90.0, metadata={"kind": POSITIVE})
     """Seconds without progress on any rank before the run is stopped as stalled."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form labels carried into run.json (e.g. sweep unit ids)."""
@@ -199,43 +223,28 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             _check_type(f, value)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{f.name} must be a finite number, got {value}.")
         _choice("method", self.method, METHODS)
         _workload(self.workload)
         for name, allowed in (("shaping", SHAPING_MODES), ("schedule", SCHEDULES),
                               ("backend", BACKENDS)):
             _choice(name, getattr(self, name), allowed)
-        self._check_counts()
-        self._check_ranges()
-        self._check_warmup_steps()
+        # Every numeric field is checked by its kind, the same check as its flag's; a knob's
+        # schema speaks first, its sentence naming the method's rule.
+        self._check_kinds(knobs=False)
         self._check_knobs()
+        self._check_kinds(knobs=True)
+        self._check_warmup_steps()
         self._check_shaping()
         self.topology()  # parses the unit strings and node links
         return self
 
-    def _check_counts(self) -> None:
-        """Cluster shape, threads and the optional step counts are positive integers."""
-        for name in ("nodes", "gpus_per_node", "threads_per_rank"):
-            _at_least(name, getattr(self, name), 1)
-        for name in ("steps", "batch_size", "eval_every"):
-            if getattr(self, name) is not None:
-                _at_least(name, getattr(self, name), 1)
-        _at_least("seed", self.seed, 0)
-        if self.seed > MAX_SEED:  # torch's generators take 64 bits; seeds are mixed with steps
-            raise ConfigError(f"seed must be an integer from 0 to {MAX_SEED}, got {self.seed}.")
-
-    def _check_ranges(self) -> None:
-        """warmup, lr, weight_decay and stall_timeout lie in their ranges."""
-        if not 0.0 <= self.warmup < 1.0:
-            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.warmup}.")
-        if self.lr is not None and not self.lr > 0:
-            raise ConfigError(f"lr must be a positive number, got {self.lr}.")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}.")
-        if not self.stall_timeout > 0:
-            raise ConfigError(f"stall_timeout must be a positive number of seconds, got "
-                              f"{self.stall_timeout}.")
+    def _check_kinds(self, *, knobs: bool) -> None:
+        """Every numeric setting (or knob) given, not None, is of its kind (experiments.values)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            mine = f.metadata.get("knob", False) == knobs
+            if mine and "kind" in f.metadata and value is not None:
+                f.metadata["kind"].check(f.name, value)
 
     def _check_warmup_steps(self) -> None:
         """warmup_steps: a count below steps, not beside a warmup fraction of its own.
@@ -245,7 +254,6 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
         """
         if self.warmup_steps is None:
             return
-        _at_least("warmup_steps", self.warmup_steps, 0)
         if self.warmup != _DEFAULT_WARMUP:
             raise ConfigError(f"warmup={self.warmup} and warmup_steps={self.warmup_steps} both "
                               "set the warm-up; give one of them.")
@@ -431,9 +439,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (
                                 help=docs.get(f.name))
             continue
         base = kind.split(" ")[0]
+        # A numeric field's flag parses by its kind; one without a kind keeps the bare type,
+        # which tests/experiments/test_values.py refuses.
+        typed = f.metadata["kind"].arg if "kind" in f.metadata else _CLI_TYPES.get(base, str)
         parser.add_argument(f.metadata.get("flag", flag), dest=f.name, default=None,
-                            metavar=base.upper(), type=_CLI_TYPES.get(base, str),
-                            help=docs.get(f.name))
+                            metavar=base.upper(), type=typed, help=docs.get(f.name))
 
 
 def run_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -517,8 +527,3 @@ def _workload(name: Any) -> None:
     from experiments.workloads import check_workload
 
     check_workload(name)
-
-
-def _at_least(name: str, value: Any, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}.")

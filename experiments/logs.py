@@ -10,12 +10,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterable
+from typing import TypeVar
 
 from tqdm import tqdm
 
-__all__ = ["configure_logging"]
+__all__ = ["PROGRESS_DELAY_S", "configure_logging", "progress"]
+
+# A bar shows only once its loop has run this long: a replay of seconds prints nothing.
+PROGRESS_DELAY_S = 3.0
 
 _LOGGER = "experiments"
+T = TypeVar("T")
 
 
 class _TqdmHandler(logging.Handler):
@@ -51,3 +57,15 @@ def configure_logging(rank: int | None = None) -> None:
     logger.propagate = False
     chatty = rank in (None, 0) or os.environ.get("FLEXBENCH_LOG_ALL_RANKS") == "1"
     logger.setLevel(logging.INFO if chatty else logging.WARNING)
+
+
+def progress(iterable: Iterable[T] | None = None, *, total: int | None = None, desc: str,
+             unit: str) -> tqdm:
+    """A progress bar on stderr for a loop of replays, shown after PROGRESS_DELAY_S.
+
+    Off where stderr is not a terminal (tqdm's disable=None) and under TQDM_DISABLE, which an
+    explicit disable would otherwise override; left behind by nothing (leave=False).
+    """
+    off = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
+    return tqdm(iterable, total=total, desc=desc, unit=unit, delay=PROGRESS_DELAY_S,
+                file=sys.stderr, disable=True if off else None, leave=False, dynamic_ncols=True)

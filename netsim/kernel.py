@@ -389,6 +389,19 @@ class KernelNetwork:
             out[key] = int(found.group(1)) if found else 0
         return out
 
+    def shaped_rates(self) -> dict[str, float]:
+        """The tbf rate tc reports on each node's two qdiscs, in bytes/s ("n<k>", "v<k>")."""
+        out = {}
+        for node in range(self.nodes):
+            for ns, dev, key in ((self.namespace(node), INTERFACE, f"n{node}"),
+                                 (self.hub, f"v{node}", f"v{node}")):
+                shown = _run(["tc", "-n", ns, "qdisc", "show", "dev", dev]).stdout
+                found = re.search(r"tbf .*?rate (\d+(?:\.\d+)?)([kKMG]?)bit", shown)
+                if found:  # tc prints SI multiples of bits per second
+                    scale = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}[found.group(2)]
+                    out[key] = float(found.group(1)) * scale / 8
+        return out
+
     def delete(self) -> None:
         """Delete every namespace this object made (their veths and qdiscs go with them)."""
         while self._made:

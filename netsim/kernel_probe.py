@@ -74,13 +74,17 @@ def measure_goodput(rate_bps: float, payload: int = 4 << 20, repeats: int = 3,
             stop(procs)
         if any(p.returncode for p in procs):
             raise RuntimeError(f"a probe rank failed (exit codes {[p.returncode for p in procs]})")
-        counters = net.sent_bytes()
+        counters, shown = net.sent_bytes(), net.shaped_rates()
     times = json.loads(outputs[0].strip().splitlines()[-1])["times_s"]
     wire = 2 * (nodes - 1) / nodes * payload
     median = statistics.median(times)
     return {"rate_bps": rate_bps, "mtu": settings.mtu, "payload_bytes": payload,
             "wire_bytes_each_way": wire, "times_s": times, "goodput_bps": wire / median,
-            "goodput_ratio": wire / median / pace, "qdisc_sent_bytes": counters}
+            "goodput_ratio": wire / median / pace, "qdisc_sent_bytes": counters,
+            "qdisc_rates_bps": shown,
+            "asked_rates_bps": {f"{end}{k}": own.get(k, settings).rate_bps
+                                for k in range(nodes) for end in "nv"},
+            "repeats": repeats}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,6 +28,7 @@ from experiments.plan.models import declare_model
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
 from experiments.plan.synth import PLANNED_METHODS, Precision
 from experiments.replay.compute_profile import load_profile
+from experiments.values import POSITIVE, POSITIVE_INT, UNIT_OPEN_LOW
 from flexdemo.methods import METHODS, method_record
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.sites import hierarchy_line
@@ -51,20 +52,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "module:function (built on the meta device)")
     parser.add_argument("--method", nargs="+", required=True, metavar="M",
                         help=f"methods to plan: {', '.join(PLANNED_METHODS)}")
-    parser.add_argument("--nodes", type=int, required=True, help="nodes of the cluster")
-    parser.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node")
+    parser.add_argument("--nodes", type=POSITIVE_INT.arg, required=True,
+                        help="nodes of the cluster")
+    parser.add_argument("--gpus-per-node", type=POSITIVE_INT.arg, required=True,
+                        help="GPUs per node")
     compute = parser.add_mutually_exclusive_group(required=True)
     compute.add_argument("--gpu", help=f"GPU kind: {', '.join(GPUS)}")
-    compute.add_argument("--step-time", type=float, metavar="S",
+    compute.add_argument("--step-time", type=POSITIVE.arg, metavar="S",
                          help="compute seconds per step, as given")
     compute.add_argument("--compute-profile", default=None, metavar="P",
                          help="a `flexbench profile-compute` file of the same model: its "
                               "forward+backward and optimizer seconds per step")
-    parser.add_argument("--mfu", type=float, default=None,
+    parser.add_argument("--mfu", type=UNIT_OPEN_LOW.arg, default=None,
                         help=f"model FLOPs utilization with --gpu (default {DEFAULT_MFU})")
-    parser.add_argument("--batch", type=int, default=None,
+    parser.add_argument("--batch", type=POSITIVE_INT.arg, default=None,
                         help="sequences per GPU per step (with --gpu)")
-    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (with --gpu)")
+    parser.add_argument("--seq", type=POSITIVE_INT.arg, default=None,
+                        help="tokens per sequence (with --gpu)")
     parser.add_argument("--gpu-memory", default=None,
                         help="memory per GPU, e.g. 80GB (default: the --gpu table's)")
     parser.add_argument("--inter-bw", nargs="+", default=None, metavar="BW",
@@ -145,9 +149,6 @@ def _check(args: argparse.Namespace) -> None:
     suffix = Path(args.out).suffix.lower()
     if suffix not in OUTPUTS:
         raise ConfigError(f"--out {args.out!r} must end in {', '.join(OUTPUTS)}.")
-    for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
-        if value < 1:
-            raise ConfigError(f"{flag} {value} must be a whole number >= 1.")
     _check_methods(args.method)
     _check_network(args)
     _check_compute(args)
@@ -191,9 +192,9 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[float | None, str]:
     """Bytes of memory per GPU and where the figure comes from (None: not known)."""
     if args.gpu_memory is not None:
         match = _MEMORY.match(args.gpu_memory)
-        if match is None:
-            raise ConfigError(f"--gpu-memory {args.gpu_memory!r} is not a size; give GB, GiB "
-                              "or TB, such as 80GB.")
+        if match is None or not float(match.group(1)) > 0:
+            raise ConfigError(f"--gpu-memory {args.gpu_memory!r} is not a size above zero; "
+                              "give GB, GiB or TB, such as 80GB.")
         scale = {"GB": 1e9, "GiB": 2**30, "TB": 1e12}[match.group(2)]
         return float(match.group(1)) * scale, f"{args.gpu_memory} as given"
     if args.gpu is not None:

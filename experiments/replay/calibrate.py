@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
+from experiments.values import POSITIVE_INT
 from netsim import parse_bandwidth
 from netsim.calibration import Calibration, Sample, fit_calibration, load_calibration
 from netsim.costs import collective_volume
@@ -292,10 +293,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the links to calibrate: netsim's wall-clock shaper or Linux tc")
     parser.add_argument("--rates", nargs="+", default=list(DEFAULT_RATES),
                         help=f"link rates to time at (default {' '.join(DEFAULT_RATES)})")
-    parser.add_argument("--payloads", nargs="+", type=int, default=list(DEFAULT_PAYLOADS),
-                        metavar="BYTES", help="payload sizes per rank (default 32 KiB, 256 KiB, "
-                        "2 MiB)")
-    parser.add_argument("--repeats", type=int, default=5, help="timings per point (median kept)")
+    parser.add_argument("--payloads", nargs="+", type=POSITIVE_INT.arg,
+                        default=list(DEFAULT_PAYLOADS), metavar="BYTES",
+                        help="payload sizes per rank (default 32 KiB, 256 KiB, 2 MiB)")
+    parser.add_argument("--repeats", type=POSITIVE_INT.arg, default=5,
+                        help="timings per point (median kept)")
     parser.add_argument("--per-op", action="store_true",
                         help="let the model price each op kind with its own fit (fitted and "
                         "written either way; off by default, see docs/shaping.md)")

@@ -39,16 +39,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from experiments.config import METHODS, RunConfig, shared_for
 from experiments.errors import ConfigError
+from experiments.logs import progress
 from experiments.replay import step_noise
 from experiments.replay.loss_curve import Recording, choose_loss_curve
 from experiments.replay.simulate import (
@@ -75,6 +79,11 @@ ON_BASIS = ("intra-node collectives, payloads and their order as recorded, compu
             "basis above; only the inter-node links are modeled")
 LOSS_AS_RECORDED = "loss curve: each run's own per step, at its recorded cluster shape and batch"
 SAME_COMPUTE = ("method", "all")
+COMPUTE_SPREAD = 0.20
+"""Recorded computes per step further apart than this (largest / smallest - 1) are warned of
+when each run replays its own: the machine's load, not the method, may then decide."""
+
+log = logging.getLogger(__name__)
 
 
 class LossCurveRefused(Exception):
@@ -139,13 +148,16 @@ def find_candidates(paths: list[Path]) -> tuple[list[Candidate], float | None]:
             raise ConfigError(f"{str(path)!r} is neither a run folder (run.json) nor a sweep "
                               "folder (runs.parquet); give folders written by `flexbench run` "
                               "or `flexbench sweep`.")
+    # The true reason first: runs of two workloads are not one method's seeds, whatever their
+    # labels, and runs of one label trained otherwise are not one variant.
+    _check_one_workload(found)
+    _check_one_setting_per_variant(found)
     seen: dict[tuple[str, int], Path] = {}
     for c in found:
         if (c.variant, c.seed) in seen:
             raise ConfigError(f"{str(seen[c.variant, c.seed])!r} and {str(c.path)!r} are both "
                               f"{c.variant} seed {c.seed}; give each method and seed once.")
         seen[c.variant, c.seed] = c.path
-    _check_one_setting_per_variant(found)
     if len(set(targets)) > 1:
         raise ConfigError(f"the sweeps given score against different targets "
                           f"({', '.join(f'{t:.4f}' for t in dict.fromkeys(targets))}); give "
@@ -153,19 +165,45 @@ def find_candidates(paths: list[Path]) -> tuple[list[Candidate], float | None]:
     return found, targets[0] if targets else None
 
 
+def _stored_config(path: Path) -> dict[str, Any] | None:
+    """A run folder's recorded config, or None for a failed unit or a broken record (read_run
+    says so with its own sentence)."""
+    try:
+        config = json.loads((path / "run.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _check_one_workload(found: list[Candidate]) -> None:
+    """ConfigError naming two runs of different workloads (before any other refusal)."""
+    first: tuple[Path, str] | None = None
+    for c in found:
+        config = _stored_config(c.path)
+        if config is None:
+            continue
+        workload = str(config.get("workload", RunConfig.workload))
+        if first is None:
+            first = (c.path, workload)
+        elif workload != first[1]:
+            raise ConfigError(f"{str(first[0])!r} trains workload {first[1]!r} and {str(c.path)!r} "
+                              f"workload {workload!r}: compare runs of one workload.")
+
+
 TRAINING_SETTINGS = ("lr", "schedule", "warmup", "warmup_steps", "batch_size", "weight_decay")
 """Run settings that change a run's loss curve beside its method's knobs: a variant's seeds
 must share them, or their spread would be the settings' and not the seeds'."""
+# Read by the warmup and cosine schedules only: under constant they change nothing.
+_WARMUP_SETTINGS = ("warmup", "warmup_steps")
 
 
 def _check_one_setting_per_variant(found: list[Candidate]) -> None:
     """ConfigError when two runs labelled as one variant trained with other TRAINING_SETTINGS."""
     first: dict[str, tuple[Path, dict[str, Any]]] = {}
     for c in found:
-        try:
-            config = json.loads((c.path / "run.json").read_text())["config"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # a failed unit or a broken record: read_run says so with its own sentence
+        config = _stored_config(c.path)
+        if config is None:
+            continue
         defaults = RunConfig(method=c.method)
         settings = {k: config.get(k, getattr(defaults, k)) for k in TRAINING_SETTINGS}
         settings["lr"] = settings["lr"] or defaults.record.lr  # None: the method's own lr
@@ -173,7 +211,9 @@ def _check_one_setting_per_variant(found: list[Candidate]) -> None:
             first[c.variant] = (c.path, settings)
             continue
         path, seen = first[c.variant]
-        differ = [k for k in TRAINING_SETTINGS if settings[k] != seen[k]]
+        differ = [k for k in TRAINING_SETTINGS if settings[k] != seen[k]
+                  and not (k in _WARMUP_SETTINGS and settings["schedule"] == seen["schedule"]
+                           == "constant")]
         if differ:
             k = differ[0]
             raise ConfigError(f"{str(path)!r} and {str(c.path)!r} are both {c.variant} but train "
@@ -313,6 +353,8 @@ def compute_basis(args: argparse.Namespace,
     replayed = [(c, r) for c, r in runs if r.meta.get("status", "done") != "diverged"]
     mode = getattr(args, "same_compute", None)
     if mode is None:
+        if not args.compute_profile and args.step_compute is None:
+            _warn_compute_spread(replayed)
         return {}, _declared_basis(args)
     for c, r in replayed:
         if not _recorded_compute(r) > 0:  # nothing to rescale: a basis would divide by zero
@@ -334,6 +376,21 @@ def compute_basis(args: argparse.Namespace,
     return values, (f"compute basis: each method's median recorded compute per step over its "
                     f"seeds ({listed}){scaled}, every seed replayed at it; intra-node "
                     "collectives as recorded")
+
+
+def _warn_compute_spread(replayed: list[tuple[Candidate, RecordedRun]]) -> None:
+    """One warning line when the runs' recorded computes differ by more than COMPUTE_SPREAD."""
+    medians = {c.path.name: _recorded_compute(r) for c, r in replayed}
+    medians = {k: v for k, v in medians.items() if math.isfinite(v) and v > 0}
+    if len(medians) < 2:
+        return
+    low, high = min(medians, key=medians.get), max(medians, key=medians.get)
+    spread = medians[high] / medians[low] - 1
+    if spread > COMPUTE_SPREAD:
+        log.warning("the runs' recorded compute per step differs by %.0f%% (%s %.4g s, %s %.4g "
+                    "s) and each run replays its own, so machine load enters the ranking; "
+                    "--same-compute method or all puts them on one basis", spread * 100, low,
+                    medians[low], high, medians[high])
 
 
 def _declared_basis(args: argparse.Namespace) -> str:
@@ -436,17 +493,19 @@ def compare(args: argparse.Namespace) -> Comparison:
 
 
 def rank(args: argparse.Namespace, given: Inputs, *,
-         left_out: dict[str, str] | None = None) -> Comparison:
+         left_out: dict[str, str] | None = None, bar: tqdm | None = None) -> Comparison:
     """Every run of `given` replayed on the flags' network, the methods ranked.
 
     A run whose loss curve cannot be carried to the flags' shape (gossip at a node count no
     recording has) is refused with a ConfigError; with `left_out` its method is left out of
-    the ranking instead, and `left_out[variant]` says why.
+    the ranking instead, and `left_out[variant]` says why. `bar`: a progress bar counting
+    replayed runs across several calls (a map's cells); else each call shows its own.
     """
     network = (f"the sites of {args.topology}" if args.topology is not None
                else f"{args.inter_bw} / {args.inter_lat or '0ms'}")
     skipped = {} if left_out is None else left_out
-    frame, notes = _replayed(args, given, network, skipped if left_out is not None else None)
+    frame, notes = _replayed(args, given, network, skipped if left_out is not None else None,
+                             bar)
     if frame.empty:
         raise NothingToRank(f"no method can be timed on {network}: "
                             + "; ".join(f"{v}: {why}" for v, why in skipped.items()))
@@ -468,36 +527,49 @@ def rank(args: argparse.Namespace, given: Inputs, *,
 
 
 def _replayed(args: argparse.Namespace, given: Inputs, network: str,
-              left_out: dict[str, str] | None) -> tuple[pd.DataFrame, dict[str, list[str]]]:
+              left_out: dict[str, str] | None, bar: tqdm | None = None,
+              ) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     """One row per run timed on the network (with its resampled times), and each method's
     replay notes; a method whose loss curve is refused goes into `left_out` (if given)."""
     notes: dict[str, list[str]] = {}
     rows = []
     unfinished = [(c, None) for c in given.candidates if c.status != "done"]
-    for c, run in [*given.runs, *unfinished]:
-        if left_out is not None and c.variant in left_out:
-            continue
-        first_of_variant = c.variant not in notes
-        mine = notes.setdefault(c.variant, [])
-        try:  # the replay's rules are the same for every seed of a method: its first run's shown
-            ttt, samples = score_run(args, c, run, given.settings, given.target,
-                                     mine if first_of_variant else [], mine,
-                                     given.bases.get(c.variant))
-        except LossCurveRefused as refused:
-            if left_out is None:
-                raise ConfigError(str(refused)) from None
-            left_out[c.variant] = refused.reason
-            continue
-        rows.append({"variant": c.variant, "method": c.method, "seed": c.seed,
-                     "network": network, "time_to_target_s": ttt,
-                     "reached": math.isfinite(ttt), "run": str(c.path),
-                     intervals.SAMPLES_COLUMN: samples})
+    todo = [*given.runs, *unfinished]
+    with nullcontext(bar) if bar is not None else progress(
+            total=len(todo), desc="compare", unit="run") as counted:
+        for c, run in todo:
+            counted.update(1)
+            row = _replayed_row(args, given, network, left_out, notes, c, run)
+            if row is not None:
+                rows.append(row)
     frame = pd.DataFrame(rows, columns=["variant", "method", "seed", "network",
                                         "time_to_target_s", "reached", "run",
                                         intervals.SAMPLES_COLUMN])
     dropped = set(left_out or ())  # a method refused on one seed is not half-ranked
     return (frame[~frame["variant"].isin(dropped)],
             {v: n for v, n in notes.items() if v not in dropped})
+
+
+def _replayed_row(args: argparse.Namespace, given: Inputs, network: str,
+                  left_out: dict[str, str] | None, notes: dict[str, list[str]], c: Candidate,
+                  run: RecordedRun | None) -> dict[str, Any] | None:
+    """`_replayed`'s row of one candidate (None: its method left out), its notes added."""
+    if left_out is not None and c.variant in left_out:
+        return None
+    first_of_variant = c.variant not in notes
+    mine = notes.setdefault(c.variant, [])
+    try:  # the replay's rules are the same for every seed of a method: its first run's shown
+        ttt, samples = score_run(args, c, run, given.settings, given.target,
+                                 mine if first_of_variant else [], mine,
+                                 given.bases.get(c.variant))
+    except LossCurveRefused as refused:
+        if left_out is None:
+            raise ConfigError(str(refused)) from None
+        left_out[c.variant] = refused.reason
+        return None
+    return {"variant": c.variant, "method": c.method, "seed": c.seed, "network": network,
+            "time_to_target_s": ttt, "reached": math.isfinite(ttt), "run": str(c.path),
+            intervals.SAMPLES_COLUMN: samples}
 
 
 @dataclass(frozen=True)

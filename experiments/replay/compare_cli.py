@@ -25,6 +25,7 @@ from experiments.replay.compare import (
     table_text,
 )
 from experiments.replay.simulate import add_replay_arguments
+from experiments.values import POSITIVE
 
 __all__ = ["configure", "main"]
 
@@ -42,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-noise", action="store_true",
                         help="widen each time-to-target bracket by the runs' recorded step-time "
                         "variation (a block bootstrap of each run's compute per step)")
-    parser.add_argument("--target", type=float,
+    parser.add_argument("--target", type=POSITIVE.arg,
                         help="target validation loss (default: a sweep folder's own target, "
                         "else hsdp-adamw's median final val_loss + 2%%)")
     parser.add_argument("--out", action="append", default=None, metavar="FILE",

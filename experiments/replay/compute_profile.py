@@ -33,6 +33,7 @@ from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.replay.calibrate import cpu_model
+from experiments.values import COUNT, POSITIVE_INT
 from flexdemo.devices import backend_for, visible_cuda_devices
 from flexdemo.methods import METHODS, method_record
 from netsim.model import compute_phases
@@ -166,15 +167,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench profile-compute`."""
     parser.add_argument("--workload", required=True, help="workload to profile, e.g. lm-small")
     parser.add_argument("--method", required=True, choices=METHODS, help="method to profile")
-    parser.add_argument("--nodes", type=int, default=2,
+    parser.add_argument("--nodes", type=POSITIVE_INT.arg, default=2,
                         help="nodes of the profiled run (default 2: the method's encode and "
                         "decode run; 1 on a machine with one GPU)")
-    parser.add_argument("--gpus-per-node", type=int, default=1, help="ranks per node (default 1)")
-    parser.add_argument("--steps", type=int, default=_DEFAULT_STEPS,
+    parser.add_argument("--gpus-per-node", type=POSITIVE_INT.arg, default=1,
+                        help="ranks per node (default 1)")
+    parser.add_argument("--steps", type=POSITIVE_INT.arg, default=_DEFAULT_STEPS,
                         help=f"steps to run (default {_DEFAULT_STEPS})")
-    parser.add_argument("--warmup", type=int, default=_DEFAULT_WARMUP,
+    parser.add_argument("--warmup", type=COUNT.arg, default=_DEFAULT_WARMUP,
                         help=f"first steps left out of the medians (default {_DEFAULT_WARMUP})")
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--batch-size", type=POSITIVE_INT.arg, default=None,
                         help="per-rank batch (default: the workload's)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="as `flexbench run --backend`: auto takes nccl with a GPU per rank")

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.io import write_atomic
+from experiments.logs import progress
 from experiments.replay import compare
 from experiments.report import crossover, intervals, metrics, ranking
 from netsim.units import parse_bandwidth
@@ -64,17 +65,21 @@ def node_map(args: argparse.Namespace, grid: list[argparse.Namespace]) -> NodeMa
     """Every run replayed in every cell of `grid`, the first per cell and the crossovers."""
     given = compare.gather(grid[0])
     rows, times, notes = [], [], []
-    for cell in grid:
-        left_out: dict[str, str] = {}
-        try:
-            result = compare.rank(cell, given, left_out=left_out)
-        except compare.NothingToRank:
-            rows.append(_empty_row(cell, left_out))
-            continue
-        first = result.first.drop(labels=["network"]).to_dict()
-        rows.append({**_cell_keys(cell), **first, "left_out": _left_out_text(left_out)})
-        times.append(result.runs.assign(**_cell_keys(cell)))
-        notes.append((f"{_nodes_text(cell.nodes)} nodes, {cell.inter_bw}", result.assumptions))
+    runs_per_cell = len(given.runs) + sum(c.status != "done" for c in given.candidates)
+    with progress(total=len(grid) * runs_per_cell, desc=f"compare map ({len(grid)} cells)",
+                  unit="run") as bar:
+        for cell in grid:
+            left_out: dict[str, str] = {}
+            try:
+                result = compare.rank(cell, given, left_out=left_out, bar=bar)
+            except compare.NothingToRank:
+                rows.append(_empty_row(cell, left_out))
+                continue
+            first = result.first.drop(labels=["network"]).to_dict()
+            rows.append({**_cell_keys(cell), **first, "left_out": _left_out_text(left_out)})
+            times.append(result.runs.assign(**_cell_keys(cell)))
+            notes.append((f"{_nodes_text(cell.nodes)} nodes, {cell.inter_bw}",
+                          result.assumptions))
     first = pd.DataFrame(rows, columns=[*_cell_keys(grid[0]), *ranking.WINNER_COLUMNS,
                                         "left_out"])
     runs = pd.concat(times, ignore_index=True) if times else pd.DataFrame()

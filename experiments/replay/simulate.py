@@ -73,6 +73,7 @@ from experiments.replay.loss_curve import (
 )
 from experiments.replay.reshard import MISSING_INTRA, reshard_trace, run_layout
 from experiments.report.metrics import time_to_target
+from experiments.values import POSITIVE, POSITIVE_INT
 from flexdemo.graphs import (
     busiest_degree,
     graph_problem,
@@ -398,9 +399,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench simulate`."""
     parser.add_argument("run_dir", help="a folder written by `flexbench run`")
     add_replay_arguments(parser)
-    parser.add_argument("--steps", type=int, help="steps to simulate (default: the run's; at "
-                        "another shape, as many as the loss curve used needs)")
-    parser.add_argument("--target", type=float,
+    parser.add_argument("--steps", type=POSITIVE_INT.arg,
+                        help="steps to simulate (default: the run's; at another shape, as "
+                        "many as the loss curve used needs)")
+    parser.add_argument("--target", type=POSITIVE.arg,
                         help="target validation loss (default: the final one of the run whose "
                         "loss curve is used)")
     parser.add_argument("--loss-from", action="append", default=None, metavar="RUN",
@@ -426,14 +428,15 @@ def add_replay_arguments(parser: argparse.ArgumentParser, *, grid: bool = False)
                         help="a TOML file of sites (uplink, downlink, links inside, RTT matrix; "
                         "experiments/topologies/sites.toml) instead of --inter-bw/--inter-lat/"
                         "--node-link; the node count is the file's")
-    parser.add_argument("--nodes", type=int, **several,
+    parser.add_argument("--nodes", type=POSITIVE_INT.arg, **several,
                         help="nodes to simulate (default: the run's)"
                         + ("; several: a map over them" if grid else ""))
-    parser.add_argument("--gpus-per-node", type=int, help="ranks per node (default: the run's)")
+    parser.add_argument("--gpus-per-node", type=POSITIVE_INT.arg,
+                        help="ranks per node (default: the run's)")
     speed = parser.add_mutually_exclusive_group()
-    speed.add_argument("--compute-scale", type=float, default=None,
+    speed.add_argument("--compute-scale", type=POSITIVE.arg, default=None,
                        help="multiply recorded compute time (0.05: accelerators 20x faster)")
-    speed.add_argument("--step-compute", type=float, default=None, metavar="SECONDS",
+    speed.add_argument("--step-compute", type=POSITIVE.arg, default=None, metavar="SECONDS",
                        help="compute time per step on the target accelerators")
     speed.add_argument("--compute-profile", default=None, metavar="FILE",
                        help="per-phase compute measured by `flexbench profile-compute` on the "

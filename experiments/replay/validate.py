@@ -55,6 +55,7 @@ from experiments.io import check_output_file
 from experiments.replay.simulate import RecordedRun, read_run, simulate_run
 from experiments.report.metrics import markdown_table
 from experiments.run.launch import launch
+from experiments.values import COUNT, POSITIVE, POSITIVE_INT
 from netsim.calibration import Calibration, load_calibration
 
 __all__ = ["validate", "median_step_time", "configure", "main", "Shape", "parse_shape",
@@ -293,10 +294,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "compute with modeled links (default: run for the same shape, "
                         "recordings with --extrapolate); both errors are shown")
     parser.add_argument("--workload", default="lm-tiny")
-    parser.add_argument("--steps", type=int, default=8, help="steps per run")
-    parser.add_argument("--warmup", type=int, default=2, help="first steps left out of medians")
-    parser.add_argument("--bound", type=float, default=0.10, help="allowed relative error")
-    parser.add_argument("--recordings", type=int, default=3,
+    parser.add_argument("--steps", type=POSITIVE_INT.arg, default=8, help="steps per run")
+    parser.add_argument("--warmup", type=COUNT.arg, default=2,
+                        help="first steps left out of medians")
+    parser.add_argument("--bound", type=POSITIVE.arg, default=0.10, help="allowed relative error")
+    parser.add_argument("--recordings", type=POSITIVE_INT.arg, default=3,
                         help="recorded runs per method whose predictions are pooled (median)")
     parser.add_argument("--calibration", metavar="FILE",
                         help="price links as `flexbench calibrate` measured them (its shaping "

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from experiments.logs import progress
 from experiments.report import intervals, metrics, ranking
 
 __all__ = ["FTOL", "RTOL", "Crossing", "crossover_bandwidth", "crossover_markdown",
@@ -170,7 +171,9 @@ def crossover_table(res: Any, unit_time: Callable[[str, str, float], TimeAt] | N
                    & (res.runs["kind"] == "train")]
     rows: list[dict] = []
     skipped: list[str] = []
-    for (variant, lat), here in sim.groupby(["variant", "inter_lat"], sort=False):
+    groups = sim.groupby(["variant", "inter_lat"], sort=False)
+    for (variant, lat), here in progress(groups, total=groups.ngroups,
+                                         desc="report: crossovers", unit="variant"):
         if here["method"].iloc[0] == metrics.BASELINE:
             continue
         base = _baseline_of(sim, here)

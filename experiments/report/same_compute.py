@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.errors import ConfigError
+from experiments.logs import progress
 from experiments.report import intervals
 
 __all__ = ["BASIS_FILE", "OnBasis", "replay_on_basis"]
@@ -143,7 +144,8 @@ def replay_on_basis(path: str, runs: pd.DataFrame, steps: pd.DataFrame, mode: st
                              given.bases.get(c.variant))
 
     times, finals, samples, axes = [], [], [], {}
-    for row in runs.itertuples(index=False):
+    for row in progress(runs.itertuples(index=False), total=len(runs),
+                        desc=f"report: replay on --same-compute {mode}", unit="row"):
         ttt = float(row.time_to_target_s)
         final, noise = float(row.final_time_s), np.full(_resamples(), ttt)
         if row.source == "sim" and row.status == "done" and row.unit in found:

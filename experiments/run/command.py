@@ -28,6 +28,7 @@ from experiments.deadline import run_deadline
 from experiments.errors import RunFailed
 from experiments.run.launch import check_timeout, launch
 from experiments.sweep.spec import TOP_KEYS
+from experiments.values import POSITIVE
 from experiments.workloads import builtin_model
 from netsim.sites import hierarchy_line
 
@@ -100,7 +101,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML file with run settings (its [run] table)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any run setting; repeatable")
-    parser.add_argument("--timeout", type=float, help="seconds before the run is stopped")
+    parser.add_argument("--timeout", type=POSITIVE.arg, help="seconds before the run is stopped")
     add_run_arguments(parser)
 
 

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from experiments.errors import ConfigError
 from experiments.io import exclusive, provenance, write_atomic
-from experiments.sweep.executors import Job, execute
+from experiments.sweep.executors import Job, check_reachable, execute
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.score import Simulator, collect
 from experiments.sweep.spec import SweepConfig
@@ -45,6 +45,8 @@ def run_sweep(
     """Run every unit not yet done, then time them on all network points; returns runs.parquet."""
     out = Path(out)
     units = units_of(cfg)
+    if any(unit_state(out, u) != "done" for u in units):
+        check_reachable(executor or cfg.executor.get("kind", "local"))  # before anything is written
     _claim(cfg, out)
     with exclusive(out / LOCK, "sweep"):
         return _run_units(cfg, out, units, executor=executor, launcher=launcher,
@@ -72,11 +74,14 @@ def _run_units(cfg: SweepConfig, out: Path, units: list[Unit], *, executor: str 
         results = execute(jobs, kind=kind, timeout_s=cfg.timeout_s, launcher=launcher,
                           folder=folder, params=params)
         for result in results:
-            failures += not result.ok
+            failures += not (result.ok or result.stopped)
             bar.update(1)
-            bar.set_postfix_str(f"{result.unit_id} {'ok' if result.ok else 'FAILED'}"
+            said = "ok" if result.ok else "stopped" if result.stopped else "FAILED"
+            bar.set_postfix_str(f"{result.unit_id} {said}"
                                 f"{f', {failures} failed' if failures else ''}")
-            if not result.ok:
+            if result.stopped:
+                log.warning("unit %s %s", result.unit_id, result.error)
+            elif not result.ok:
                 log.warning("unit %s failed: %s", result.unit_id, result.error)
     finally:
         bar.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import re
 import tempfile
 import tomllib
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from experiments.config import KNOBS, METHODS, RunConfig, parse_overrides
 from experiments.errors import ConfigError
 from experiments.sweep.executors import EXECUTORS
+from experiments.values import AT_LEAST_ZERO, COUNT, POSITIVE, POSITIVE_INT, SEED, UNIT_OPEN_LOW
 from flexdemo.methods import BASELINE, method_record
 
 if TYPE_CHECKING:
@@ -132,12 +132,8 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
     variants = _variants(grid.get("variants", []), methods)
     target, fraction = _target(raw.get("target"))
     timeout = raw.get("timeout_s")
-    if timeout is not None and not (_is_number(timeout) and math.isfinite(timeout)
-                                    and timeout > 0):
-        # nan compares false with everything, so `timeout <= 0` alone let it through as "no
-        # limit"; leaving timeout_s out is how a sweep says that.
-        raise ConfigError(f"timeout_s must be a finite positive number of seconds, got "
-                          f"{timeout!r}; leave it out for no limit.")
+    if timeout is not None:  # leaving timeout_s out is how a sweep says "no limit"
+        POSITIVE.check("timeout_s", timeout)
     executor = _executor(raw)
     validate = raw.get("validate", [])
     if not isinstance(validate, list) or not all(isinstance(v, dict) for v in validate):
@@ -187,7 +183,7 @@ def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int
     bws = _nonempty_list(grid, "inter_bw", str)
     lats = _nonempty_list(grid, "inter_lat", str)
     networks = [network_point(bw, lat) for bw in bws for lat in lats]
-    seeds = _nonempty_list(grid, "seeds", int)
+    seeds = [SEED.check("grid.seeds", seed) for seed in _nonempty_list(grid, "seeds", int)]
     return methods, networks, seeds, _knobs(grid.get("knobs", {}), methods)
 
 def _parse_value(text: str) -> Any:
@@ -246,10 +242,15 @@ def _executor_numbers(params: dict[str, Any]) -> None:
     typed = AutoExecutor._typed_parameters()  # the shared parameters' types, as submitit checks
     for key, value in params.items():
         number = typed.get(key) in (int, float)
-        if isinstance(value, bool) and number:
-            raise ConfigError(f"executor.{key} must be a number, got {value!r}.")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"executor.{key} must be a finite number, got {value!r}.")
+        if number or isinstance(value, (int, float)) and not isinstance(value, bool):
+            kind = (POSITIVE_INT if key in _AT_LEAST_ONE else
+                    COUNT if typed.get(key) is int else AT_LEAST_ZERO)
+            kind.check(f"executor.{key}", value)
+
+
+# A job of none of these cannot run. Zero is meaningful elsewhere: Slurm reads timeout_min 0
+# as no limit and mem_gb 0 as all of the node's memory; gpus_per_node 0 asks for none.
+_AT_LEAST_ONE = ("nodes", "cpus_per_task", "tasks_per_node")
 
 def _known(where: str, table: dict[str, Any], allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
@@ -350,16 +351,12 @@ def _target(table: Any) -> tuple[float | None, float | None]:
     value, fraction = table.get("val_loss"), table.get("baseline_fraction")
     if value is not None and fraction is not None:
         raise ConfigError("[target] takes val_loss or baseline_fraction, not both.")
-    if value is not None and (not _is_number(value) or not math.isfinite(value) or value <= 0):
-        raise ConfigError(f"target.val_loss must be a finite loss > 0, got {value!r}.")
-    if fraction is not None and (not _is_number(fraction) or not 0 < fraction <= 1):
-        raise ConfigError(f"target.baseline_fraction must be in (0, 1], got {fraction!r}.")
+    if value is not None:
+        POSITIVE.check("target.val_loss", value)
+    if fraction is not None:
+        UNIT_OPEN_LOW.check("target.baseline_fraction", fraction)
     return (None if value is None else float(value),
             None if fraction is None else float(fraction))
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
 
 def slug(text: str) -> str:
     """A file-name-safe form of `text`."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -251,7 +252,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
 
     def _message(
         self, op: str, tensors: Any, peer: int | None, tag: int, launch: Launch, row: dict | None,
-        issued: float, device: str, inner: Any,
+        issued: float, device: str, inner: Any, issued_mono: float,
     ) -> ShapedWork:
         """A send or recv: shaped as a pairwise transfer that starts when both ends are there."""
         topo, shaper = self._shaper.topology, self._shaper
@@ -261,7 +262,8 @@ class ShapedProcessGroup(dist.ProcessGroup):
             pair = [self._global_rank, self._ranks[peer]]
             link, inter = topo.link_for(pair), topo.crosses_nodes(pair)
         if shaper.mode == "off" or not (inter or shaper.shape_intra):
-            return ShapedWork(shaper, _as_list(launch(inner)), None, row, issued)
+            return ShapedWork(shaper, _as_list(launch(inner)), None, row, issued,
+                              issued_mono=issued_mono)
         message = _Message(op == "send", _nbytes(tensors), issued, link, inter)
         works = []
         if peer is not None:
@@ -277,7 +279,7 @@ class ShapedProcessGroup(dist.ProcessGroup):
         with self._p2p_lock:
             self._unbooked.append(message)
         span = lambda: self._message_span(message)
-        return ShapedWork(shaper, works, None, row, issued, span=span)
+        return ShapedWork(shaper, works, None, row, issued, span=span, issued_mono=issued_mono)
 
     # -- the funnel ----------------------------------------------------------------------------
     def _inner_for(self, tensors: Any) -> tuple[str, Any]:
@@ -304,7 +306,9 @@ class ShapedProcessGroup(dist.ProcessGroup):
         nbytes = _nbytes(tensors)
         algorithm = default_algorithm(op, "gloo" if device == "cpu" else "nccl")
         volume = collective_volume(op, self.size(), nbytes, algorithm, is_root=self.rank() == root)
-        issued = shaper.now()
+        # The same instant on both clocks: the shared one to agree on when the transfer
+        # starts, the monotonic one to hold this rank for it (see ShapedWork).
+        issued, issued_mono = shaper.now(), time.monotonic()
         row = None
         p2p = op in P2P_OPS
         peer_rank = self._ranks[peer] if p2p and peer is not None else -1
@@ -316,7 +320,8 @@ class ShapedProcessGroup(dist.ProcessGroup):
                 volume.bytes_received, issued - shaper.t0, peer=peer_rank,
             )  # fmt: skip
         if p2p:
-            return self._message(op, tensors, peer, tag, launch, row, issued, device, inner)
+            return self._message(op, tensors, peer, tag, launch, row, issued, device, inner,
+                                 issued_mono)
         arrival = sync = None
         if self._shaped and self.size() > 1:
             # Everybody's arrival time, so the modeled transfer starts when the last rank shows up.
@@ -325,7 +330,8 @@ class ShapedProcessGroup(dist.ProcessGroup):
         works = _as_list(launch(inner))
         finish = ((lambda begin: self._model_finish(begin, volume, op, nbytes))
                   if self._shaped else None)
-        return ShapedWork(shaper, works, finish, row, issued, arrival, sync)
+        return ShapedWork(shaper, works, finish, row, issued, arrival, sync,
+                          issued_mono=issued_mono)
 
     # -- collectives: what each op is, what it counts, how the wrapped backend runs it ---------
     def allreduce(self, tensors, opts=None):

@@ -28,6 +28,12 @@ class ShapedWork(dist.Work):
             of that exchange; the modeled transfer starts when the last rank has arrived.
         span: (begin, finish) of the modeled transfer, asked once; point-to-point messages
             use it instead of `model_finish`, since their NIC booking is made per batch.
+        issued_mono: time.monotonic() at the instant of `issued` (None: now).
+
+    The modeled times are on the shaper's shared clock (wall time, which every process of the
+    machine reads alike), but the hold is kept on the monotonic clock, `finish - issued` after
+    the issue: a step of the wall clock (NTP setting it) while an op is held would otherwise
+    end the hold early, and the op would take less than its bytes need at the link's rate.
     """
 
     def __init__(
@@ -40,6 +46,7 @@ class ShapedWork(dist.Work):
         arrival: torch.Tensor | None = None,
         sync: dist.Work | None = None,
         span: Callable[[], tuple[float, float]] | None = None,
+        issued_mono: float | None = None,
     ) -> None:
         super().__init__()
         self._shaper = shaper
@@ -47,6 +54,7 @@ class ShapedWork(dist.Work):
         self._model_finish = model_finish
         self._row = row
         self._issued = issued
+        self._issued_mono = time.monotonic() if issued_mono is None else issued_mono
         self._arrival = arrival
         self._sync = sync
         self._span_of = span
@@ -67,10 +75,15 @@ class ShapedWork(dist.Work):
             self._span = (begin, self._model_finish(begin))
         return self._span
 
+    def _held_until(self, finish: float) -> float:
+        """The monotonic instant at which a hold to `finish` (shared clock) ends."""
+        return self._issued_mono + (finish - self._issued)
+
     def _hold_until(self, finish: float) -> None:
         if self._shaper.mode == "wall":
+            end = self._held_until(finish)
             # Sleep in slices: one long sleep can overshoot by a scheduler tick.
-            while (left := finish - time.time()) > 0:
+            while (left := end - time.monotonic()) > 0:
                 time.sleep(min(left, 0.05))
         else:
             self._shaper.advance_to(finish)
@@ -108,7 +121,7 @@ class ShapedWork(dist.Work):
             return False
         with self._lock:
             _, finish = self._modeled()
-        return self._shaper.mode != "wall" or time.time() >= finish
+        return self._shaper.mode != "wall" or time.monotonic() >= self._held_until(finish)
 
     def is_success(self) -> bool:
         """Same as is_completed(): failures surface as exceptions from wait()."""

@@ -299,3 +299,73 @@ def test_step_noise_refuses_a_run_without_compute_per_step(tmp_path: Path) -> No
     steps.drop(columns=["compute_s"]).to_parquet(path / "steps.parquet", index=False)
     with pytest.raises(ConfigError, match="no finite compute per step"):
         _compare(str(path), "--inter-bw", "1Gbit", "--target", "2.9", "--step-noise")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("setting", "other"), [
+    ("lr", 0.0013), ("schedule", "cosine"), ("warmup", 0.2), ("warmup_steps", 5),
+    ("batch_size", 8), ("weight_decay", 0.1)])
+def test_run_folders_of_one_variant_with_another_training_setting_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture, setting: str, other: object
+) -> None:
+    runs = _copy_runs(tmp_path, "hsdp-adamw-s0", "flexdemo-s0", "flexdemo-s1")
+    meta = json.loads((runs[2] / "run.json").read_text())
+    first = json.loads((runs[1] / "run.json").read_text())["config"]
+    meta["config"]["schedule"] = "warmup"  # both seeds warm up, so the warm-up is read
+    first["schedule"] = "warmup"
+    meta["config"][setting] = other
+    (runs[2] / "run.json").write_text(json.dumps(meta))
+    _edit_run(runs[1], config=first)
+    status = cli.main(["compare", *map(str, runs), "--inter-bw", "10Mbit", "--inter-lat", "1ms",
+                       "--out", str(tmp_path / "out" / "cmp.json")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert f"are both flexdemo but train with {setting} {first[setting]!r} and {other!r}" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_warm_up_under_a_constant_schedule_does_not_split_a_variant(tmp_path: Path) -> None:
+    runs = _copy_runs(tmp_path, "hsdp-adamw-s0", "flexdemo-s0", "flexdemo-s1")
+    meta = json.loads((runs[2] / "run.json").read_text())
+    assert meta["config"]["schedule"] == "constant"  # which reads no warm-up
+    meta["config"]["warmup"] = 0.2
+    (runs[2] / "run.json").write_text(json.dumps(meta))
+    result = _compare(*map(str, runs), "--inter-bw", "10Mbit", "--inter-lat", "1ms")
+    assert sorted(result.runs["seed"][result.runs["variant"] == "flexdemo"]) == [0, 1]
+
+
+def _compute_scaled(path: Path, factor: float) -> None:
+    """The run's recorded compute per step x `factor` (its other columns as recorded)."""
+    steps = pd.read_parquet(path / "steps.parquet")
+    steps["compute_s"] *= factor
+    steps.to_parquet(path / "steps.parquet", index=False)
+
+
+@pytest.mark.timeout(120)
+def test_recorded_computes_apart_by_over_a_fifth_are_warned_of(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    runs = _copy_runs(tmp_path, "hsdp-adamw-s0", "flexdemo-s0")
+    medians = [pd.read_parquet(r / "steps.parquet")["compute_s"].median() for r in runs]
+    net = ["--inter-bw", "10Mbit", "--inter-lat", "1ms", "--target", "2.9"]
+
+    def warned(*extra: str) -> list[str]:
+        assert cli.main(["compare", *map(str, runs), *net, *extra]) == 0
+        return [line for line in capsys.readouterr().err.splitlines() if "differs by" in line]
+
+    # As recorded (a few percent apart): no warning.
+    assert max(medians) / min(medians) - 1 < compare.COMPUTE_SPREAD
+    assert warned() == []
+    # 15% apart: below the line, silent.
+    _compute_scaled(runs[1], 1.15 * medians[0] / medians[1])
+    assert warned() == []
+    # 30% apart: one line naming both runs and the spread.
+    _compute_scaled(runs[1], 1.30 / 1.15)
+    lines = warned()
+    assert len(lines) == 1 and "differs by 30%" in lines[0], lines
+    assert "hsdp-adamw-s0" in lines[0] and "flexdemo-s0" in lines[0]
+    # On one basis (or a declared compute) the recorded spread no longer enters: silent.
+    assert warned("--same-compute", "all") == []
+    assert warned("--same-compute", "method") == []
+    assert warned("--step-compute", "0.1") == []

@@ -33,8 +33,8 @@ seeds = [0]
 
 # (case, what goes where in SWEEP, a piece of the sentence that must be said)
 SWEEP_CASES = [
-    ("timeout-nan", {"top": "timeout_s = nan"}, "timeout_s must be a finite positive"),
-    ("timeout-inf", {"top": "timeout_s = inf"}, "timeout_s must be a finite positive"),
+    ("timeout-nan", {"top": "timeout_s = nan"}, "timeout_s must be a finite number > 0"),
+    ("timeout-inf", {"top": "timeout_s = inf"}, "timeout_s must be a finite number > 0"),
     ("run-setting-at-top", {"top": "steps = 5"}, "'steps' is a run setting"),
     ("knob-of-a-method-not-in-the-grid", {"rest": "[grid.knobs.diloco]\ntypo = [1]"},
      "grid.knobs.diloco.typo is not a run setting"),
@@ -43,7 +43,7 @@ SWEEP_CASES = [
     ("executor-folder-not-a-string", {"rest": "[executor]\nfolder = 3"},
      "executor.folder must be a path"),
     ("executor-bool-as-number", {"rest": "[executor]\ntimeout_min = true"},
-     "executor.timeout_min must be a number"),
+     "executor.timeout_min must be an integer >= 0, got True"),
     ("executor-nan", {"rest": "[executor]\nmem_gb = nan"},
      "executor.mem_gb must be a finite number"),
     ("validate-bandwidth-without-unit",

@@ -117,7 +117,8 @@ def test_a_cell_of_the_map_is_the_single_network_comparison(
 @pytest.mark.parametrize(("flags", "words"), [
     (["--nodes", "2", "2", "--inter-bw", "1Gbit"], "--nodes lists a value twice"),
     (["--nodes", "2", "8", "--inter-bw", "1Gbit", "fast"], "'fast'"),
-    (["--nodes", "2", "0", "--inter-bw", "1Gbit"], "--nodes must be >= 1, got 0"),
+    (["--nodes", "2", "0", "--inter-bw", "1Gbit"],
+     "argument --nodes: must be an integer >= 1, got '0'"),
     (["--nodes", "2", "8", "--topology", str(ROOT / "experiments/topologies/sites.toml")],
      "--topology fixes the node count"),
     (["--inter-bw", "1Gbit", "--out", "OUT.png"], "a figure is drawn for a map"),

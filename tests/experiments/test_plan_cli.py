@@ -66,15 +66,19 @@ def test_memory_above_the_gpu_is_flagged(tmp_path, capsys):
 
 @pytest.mark.parametrize(("extra", "words"), [
     (["--gpu", "v100", "--batch", "1", "--seq", "8"], "--gpu 'v100' is unknown"),
-    (["--gpu", "h100", "--batch", "1", "--seq", "8", "--mfu", "0"], "--mfu 0"),
-    (["--gpu", "h100", "--batch", "1", "--seq", "8", "--mfu", "-1"], "--mfu -1"),
+    (["--gpu", "h100", "--batch", "1", "--seq", "8", "--mfu", "0"],
+     "--mfu: must be a number in (0, 1], got '0'"),
+    (["--gpu", "h100", "--batch", "1", "--seq", "8", "--mfu", "-1"],
+     "--mfu: must be a number in (0, 1], got '-1'"),
+    (["--gpu", "h100", "--batch", "1", "--seq", "8", "--gpu-memory", "0GB"],
+     "--gpu-memory '0GB' is not a size above zero"),
     (["--gpu", "h100"], "needs --batch and --seq"),
     (["--step-time", "1", "--inter-bw", "1Tbit:1Gbit:5"], "A below B"),
     (["--step-time", "1", "--inter-bw", "1Gbit:1Tbit:1"], "COUNT '1'"),
     (["--step-time", "1", "--set", "nosuch=1"], "no planned method reads it"),
     (["--step-time", "1", "--set", "topk=0"], "topk"),
     (["--step-time", "1", "--set", "param_dtype=fp8"], "param_dtype='fp8'"),
-    (["--step-time", "-2"], "--step-time -2"),
+    (["--step-time", "-2"], "--step-time: must be a finite number > 0"),
     (["--step-time", "1", "--method", "streaming-diloco", "--set", "num_fragments=40",
       "--set", "sync_every=80"], "num_fragments=40 is more than the"),
 ])

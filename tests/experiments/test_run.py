@@ -29,7 +29,7 @@ STEPS = 4
         (["--decay", "1.0"], "decay"),
         (["--decay", "-0.1"], "decay"),
         (["--nodes", "0"], "nodes"),
-        (["--gpus-per-node", "0"], "gpus_per_node"),
+        (["--gpus-per-node", "0"], "argument --gpus-per-node: must be an integer >= 1"),
         (["--method", "adam"], "method"),
         (["--workload", "imagenet"], "workload"),
         (["--shaping", "wall"], "inter_bw"),

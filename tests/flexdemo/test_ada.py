@@ -210,7 +210,7 @@ def test_flexbench_run_ada_writes_the_graph_column(tmp_path):
     (["--method", "ada", "--nodes", "1"], "ada needs at least 2 nodes"),
     (["--method", "ada", "--ada-low", "0.2", "--ada-high", "0.1"],
      "ada_low=0.2 and ada_high=0.1 must be finite numbers with 0 <= ada_low < ada_high."),
-    (["--method", "ada", "--ada-every", "0"], "ada_every=0 must be a positive integer."),
+    (["--method", "ada", "--ada-every", "0"], "argument --ada-every: must be an integer >= 1"),
     (["--method", "ada", "--graph", "ring"], "method 'ada' does not read graph; it takes"),
 ])
 def test_bad_ada_settings_are_one_sentence_and_write_nothing(tmp_path, capsys, flags, words):

@@ -320,3 +320,26 @@ def test_explicit_run_folder_is_used_and_left_to_its_maker(tmp_path, monkeypatch
     assert joiner.path("abc") == made and not joiner.owned
     default.close()
     assert not made.exists()
+
+
+def test_a_wall_clock_step_during_a_hold_does_not_shorten_it(tmp_path):
+    # The shaper agrees on times through the wall clock, which NTP may set forward at any
+    # moment; the hold itself runs on the monotonic clock, so the op still takes its modeled
+    # time. No process group: a work of no real ops, modeled to finish 0.2 s after its issue.
+    from netsim.shaping.shaper import Shaper
+
+    shaper = Shaper(Topology.from_strings(2, 1, inter_bw="100Mbit"), mode="wall",
+                    run_dir=tmp_path)
+    clock = SleepLog().install(work)
+    try:
+        issued, start = shaper.now(), time.monotonic()
+        held = work.ShapedWork(shaper, [], lambda begin: begin + 0.2, None, issued,
+                               issued_mono=start)
+        clock.wall_step_s = 3600.0  # set forward an hour after the issue
+        assert not held.is_completed()
+        held.wait()
+        assert time.monotonic() - start >= 0.2
+        assert held.is_completed() and clock.requested  # it slept, the hour notwithstanding
+    finally:
+        clock.remove()
+        shaper.close()
