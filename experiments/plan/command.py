@@ -158,6 +158,11 @@ def _check_methods(methods: list[str]) -> None:
     for method in methods:
         if method not in METHODS:
             raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}.")
+        if method == "ada":
+            raise ConfigError("--method 'ada' picks its graph from the replica spread it "
+                              "measures while training, which a declared model does not have; "
+                              "plan gossip on each graph of its ladder (--method gossip --set "
+                              "graph=...) instead.")
         if method not in PLANNED_METHODS:
             raise ConfigError(f"--method {method!r} has no synthesized program yet; plan one "
                               f"of {', '.join(PLANNED_METHODS)}.")

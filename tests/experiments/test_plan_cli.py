@@ -91,7 +91,7 @@ def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path, capsys, extra, w
 @pytest.mark.parametrize(("argv", "words"), [
     (["--model", "llama9"], "--model 'llama9' is unknown"),
     (["--model", "tests.experiments.plan_factories:on_cpu"], "not on the meta device"),
-    (["--method", "gossip"], "no synthesized program yet"),
+    (["--method", "ada"], "picks its graph from the replica spread"),
     (["--out", "plan.txt"], "must end in .csv, .json, .png"),
 ])
 def test_bad_models_methods_and_outputs_are_refused(tmp_path, capsys, argv, words):
