@@ -26,6 +26,7 @@ from experiments.errors import ConfigError
 from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
 from experiments.plan.models import declare_model
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
+from experiments.plan.replicas import check_nodes_per_replica, replica_line, replica_topology
 from experiments.plan.synth import PLANNED_METHODS, Precision
 from experiments.replay.compute_profile import load_profile
 from flexdemo.methods import METHODS, method_record
@@ -53,6 +54,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"methods to plan: {', '.join(PLANNED_METHODS)}")
     parser.add_argument("--nodes", type=int, required=True, help="nodes of the cluster")
     parser.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node")
+    parser.add_argument("--nodes-per-replica", type=int, default=1, metavar="K",
+                        help="nodes one replica spans (default 1): FSDP2 over K x G GPUs of K "
+                             "nodes of a site, the method's exchange between replicas")
     compute = parser.add_mutually_exclusive_group(required=True)
     compute.add_argument("--gpu", help=f"GPU kind: {', '.join(GPUS)}")
     compute.add_argument("--step-time", type=float, metavar="S",
@@ -151,6 +155,13 @@ def _check(args: argparse.Namespace) -> None:
     _check_methods(args.method)
     _check_network(args)
     _check_compute(args)
+    check_nodes_per_replica(args.nodes_per_replica, args.nodes)
+    if args.nodes_per_replica > 1:
+        for method in args.method:
+            if not method_record(method).shards:
+                raise ConfigError(f"--method {method} shards nothing (every GPU a replica), so "
+                                  "a replica spans no nodes; plan it without "
+                                  "--nodes-per-replica.")
 
 
 def _check_methods(methods: list[str]) -> None:
@@ -230,8 +241,11 @@ def main(args: argparse.Namespace) -> int:
         compute = _profiled(args, unit_params, optimizer_s)
     else:
         compute = given_compute(unit_params, args.step_time, optimizer_s)
-    plans = [plan_method(method_record(m), settings[m], model, topologies, labels, compute,
-                         precision, args.algorithm, backend=backend) for m in args.method]
+    k = args.nodes_per_replica
+    replicas = [replica_topology(t, k) for t in topologies]
+    plans = [plan_method(method_record(m), settings[m], model, replicas, labels, compute,
+                         precision, args.algorithm, backend=backend, nodes_per_replica=k)
+             for m in args.method]
     frame = pd.concat([p.frame() for p in plans], ignore_index=True)
     frame["memory_over"] = (frame["memory_per_gpu_bytes"] > memory_cap
                             if memory_cap is not None else False)
@@ -314,8 +328,10 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
     """Every assumption behind the figures, one line each."""
     lines = [model.describe() + "; FSDP2 units as flexdemo.parallelize wraps it",
              f"cluster: {args.nodes} nodes x {args.gpus_per_node} GPUs; the program is "
-             f"synthesized for {min(args.nodes, 2)} node(s) and replayed with replicate groups "
-             "spanning every node",
+             f"synthesized for {min(args.nodes // args.nodes_per_replica, 2)} replica(s) and "
+             "replayed with replicate groups spanning every replica",
+             replica_line(args.nodes_per_replica, args.nodes, args.gpus_per_node,
+                          args.topology is not None),
              compute.rule,
              precision.describe(),
              f"intra-node: {args.intra_bw}, {args.intra_lat} a message (declared); {network}; "

@@ -155,8 +155,13 @@ def _streaming_kinds(knobs: StreamingDiLoCoKnobs) -> tuple[int, list[Kind], bool
 def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies: list[Topology],
                 labels: list[str], compute: StepCompute, precision: Precision,
                 algorithm: str = "auto", progress: Callable[[str], None] | None = None,
-                backend: str = "nccl") -> MethodPlan:
-    """Replay `record`'s program on each topology (one per bandwidth; module docstring)."""
+                backend: str = "nccl", nodes_per_replica: int = 1) -> MethodPlan:
+    """Replay `record`'s program on each topology (one per bandwidth; module docstring).
+
+    `nodes_per_replica` K > 1: the topologies are already the replicas'
+    (`experiments.plan.replicas.replica_topology`: one node a replica of K nodes); bytes and
+    bandwidths are reported per real node.
+    """
     target = topologies[0]
     shape = Shape(min(target.nodes, 2), target.accelerators_per_node)
     period, kinds, delayed = _step_kinds(record, knobs)
@@ -197,9 +202,11 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
             plan.notes.extend(_replay_notes(replays[0], delayed))
         if progress is not None:
             progress(f"{record.name}: {len(topologies)} networks")
+    k = nodes_per_replica
     for (seconds, egress), topology, label in zip(totals, topologies, labels, strict=True):
-        plan.points.append(PlanPoint(label, topology.inter.bandwidth, seconds / period,
-                                     egress / period))
+        # A replica's NIC is its K nodes' side by side (flat networks); sites keep their links.
+        declared = topology.inter.bandwidth / (k if topology.sites is None else 1)
+        plan.points.append(PlanPoint(label, declared, seconds / period, egress / period / k))
     return plan
 
 
