@@ -28,6 +28,7 @@ from experiments.plan.models import declare_model
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
 from experiments.plan.replicas import check_nodes_per_replica, replica_line, replica_topology
 from experiments.plan.synth import PLANNED_METHODS, Precision
+from experiments.plan.target import MISSING, StepsSource, steps_source
 from experiments.replay.compute_profile import load_profile
 from flexdemo.methods import METHODS, method_record
 from netsim.costs import ALGORITHM_CHOICES
@@ -85,6 +86,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a method knob by its run name (diloco_h=100, topk=8, ...) or "
                              f"the plan's own ({', '.join(PLAN_KEYS)})")
+    parser.add_argument("--steps-to-target", nargs="+", default=None, metavar="N",
+                        help="steps to the target loss: N for every method, or METHOD=N; the "
+                             "time to target is N x the step time")
+    parser.add_argument("--steps-from", nargs="+", default=None, metavar="RUN",
+                        help="recordings of the planned --model whose validation loss gives "
+                             "each method's steps to --target")
+    parser.add_argument("--target", type=float, default=None,
+                        help="the validation loss --steps-from counts the steps to")
     parser.add_argument("--out", required=True,
                         help=f"file to write: {', '.join(OUTPUTS)} by its extension")
 
@@ -231,6 +240,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
     settings = {m: method_record(m).settings(knobs[m])[0] for m in args.method}
     memory_cap, memory_source = _gpu_memory(args)
+    source = steps_source(args.steps_to_target, args.steps_from, args.target, args.model,
+                          args.method)
     model = declare_model(args.model)
     unit_params = [model.unit_params(u) for u in range(len(model.units))]
     if args.gpu is not None:
@@ -249,9 +260,12 @@ def main(args: argparse.Namespace) -> int:
     frame = pd.concat([p.frame() for p in plans], ignore_index=True)
     frame["memory_over"] = (frame["memory_per_gpu_bytes"] > memory_cap
                             if memory_cap is not None else False)
+    if source is not None:  # a time only where a source states the steps
+        frame["steps_to_target"] = frame["method"].map(source.steps)
+        frame["time_to_target_s"] = frame["steps_to_target"] * frame["step_time_s"]
     needed = _needed_table(plans, frame) if args.topology is None else pd.DataFrame()
     assumptions = _assumptions(args, model, compute, precision, network, memory_source,
-                               plans, settings)
+                               plans, settings, source)
     _print(args, frame, needed, plans, assumptions, memory_cap)
     _write(Path(args.out), frame, needed, assumptions)
     print(f"wrote {args.out}")
@@ -324,7 +338,8 @@ def _network(args: argparse.Namespace) -> tuple[list[Topology], list[str], str]:
 
 
 def _assumptions(args: argparse.Namespace, model, compute, precision: Precision, network: str,
-                 memory_source: str, plans: list[MethodPlan], settings: dict) -> list[str]:
+                 memory_source: str, plans: list[MethodPlan], settings: dict,
+                 source: StepsSource | None = None) -> list[str]:
     """Every assumption behind the figures, one line each."""
     lines = [model.describe() + "; FSDP2 units as flexdemo.parallelize wraps it",
              f"cluster: {args.nodes} nodes x {args.gpus_per_node} GPUs; the program is "
@@ -340,15 +355,16 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
              "(forward and backward); nothing is measured, everything is declared",
              f"memory per GPU: master params, grads (fp32 shards), optimizer and replicator "
              f"state, FSDP2's gathered working set; activations not counted; GPU memory "
-             f"{memory_source}",
-             "time to target: no steps-to-target source is given, so no time to target is "
-             "planned (the loss of a declared model is not modeled)"]
+             f"{memory_source}"]
+    lines += [MISSING] if source is None else [source.line(p.method) for p in plans]
     for p in plans:
         knob = settings[p.method]
         knob_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knob).items())
         period = (f"; utilization over a period of {p.period} steps, "
                   f"{p.exchanges_per_period} with the exchange" if p.period > 1 else "")
-        lines.append(f"{p.method}: {knob_text or 'FSDP2 all-reduce across nodes'}{period}")
+        bare = ("FSDP2 all-reduce across nodes" if method_record(p.method).replicator is None
+                else "no knobs; nothing crosses nodes")
+        lines.append(f"{p.method}: {knob_text or bare}{period}")
     seen: set[str] = set()
     for p in plans:  # each method's replay notes; the ones every method shares, once
         for note in p.notes:
@@ -375,6 +391,9 @@ def _print(args: argparse.Namespace, frame: pd.DataFrame, needed: pd.DataFrame,
                                            strict=True)],
     )[["method", "inter_bw", "step_time_s", "compute_utilization", "exposed_comm_s",
        "bytes_per_node_step", "memory_per_gpu"]]
+    if "time_to_target_s" in frame.columns:
+        show["time_to_target"] = frame["time_to_target_s"].map(
+            lambda v: "-" if v != v else f"{v:.4g} s")
     print(show.to_string(index=False), file=out)
     print("\nmemory per GPU by part:", file=out)
     for p in plans:

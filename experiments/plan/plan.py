@@ -199,6 +199,7 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
                 # A carried exchange's steps each send one: the egress per step is the mean.
                 total[1] += replay.node_egress_bytes / length * count
         if not plan.notes:
+            plan.notes.extend(_method_notes(record, knobs, target))
             plan.notes.extend(_replay_notes(replays[0], delayed))
         if progress is not None:
             progress(f"{record.name}: {len(topologies)} networks")
@@ -253,6 +254,21 @@ def _syncs(record: Method, knobs: object, period: int) -> int:
         return knobs.num_fragments
     _, exchanges = schedule(record, knobs)
     return sum(exchanges(s) for s in range(1, period + 1))
+
+
+def _method_notes(record: Method, knobs: object, target: Topology) -> list[str]:
+    """What the method's program assumed that the others' did not (sharding, its graph)."""
+    if not record.shards:
+        return [f"{record.name}: no sharding: every GPU holds the whole model and is a "
+                f"replica; its exchange spans all {target.world_size} GPUs (ranks of a node "
+                "share its link)"]
+    if record.gossips and target.nodes > 1:
+        graph, nodes = knobs.graph, target.nodes
+        found = sorted({busiest_degree(graph, nodes, r) for r in range(period(graph, nodes))})
+        return [f"{record.name}: graph {graph} on {nodes} replicas, the busiest one's "
+                f"{'/'.join(map(str, found))} neighbours a round pacing it; one message each "
+                "way per neighbour, every rank's whole fp32 shard"]
+    return []
 
 
 def _replay_notes(replay: object, delayed: bool) -> list[str]:
