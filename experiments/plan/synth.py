@@ -468,7 +468,7 @@ def exchanges(record: Method, knobs: object, model: DeclaredModel, per_node: int
     if record.replicator in ("random", "striding"):
         return _PartialExchange(record, knobs, model, per_node)
     if record.replicator == "gossip":
-        return _GossipExchange(record, knobs, model, per_node)
+        return _GossipExchange(record, knobs, model, per_node, replicas)
     if record.replicator == "none":
         return Exchange()
     raise ConfigError(f"--method {record.name!r} has no synthesized program yet; plan one of "
@@ -532,10 +532,10 @@ class _GossipExchange(Exchange):
     neighbours from `flexdemo.graphs.peers` at the replicator's round, the message sized by
     the replicator's `message_bytes`."""
 
-    def __init__(self, record: Method, knobs: object, model: DeclaredModel,
-                 per_node: int) -> None:
+    def __init__(self, record: Method, knobs: object, model: DeclaredModel, per_node: int,
+                 replicas: int) -> None:
         self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
-        self.graph = knobs.graph
+        self.graph, self.replicas = knobs.graph, replicas
         self.model, self.per_node = model, per_node
         self.node, self.nodes = 0, 1
 
@@ -543,6 +543,13 @@ class _GossipExchange(Exchange):
         """This exchange as node `node` of `nodes` runs it (its own neighbours)."""
         self.node, self.nodes = node, nodes
         return self
+
+    def _peers(self, round_: int) -> list[int]:
+        """This node's neighbours at `round_`. A trace of fewer nodes than the target (the
+        plan's two) stands in for it: each node's one neighbour is the other, and the replay
+        counts the target graph's degree (`simulate(degrees=...)`)."""
+        graph = self.graph if self.nodes == self.replicas else "ring"
+        return peers(graph, self.nodes, self.node, round_)
 
     def posts(self, step: int, local: int) -> list[tuple[object, str, int, int]]:
         """A send and a receive per neighbour (global ranks of the same local index)."""
@@ -552,7 +559,7 @@ class _GossipExchange(Exchange):
         numels = [math.prod(s) for s in local_shard_shapes(self.model, self.per_node, local)]
         nbytes = message_bytes(numels)
         out = []
-        for node in peers(self.graph, self.nodes, self.node, round_):
+        for node in self._peers(round_):
             rank = node * self.per_node + local
             out += [((step, node, "send"), "send", nbytes, rank),
                     ((step, node, "recv"), "recv", nbytes, rank)]
@@ -563,8 +570,7 @@ class _GossipExchange(Exchange):
         if not self.replicates_on(step) or self.nodes < 2:
             return []
         round_ = _replicating_before(self.replicates_on, step)
-        return [(step, node, op) for node in peers(self.graph, self.nodes, self.node, round_)
-                for op in ("send", "recv")]
+        return [(step, node, op) for node in self._peers(round_) for op in ("send", "recv")]
 
 
 def _synthesize_each_rank(record: Method, exchange: _GossipExchange, sizes: _Sizes, shape: Shape,
