@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]"
 	@touch $@
 
-# The quick sweep (11-16 minutes on 2 idle cores: 659 s and 928 s on two days); results/quick
-# holds a committed copy.
+# The quick sweep (about 5 minutes on 2 cores: results/quick/README.md says how it was timed);
+# results/quick holds a committed copy.
 demo: $(STAMP)
 	$(BIN)/flexbench sweep experiments/configs/quick.toml --out runs/quick
 	$(BIN)/flexbench report runs/quick

@@ -168,8 +168,8 @@ class _Rank:
         """A collective issued now on the node's group (inter: the replicate group)."""
         group = self.replicate if inter else self.intra
         size = self.shape.nodes if inter else self.shape.per_node
-        if size == 1:
-            return {}  # a group of one moves nothing and FSDP2 issues nothing on it
+        if size == 1:  # FSDP2 runs nothing on a one-rank shard group (a 2 x 1 recording has none)
+            return {}
         algorithm = default_algorithm(op, self.backend)
         volume = _volume(op, size, int(nbytes), algorithm)
         return self._row(kind="collective", op=op, group=group, group_size=size, inter=inter,

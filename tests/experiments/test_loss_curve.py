@@ -118,18 +118,25 @@ def test_the_rule_is_printed_beside_the_time_and_stored(capsys, tmp_path):
     rc, out, csv = _simulate(capsys, tmp_path, str(run), "--nodes", "64", "--gpus-per-node",
                              "8", "--loss-scaling", "linear-to-critical-batch:512")
     assert rc == 0
+    # The committed recording's own shape and batch (results/quick: 2 x 1 x 16, batch 32).
+    cfg = json.loads((run / "run.json").read_text())["config"]
+    nodes, gpus, steps = cfg["nodes"], cfg["gpus_per_node"], cfg["steps"]
+    recorded_batch = nodes * gpus * cfg["batch_size"]
     ttt = [line for line in out.splitlines() if line.startswith("predicted time to")]
     assert len(ttt) == 1 and ttt[0].endswith(
-        "(loss curve of hsdp-adamw-s0 at 2 x 2, global batch 64; "
+        f"(loss curve of hsdp-adamw-s0 at {nodes} x {gpus}, global batch {recorded_batch}; "
         "--loss-scaling linear-to-critical-batch:512)")
     sidecar = csv.with_suffix(".loss.json")
     assert f"loss curve and rule stored in {sidecar}" in out
     stored = json.loads(sidecar.read_text())
     assert stored["loss_scaling"] == "linear-to-critical-batch:512"
-    assert (stored["recorded_global_batch"], stored["global_batch"]) == (64, 8192)
-    assert stored["step_factor"] == "8" and stored["reached"]
-    # k = 512 / 64: the replay covers the curve's 100 recorded steps in ceil(100 / 8) steps.
-    assert len(pd.read_csv(csv)) == 13
+    global_batch = 64 * 8 * cfg["batch_size"]
+    assert (stored["recorded_global_batch"], stored["global_batch"]) == (recorded_batch,
+                                                                         global_batch)
+    k = 512 // recorded_batch  # the critical batch 512 caps the factor below 8192 / recorded
+    assert stored["step_factor"] == str(k) and stored["reached"]
+    # k = 512 / the recorded batch: the replay covers the curve's recorded steps in ceil(steps / k).
+    assert len(pd.read_csv(csv)) == math.ceil(steps / k)
     assert stored["time_to_target_s"] == pytest.approx(float(ttt[0].split(": ")[1].split()[0]),
                                                        abs=0.005)
     # The default rule is stated too, as none.

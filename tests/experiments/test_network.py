@@ -71,7 +71,8 @@ def test_simulate_run_is_the_recorded_config_with_overrides():
                           steps=3)
     assert isinstance(replay, Replay)
     want = run.config.replace(inter_bw="1Gbit", inter_lat="1ms", nodes=4).topology()
-    assert replay.topology == want and replay.recorded_topology == (2, 2)
+    recorded = (run.config.nodes, run.config.gpus_per_node)
+    assert replay.topology == want and replay.recorded_topology == recorded
     assert replay.frame["step"].tolist() == [1, 2, 3]
     assert replay.algorithms and "weak scaling" in replay.note and replay.graphs == ()
     with pytest.raises(ConfigError, match="needs the target's inter-node bandwidth"):
@@ -90,7 +91,9 @@ def test_simulate_reads_each_file_of_the_run_once(tmp_path, capsys, monkeypatch)
     assert main(["simulate", str(RECORDED), "--inter-bw", "1Gbit", "--step-compute", "0.01",
                  "--out", str(tmp_path / "sim.csv")]) == 0
     assert sorted(reads) == ["steps.parquet", "trace.parquet"]
-    assert "simulated 100 steps of flexdemo on 2 nodes x 2 at 1Gbit, 0ms" in capsys.readouterr().out
+    cfg = read_run(RECORDED).config  # the committed recording's own shape
+    assert (f"simulated {cfg.steps} steps of flexdemo on {cfg.nodes} nodes x {cfg.gpus_per_node} "
+            "at 1Gbit, 0ms") in capsys.readouterr().out
 
 
 def test_kernel_settings_come_from_the_topology(monkeypatch):

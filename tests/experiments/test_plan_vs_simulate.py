@@ -32,7 +32,9 @@ from netsim.model import compute_phases, has_backward_marks, has_unit_marks, sim
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 NETWORKS = ("10Mbit", "1Gbit", "10Gbit")
 PERIODIC = ("diloco", "streaming-diloco")
-UNITS = ["quick/units/hsdp-adamw-s0", "quick/units/flexdemo-s0",
+UNITS = ["standard/units/hsdp-adamw-s0", "standard/units/flexdemo-s0",
+         "standard/units/demo-chunking=flat_topk=4-s0", "standard/units/diloco-s0",
+         "quick/units/hsdp-adamw-s0", "quick/units/flexdemo-s0",
          "quick/units/flexdemo-decay=0.9-s0", "quick/units/demo-chunking=flat_topk=4-s0",
          "quick/units/diloco-s0", "overlap/units/streaming-diloco-s0",
          "overlap/units/flexdemo-async-lookahead=True-s0",
