@@ -26,7 +26,9 @@ from experiments.errors import ConfigError
 from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
 from experiments.plan.models import declare_model
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
+from experiments.plan.replicas import check_nodes_per_replica, replica_line, replica_topology
 from experiments.plan.synth import PLANNED_METHODS, Precision
+from experiments.plan.target import MISSING, StepsSource, steps_source
 from experiments.replay.compute_profile import load_profile
 from experiments.values import POSITIVE, POSITIVE_INT, UNIT_OPEN_LOW
 from flexdemo.methods import METHODS, method_record
@@ -56,6 +58,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="nodes of the cluster")
     parser.add_argument("--gpus-per-node", type=POSITIVE_INT.arg, required=True,
                         help="GPUs per node")
+    parser.add_argument("--nodes-per-replica", type=POSITIVE_INT.arg, default=1, metavar="K",
+                        help="nodes one replica spans (default 1): FSDP2 over K x G GPUs of K "
+                             "nodes of a site, the method's exchange between replicas")
     compute = parser.add_mutually_exclusive_group(required=True)
     compute.add_argument("--gpu", help=f"GPU kind: {', '.join(GPUS)}")
     compute.add_argument("--step-time", type=POSITIVE.arg, metavar="S",
@@ -85,6 +90,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a method knob by its run name (diloco_h=100, topk=8, ...) or "
                              f"the plan's own ({', '.join(PLAN_KEYS)})")
+    parser.add_argument("--steps-to-target", nargs="+", default=None, metavar="N",
+                        help="steps to the target loss: N for every method, or METHOD=N; the "
+                             "time to target is N x the step time")
+    parser.add_argument("--steps-from", nargs="+", default=None, metavar="RUN",
+                        help="recordings of the planned --model whose validation loss gives "
+                             "each method's steps to --target")
+    parser.add_argument("--target", type=POSITIVE.arg, default=None,
+                        help="the validation loss --steps-from counts the steps to")
     parser.add_argument("--out", required=True,
                         help=f"file to write: {', '.join(OUTPUTS)} by its extension")
 
@@ -152,6 +165,13 @@ def _check(args: argparse.Namespace) -> None:
     _check_methods(args.method)
     _check_network(args)
     _check_compute(args)
+    check_nodes_per_replica(args.nodes_per_replica, args.nodes)
+    if args.nodes_per_replica > 1:
+        for method in args.method:
+            if not method_record(method).shards:
+                raise ConfigError(f"--method {method} shards nothing (every GPU a replica), so "
+                                  "a replica spans no nodes; plan it without "
+                                  "--nodes-per-replica.")
 
 
 def _check_methods(methods: list[str]) -> None:
@@ -159,6 +179,11 @@ def _check_methods(methods: list[str]) -> None:
     for method in methods:
         if method not in METHODS:
             raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}.")
+        if method == "ada":
+            raise ConfigError("--method 'ada' picks its graph from the replica spread it "
+                              "measures while training, which a declared model does not have; "
+                              "plan gossip on each graph of its ladder (--method gossip --set "
+                              "graph=...) instead.")
         if method not in PLANNED_METHODS:
             raise ConfigError(f"--method {method!r} has no synthesized program yet; plan one "
                               f"of {', '.join(PLANNED_METHODS)}.")
@@ -216,6 +241,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
     settings = {m: method_record(m).settings(knobs[m])[0] for m in args.method}
     memory_cap, memory_source = _gpu_memory(args)
+    source = steps_source(args.steps_to_target, args.steps_from, args.target, args.model,
+                          args.method)
     model = declare_model(args.model)
     unit_params = [model.unit_params(u) for u in range(len(model.units))]
     if args.gpu is not None:
@@ -226,14 +253,20 @@ def main(args: argparse.Namespace) -> int:
         compute = _profiled(args, unit_params, optimizer_s)
     else:
         compute = given_compute(unit_params, args.step_time, optimizer_s)
-    plans = [plan_method(method_record(m), settings[m], model, topologies, labels, compute,
-                         precision, args.algorithm, backend=backend) for m in args.method]
+    k = args.nodes_per_replica
+    replicas = [replica_topology(t, k) for t in topologies]
+    plans = [plan_method(method_record(m), settings[m], model, replicas, labels, compute,
+                         precision, args.algorithm, backend=backend, nodes_per_replica=k)
+             for m in args.method]
     frame = pd.concat([p.frame() for p in plans], ignore_index=True)
     frame["memory_over"] = (frame["memory_per_gpu_bytes"] > memory_cap
                             if memory_cap is not None else False)
+    if source is not None:  # a time only where a source states the steps
+        frame["steps_to_target"] = frame["method"].map(source.steps)
+        frame["time_to_target_s"] = frame["steps_to_target"] * frame["step_time_s"]
     needed = _needed_table(plans, frame) if args.topology is None else pd.DataFrame()
     assumptions = _assumptions(args, model, compute, precision, network, memory_source,
-                               plans, settings)
+                               plans, settings, source)
     _print(args, frame, needed, plans, assumptions, memory_cap)
     _write(Path(args.out), frame, needed, assumptions)
     print(f"wrote {args.out}")
@@ -306,12 +339,15 @@ def _network(args: argparse.Namespace) -> tuple[list[Topology], list[str], str]:
 
 
 def _assumptions(args: argparse.Namespace, model, compute, precision: Precision, network: str,
-                 memory_source: str, plans: list[MethodPlan], settings: dict) -> list[str]:
+                 memory_source: str, plans: list[MethodPlan], settings: dict,
+                 source: StepsSource | None = None) -> list[str]:
     """Every assumption behind the figures, one line each."""
     lines = [model.describe() + "; FSDP2 units as flexdemo.parallelize wraps it",
              f"cluster: {args.nodes} nodes x {args.gpus_per_node} GPUs; the program is "
-             f"synthesized for {min(args.nodes, 2)} node(s) and replayed with replicate groups "
-             "spanning every node",
+             f"synthesized for {min(args.nodes // args.nodes_per_replica, 2)} replica(s) and "
+             "replayed with replicate groups spanning every replica",
+             replica_line(args.nodes_per_replica, args.nodes, args.gpus_per_node,
+                          args.topology is not None),
              compute.rule,
              precision.describe(),
              f"intra-node: {args.intra_bw}, {args.intra_lat} a message (declared); {network}; "
@@ -320,15 +356,16 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
              "(forward and backward); nothing is measured, everything is declared",
              f"memory per GPU: master params, grads (fp32 shards), optimizer and replicator "
              f"state, FSDP2's gathered working set; activations not counted; GPU memory "
-             f"{memory_source}",
-             "time to target: no steps-to-target source is given, so no time to target is "
-             "planned (the loss of a declared model is not modeled)"]
+             f"{memory_source}"]
+    lines += [MISSING] if source is None else [source.line(p.method) for p in plans]
     for p in plans:
         knob = settings[p.method]
         knob_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knob).items())
         period = (f"; utilization over a period of {p.period} steps, "
                   f"{p.exchanges_per_period} with the exchange" if p.period > 1 else "")
-        lines.append(f"{p.method}: {knob_text or 'FSDP2 all-reduce across nodes'}{period}")
+        bare = ("FSDP2 all-reduce across nodes" if method_record(p.method).replicator is None
+                else "no knobs; nothing crosses nodes")
+        lines.append(f"{p.method}: {knob_text or bare}{period}")
     seen: set[str] = set()
     for p in plans:  # each method's replay notes; the ones every method shares, once
         for note in p.notes:
@@ -355,6 +392,9 @@ def _print(args: argparse.Namespace, frame: pd.DataFrame, needed: pd.DataFrame,
                                            strict=True)],
     )[["method", "inter_bw", "step_time_s", "compute_utilization", "exposed_comm_s",
        "bytes_per_node_step", "memory_per_gpu"]]
+    if "time_to_target_s" in frame.columns:
+        show["time_to_target"] = frame["time_to_target_s"].map(
+            lambda v: "-" if v != v else f"{v:.4g} s")
     print(show.to_string(index=False), file=out)
     print("\nmemory per GPU by part:", file=out)
     for p in plans:

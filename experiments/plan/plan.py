@@ -30,12 +30,14 @@ from experiments.plan.synth import (
     schedule,
     synthesize,
 )
+from flexdemo.graphs import busiest_degree, graph_problem, peers, period
 from flexdemo.knobs import DeMoKnobs, StreamingDiLoCoKnobs
 from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
 from flexdemo.replicators.demo import plan_exchange
 from flexdemo.replicators.streaming_diloco import fragment_numels
 from netsim.model import OVERLAP_NOTE, algorithm_summary, simulate_each
+from netsim.sites import gossip_round
 from netsim.topology import Topology
 
 __all__ = ["CU_TARGETS", "MethodPlan", "Memory", "PlanPoint", "bandwidth_needed", "memory",
@@ -153,8 +155,13 @@ def _streaming_kinds(knobs: StreamingDiLoCoKnobs) -> tuple[int, list[Kind], bool
 def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies: list[Topology],
                 labels: list[str], compute: StepCompute, precision: Precision,
                 algorithm: str = "auto", progress: Callable[[str], None] | None = None,
-                backend: str = "nccl") -> MethodPlan:
-    """Replay `record`'s program on each topology (one per bandwidth; module docstring)."""
+                backend: str = "nccl", nodes_per_replica: int = 1) -> MethodPlan:
+    """Replay `record`'s program on each topology (one per bandwidth; module docstring).
+
+    `nodes_per_replica` K > 1: the topologies are already the replicas'
+    (`experiments.plan.replicas.replica_topology`: one node a replica of K nodes); bytes and
+    bandwidths are reported per real node.
+    """
     target = topologies[0]
     shape = Shape(min(target.nodes, 2), target.accelerators_per_node)
     period, kinds, delayed = _step_kinds(record, knobs)
@@ -176,9 +183,12 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
     plan = dataclasses.replace(plan, peak_exchange_bytes=int(max((b.max() for b in inter
                                                                   if len(b)), default=0)))
     totals = [[0.0, 0.0] for _ in topologies]  # per topology: seconds and egress per period
+    degrees, site_rounds = gossip_graph(record, knobs, target)
     for trace, length, count, whole in traces.values():
-        replays = simulate_each(trace, topologies, overlap="fsdp2", intra="model",
-                                algorithm=algorithm)
+        # Without sharding there are no FSDP2 units to overlap: the trace's order is the plan.
+        replays = simulate_each(trace, topologies, overlap="fsdp2" if record.shards
+                                else "recorded", intra="model", algorithm=algorithm,
+                                degrees=degrees, site_rounds=site_rounds)
         for total, replay in zip(totals, replays, strict=True):
             times = replay.frame["step_time_s"]
             if whole:  # a window: every step of it, and every byte it sent
@@ -189,13 +199,45 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
                 # A carried exchange's steps each send one: the egress per step is the mean.
                 total[1] += replay.node_egress_bytes / length * count
         if not plan.notes:
+            plan.notes.extend(_method_notes(record, knobs, target))
             plan.notes.extend(_replay_notes(replays[0], delayed))
         if progress is not None:
             progress(f"{record.name}: {len(topologies)} networks")
+    k = nodes_per_replica
     for (seconds, egress), topology, label in zip(totals, topologies, labels, strict=True):
-        plan.points.append(PlanPoint(label, topology.inter.bandwidth, seconds / period,
-                                     egress / period))
+        # A replica's NIC is its K nodes' side by side (flat networks); sites keep their links.
+        declared = topology.inter.bandwidth / (k if topology.sites is None else 1)
+        plan.points.append(PlanPoint(label, declared, seconds / period, egress / period / k))
     return plan
+
+
+def gossip_graph(record: Method, knobs: object, target: Topology) -> tuple[object, object]:
+    """For gossip: the busiest node's peers per round of its graph on the target's nodes
+    (`simulate(degrees=...)`), and on several sites each site's messages per round
+    (`site_rounds=`); (None, None) for other methods."""
+    if not record.gossips:
+        return None, None
+    graph, nodes = knobs.graph, target.nodes
+    problem = graph_problem(graph, nodes) if nodes > 1 else None
+    if problem is not None:
+        raise ConfigError(f"--method {record.name}: {problem}")
+
+    def round_of(step: int, round_: int) -> int:
+        del step  # the replay counts the gossip rounds itself
+        return round_ % period(graph, nodes)
+
+    def degrees(step: int, round_: int) -> int:
+        return busiest_degree(graph, nodes, round_of(step, round_))
+
+    sites = target.sites
+    if sites is None or len(sites.sites) < 2:
+        return degrees, None
+
+    def site_rounds(step: int, round_: int) -> object:
+        r = round_of(step, round_)
+        return gossip_round(sites, lambda node: peers(graph, sites.nodes, node, r))
+
+    return degrees, site_rounds
 
 
 def _signature(trace: pd.DataFrame, first: int) -> tuple:
@@ -214,6 +256,21 @@ def _syncs(record: Method, knobs: object, period: int) -> int:
     return sum(exchanges(s) for s in range(1, period + 1))
 
 
+def _method_notes(record: Method, knobs: object, target: Topology) -> list[str]:
+    """What the method's program assumed that the others' did not (sharding, its graph)."""
+    if not record.shards:
+        return [f"{record.name}: no sharding: every GPU holds the whole model and is a "
+                f"replica; its exchange spans all {target.world_size} GPUs (ranks of a node "
+                "share its link)"]
+    if record.gossips and target.nodes > 1:
+        graph, nodes = knobs.graph, target.nodes
+        found = sorted({busiest_degree(graph, nodes, r) for r in range(period(graph, nodes))})
+        return [f"{record.name}: graph {graph} on {nodes} replicas, the busiest one's "
+                f"{'/'.join(map(str, found))} neighbours a round pacing it; one message each "
+                "way per neighbour, every rank's whole fp32 shard"]
+    return []
+
+
 def _replay_notes(replay: object, delayed: bool) -> list[str]:
     """What the replay assumed, once per method."""
     lines = [f"overlap fsdp2: {OVERLAP_NOTE.removeprefix('overlap fsdp2: ')}"]
@@ -227,7 +284,10 @@ def _replay_notes(replay: object, delayed: bool) -> list[str]:
 
 def memory(record: Method, knobs: object, model: DeclaredModel, per_node: int, nodes: int,
            precision: Precision) -> Memory:
-    """Bytes per GPU of local rank 0 (the largest shard), by part (see Memory)."""
+    """Bytes per GPU of local rank 0 (the largest shard), by part (see Memory); a method
+    without sharding (demo) holds the whole model on every GPU, each a replica."""
+    if not record.shards:
+        return _replica_memory(record, knobs, model, per_node * nodes)
     shard = sum(padded_shard_elements(s, per_node) for unit in model.units for s in unit)
     full = [model.unit_params(u) for u in range(len(model.units))]
     blocks = sorted(full[:-1], reverse=True)[:2]
@@ -265,7 +325,25 @@ def _replicator_memory(record: Method, knobs: object, model: DeclaredModel, per_
         return 2 * shard * 4 + (shard * 4 if wire.lossy else 0) + in_flight
     if record.replicator == "diloco":
         return 2 * shard * 4  # the anchor and the outer momentum, fp32
+    if record.replicator in ("random", "striding"):
+        return shard * 4  # the momentum (delta), fp32; the chosen rows' buffer is small
+    if record.replicator == "gossip":
+        # The flat copy of the shard it sends and one inbox per neighbour of the busiest node.
+        graph = knobs.graph
+        degree = busiest_degree(graph, nodes, 0) if nodes > 1 and graph_problem(
+            graph, nodes) is None else 0
+        return (1 + degree) * shard * 4
     return 0
+
+
+def _replica_memory(record: Method, knobs: object, model: DeclaredModel, world: int) -> Memory:
+    """Memory per GPU of a method without sharding: the whole model, its gradient and the
+    replicator's state over `world` replicas; no FSDP2 working set."""
+    params = model.params * 4
+    _, step = record.settings({})
+    base = step.base or REPLICATORS[record.replicator].default_base
+    return Memory(params, params, 2 * params if base == "adamw" else 0,
+                  _replicator_memory(record, knobs, model, 1, world, model.params), 0)
 
 
 def bandwidth_needed(frame: pd.DataFrame, target: float) -> tuple[float | None, str]:

@@ -38,23 +38,28 @@ import torch
 from experiments.errors import ConfigError
 from experiments.plan.hardware import StepCompute
 from experiments.plan.models import DeclaredModel, padded_shard_elements, shard_rows
+from flexdemo.chunking import largest_divisor_at_most
+from flexdemo.graphs import peers
 from flexdemo.knobs import DeMoKnobs
 from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
 from flexdemo.replicators.demo import plan_exchange
+from flexdemo.replicators.diloco import outer_payload
+from flexdemo.replicators.gossip import message_bytes
+from flexdemo.replicators.partial import partial_payload, striding_rows
 from flexdemo.replicators.streaming_diloco import fragment_numels
 from netsim.costs import collective_volume, default_algorithm
 from netsim.trace import BACKWARD, TRACE_COLUMNS, TRAIN, UNIT_BACKWARD
 
 __all__ = ["DTYPE_BYTES", "PLANNED_METHODS", "Exchange", "Precision", "Shape", "exchanges",
-           "local_shard_shapes", "outer_bytes", "schedule", "synthesize"]
+           "local_shard_shapes", "outer_bytes", "schedule", "synthesize", "synthesize_replicas"]
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 # The least compute after a delayed exchange's wait in its step (seconds).
 _DECODE_S = 1e-6
 # Methods whose program this module writes; others are refused by name.
-PLANNED_METHODS = ("hsdp-adamw", "flexdemo", "flexdemo-async", "flexdemo-adamw", "diloco",
-                   "streaming-diloco")
+PLANNED_METHODS = ("hsdp-adamw", "flexdemo", "flexdemo-async", "flexdemo-adamw", "demo",
+                   "diloco", "streaming-diloco", "random", "striding", "gossip", "none")
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,10 @@ def local_shard_shapes(model: DeclaredModel, per_node: int,
 
 
 def outer_bytes(model: DeclaredModel, per_node: int, local: int, itemsize: int = 4) -> int:
-    """Bytes of a whole-shard exchange (DiLoCo's all-reduce of `anchor - params`, fp32)."""
-    return sum(math.prod(s) for s in local_shard_shapes(model, per_node, local)) * itemsize
+    """Bytes of DiLoCo's outer all-reduce of `anchor - params` (fp32) on local rank `local`,
+    sized by the replicator's own `outer_payload`."""
+    numels = [math.prod(s) for s in local_shard_shapes(model, per_node, local)]
+    return outer_payload(numels, itemsize)[1]
 
 
 def schedule(record: Method, knobs: object) -> tuple[int, Callable[[int], bool]]:
@@ -170,6 +177,15 @@ class _Rank:
                          bytes_sent=float(volume.bytes_sent),
                          bytes_received=float(volume.bytes_received), wait_s=math.nan,
                          end_s=math.nan, unit=self.unit if unit is None else unit)
+
+    def message(self, op: str, nbytes: int, peer: int) -> dict:
+        """A point-to-point message ("send" or "recv") to or from global rank `peer`, issued
+        now on the replicate group (gossip's)."""
+        sent = float(nbytes) if op == "send" else 0.0
+        return self._row(kind="collective", op=op, group=self.replicate,
+                         group_size=self.shape.nodes, peer=int(peer), inter=True,
+                         algorithm="direct", bytes=int(nbytes), bytes_sent=sent,
+                         bytes_received=float(nbytes) - sent, wait_s=math.nan, end_s=math.nan)
 
     def wait(self, row: dict) -> None:
         """Wait on an issued collective now (it returns at once: the replay times it)."""
@@ -263,8 +279,14 @@ def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape
     if record.name not in PLANNED_METHODS:
         raise ConfigError(f"--method {record.name!r} has no synthesized program yet; plan one "
                           f"of {', '.join(PLANNED_METHODS)}.")
+    if not record.shards:
+        return synthesize_replicas(record, knobs, model, shape, compute, steps,
+                                   replicas=replicas, backend=backend, first=first)
     sizes = _Sizes(model, shape.per_node, precision)
     exchange = exchanges(record, knobs, model, shape.per_node, replicas or shape.nodes)
+    if isinstance(exchange, _GossipExchange):
+        return _synthesize_each_rank(record, exchange, sizes, shape, compute, steps, backend,
+                                     first)
     # Every rank runs the same FSDP2 program; only the exchange's payload may differ from one
     # local rank to another (FSDP2's last shards can be short). One rank's rows stand for all
     # the ranks whose exchange is the same, relabelled.
@@ -314,8 +336,9 @@ def _exchange_step(rank: _Rank, exchange: Exchange, step: int,
                    in_flight: dict[object, dict]) -> None:
     """This step's exchange: post what it posts, then wait on what it applies."""
     posted_now = set()
-    for key, op, nbytes in exchange.posts(step, rank.local):
-        in_flight[key] = rank.issue(op, nbytes, True)
+    for key, op, nbytes, *peer in exchange.posts(step, rank.local):
+        in_flight[key] = (rank.message(op, nbytes, peer[0]) if peer
+                          else rank.issue(op, nbytes, True))
         posted_now.add(key)
     carried = False
     for key in exchange.waits(step):
@@ -442,5 +465,167 @@ def exchanges(record: Method, knobs: object, model: DeclaredModel, per_node: int
         return _DiLoCoExchange(record, knobs, model, per_node)
     if record.replicator == "streaming-diloco":
         return _StreamingExchange(record, knobs, model, per_node)
+    if record.replicator in ("random", "striding"):
+        return _PartialExchange(record, knobs, model, per_node)
+    if record.replicator == "gossip":
+        return _GossipExchange(record, knobs, model, per_node, replicas)
+    if record.replicator == "none":
+        return Exchange()
     raise ConfigError(f"--method {record.name!r} has no synthesized program yet; plan one of "
                       f"{', '.join(PLANNED_METHODS)}.")
+
+
+def _replicating_before(replicates_on: Callable[[int], bool], step: int) -> int:
+    """Replicating steps before 1-based step `step` (a replicator's counter at that step)."""
+    return sum(1 for s in range(1, step) if replicates_on(s))
+
+
+class _PartialExchange(Exchange):
+    """Random and striding replication: one all-reduce of the chosen rows of the momentum per
+    replicating step, sized by the replicator's own `partial_payload`."""
+
+    def __init__(self, record: Method, knobs: object, model: DeclaredModel,
+                 per_node: int) -> None:
+        self.kind = record.replicator
+        self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
+        self.knobs, self.model, self.per_node = knobs, model, per_node
+
+    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
+        """The chosen rows' all-reduce on a replicating step (striding's comb by its counter)."""
+        if not self.replicates_on(step):
+            return []
+        counter = _replicating_before(self.replicates_on, step) if self.kind == "striding" else 0
+        shapes = list(local_shard_shapes(self.model, self.per_node, local))
+        if self.kind == "striding":
+            _check_steady_comb(shapes, self.knobs)
+        op, nbytes = partial_payload(self.kind, shapes, self.knobs, counter)
+        return [(step, op, nbytes)] if nbytes else []
+
+    def waits(self, step: int) -> list[object]:
+        """Waited on in the step that posts it."""
+        return [step] if self.replicates_on(step) else []
+
+
+@functools.lru_cache(maxsize=256)
+def _comb_sizes(chunks: int, rate: float) -> frozenset[int]:
+    """The sizes striding's comb over `chunks` chunks takes as its offset turns."""
+    m = max(1, int(rate * chunks))
+    return frozenset(int(striding_rows(chunks, rate, c).numel())
+                     for c in range(math.ceil(chunks / m)))
+
+
+def _check_steady_comb(shapes: list[tuple[int, ...]], knobs: object) -> None:
+    """Refuse a striding rate whose comb changes size from step to step (the plan replays one
+    replicating step for all of them)."""
+    for shape in shapes:
+        numel = math.prod(shape)
+        if numel and len(_comb_sizes(largest_divisor_at_most(numel, knobs.chunk),
+                                     knobs.rate)) > 1:
+            raise ConfigError(f"--method striding: rate={knobs.rate} makes the comb over a "
+                              f"shard of {numel} elements send a different number of chunks "
+                              "at different steps, which the plan does not replay; plan a "
+                              "lower rate (such as the default 0.1).")
+
+
+class _GossipExchange(Exchange):
+    """Gossip: after the local step, one message each way per neighbour of the graph, the
+    neighbours from `flexdemo.graphs.peers` at the replicator's round, the message sized by
+    the replicator's `message_bytes`."""
+
+    def __init__(self, record: Method, knobs: object, model: DeclaredModel, per_node: int,
+                 replicas: int) -> None:
+        self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
+        self.graph, self.replicas = knobs.graph, replicas
+        self.model, self.per_node = model, per_node
+        self.node, self.nodes = 0, 1
+
+    def at(self, node: int, nodes: int) -> _GossipExchange:
+        """This exchange as node `node` of `nodes` runs it (its own neighbours)."""
+        self.node, self.nodes = node, nodes
+        return self
+
+    def _peers(self, round_: int) -> list[int]:
+        """This node's neighbours at `round_`. A trace of fewer nodes than the target (the
+        plan's two) stands in for it: each node's one neighbour is the other, and the replay
+        counts the target graph's degree (`simulate(degrees=...)`)."""
+        graph = self.graph if self.nodes == self.replicas else "ring"
+        return peers(graph, self.nodes, self.node, round_)
+
+    def posts(self, step: int, local: int) -> list[tuple[object, str, int, int]]:
+        """A send and a receive per neighbour (global ranks of the same local index)."""
+        if not self.replicates_on(step) or self.nodes < 2:
+            return []
+        round_ = _replicating_before(self.replicates_on, step)
+        numels = [math.prod(s) for s in local_shard_shapes(self.model, self.per_node, local)]
+        nbytes = message_bytes(numels)
+        out = []
+        for node in self._peers(round_):
+            rank = node * self.per_node + local
+            out += [((step, node, "send"), "send", nbytes, rank),
+                    ((step, node, "recv"), "recv", nbytes, rank)]
+        return out
+
+    def waits(self, step: int) -> list[object]:
+        """Every message of the round, in the step that posts them."""
+        if not self.replicates_on(step) or self.nodes < 2:
+            return []
+        round_ = _replicating_before(self.replicates_on, step)
+        return [(step, node, op) for node in self._peers(round_) for op in ("send", "recv")]
+
+
+def _synthesize_each_rank(record: Method, exchange: _GossipExchange, sizes: _Sizes, shape: Shape,
+                          compute: StepCompute, steps: int, backend: str,
+                          first: int) -> pd.DataFrame:
+    """`synthesize` for an exchange whose ops differ from node to node (gossip's neighbours):
+    every rank written on its own."""
+    frames = []
+    for rank_id in range(shape.world):
+        rank = _Rank(rank_id, shape, backend)
+        exchange.at(rank.node, shape.nodes)
+        in_flight: dict[object, dict] = {}
+        for step in range(first, first + steps):
+            begin = rank.begin(step)
+            _fsdp2_step(rank, sizes, compute, record.inter_all_reduce)
+            rank.compute(compute.optimizer_s)
+            _exchange_step(rank, exchange, step, in_flight)
+            rank.end(begin)
+        frames.append(pd.DataFrame(rank.rows, columns=list(TRACE_COLUMNS)))
+    trace = pd.concat(frames, ignore_index=True).astype(TRACE_COLUMNS)
+    return trace.sort_values(["rank", "seq"], kind="stable", ignore_index=True)
+
+
+def synthesize_replicas(record: Method, knobs: object, model: DeclaredModel, shape: Shape,
+                        compute: StepCompute, steps: int, replicas: int | None = None,
+                        backend: str = "nccl", first: int = 1) -> pd.DataFrame:
+    """The trace of a method without sharding (demo): every rank holds the whole model and is
+    a replica; after its forward and backward (one compute, no FSDP2 collectives) and half
+    the optimizer step, its exchange over every rank of the world (the DeMo family's bucket,
+    sized by `plan_exchange` over the whole model's shapes for `replicas` ranks: the target's
+    world, default the trace's)."""
+    world = shape.world
+    exchange = exchanges(record, knobs, model, 1, replicas or world)
+    group = ",".join(str(r) for r in range(world))
+    template = _Rank(0, shape, backend)
+    template.replicate = group
+    template.shape = Shape(world, 1)  # the exchange's group: every rank, one replica each
+    in_flight: dict[object, dict] = {}
+    for step in range(first, first + steps):
+        begin = template.begin(step)
+        template.compute(sum(compute.forward_s) + sum(compute.backward_s))
+        template.mark(BACKWARD)
+        template.compute(compute.optimizer_s / 2)
+        if world > 1:
+            _exchange_step(template, exchange, step, in_flight)
+        template.compute(compute.optimizer_s / 2)
+        template.end(begin)
+    for row in in_flight.values():
+        row["wait_s"] = row["end_s"] = template.t + _DECODE_S
+    rows = pd.DataFrame(template.rows, columns=list(TRACE_COLUMNS))
+    frames = []
+    for rank in range(world):
+        frame = rows.copy()
+        frame["rank"], frame["node"] = rank, rank // shape.per_node
+        frame["local"] = rank % shape.per_node
+        frames.append(frame)
+    trace = pd.concat(frames, ignore_index=True).astype(TRACE_COLUMNS)
+    return trace.sort_values(["rank", "seq"], kind="stable", ignore_index=True)

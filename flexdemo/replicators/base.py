@@ -15,6 +15,13 @@ from ..wire import CommStats, all_reduce_bytes
 Group = dist.ProcessGroup | None
 
 
+def mean_payload(numel: int, itemsize: int = 4) -> tuple[str, int]:
+    """The collective that averages ``numel`` values of ``itemsize`` bytes over the replicas
+    (one SUM all-reduce) and the bytes each rank hands in: the sizing the replicators count
+    and the planner (``experiments.plan``) plans with."""
+    return "all_reduce", numel * itemsize
+
+
 class Replicator:
     """Turns local shard gradients into the updates every replica applies; subclass per scheme.
 
@@ -106,7 +113,7 @@ class Replicator:
     def _all_reduce_mean_flat(self, flat: torch.Tensor, stats: CommStats) -> torch.Tensor:
         # gloo has no AVG reduction: sum, then divide.
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
-        n = all_reduce_bytes(flat.numel() * flat.element_size(), self.ranks)
+        n = all_reduce_bytes(mean_payload(flat.numel(), flat.element_size())[1], self.ranks)
         stats.add(n, n)
         return flat.div_(self.ranks)
 

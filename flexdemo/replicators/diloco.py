@@ -8,7 +8,14 @@ import torch
 
 from ..knobs import DiLoCoKnobs
 from ..wire import CommStats
-from .base import Group, Replicator, copy_state
+from .base import Group, Replicator, copy_state, mean_payload
+
+
+def outer_payload(numels: list[int], itemsize: int = 4) -> tuple[str, int]:
+    """DiLoCo's outer sync of local shards of ``numels`` elements: the all-reduce of their
+    pseudo-gradient (the parameters' dtype, ``itemsize`` bytes) and the bytes each rank hands
+    in, as :meth:`DiLoCoReplicator.after_update` posts it."""
+    return mean_payload(sum(numels), itemsize)
 
 
 class DiLoCoReplicator(Replicator):

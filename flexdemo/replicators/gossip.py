@@ -13,6 +13,13 @@ from ..wire import CommStats
 from .base import Group, Replicator
 
 
+def message_bytes(numels: list[int], itemsize: int = 4) -> int:
+    """Bytes of one gossip message: every local shard (``numels`` elements of ``itemsize``
+    bytes) in one flat buffer, to each neighbour, as :meth:`GossipReplicator._exchange` sends
+    it and the planner (``experiments.plan``) plans with."""
+    return sum(numels) * itemsize
+
+
 class GossipReplicator(Replicator):
     """Decentralized data parallel: each node mixes its parameters with its neighbours' only.
 
@@ -82,7 +89,7 @@ class GossipReplicator(Replicator):
             ops.append(dist.P2POp(dist.irecv, inbox[peer], group=self.group, group_peer=peer))
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-        nbytes = flat.numel() * flat.element_size()
+        nbytes = message_bytes([flat.numel()], flat.element_size())
         for _ in peers:  # one send and one receive per peer, as netsim records them
             stats.add(nbytes, 0)
             stats.add(0, nbytes)

@@ -13,11 +13,52 @@ from .base import Group, Replicator, copy_state
 
 Selection = list[torch.Tensor | None]  # per shard: the rows to send (None: an empty shard)
 
+__all__ = ["RandomReplicator", "StridingReplicator", "partial_payload", "random_row_count",
+           "striding_rows"]
 
-def _row_shape(shape: torch.Size) -> tuple[int, int]:
+
+def _row_shape(shape: torch.Size | tuple[int, ...]) -> tuple[int, int]:
     # A 1-D tensor's rows are its elements (the reference indexes delta[rows] on it); one row
     # would send the whole tensor every step whatever the rate.
     return (int(shape[0]), 1) if len(shape) == 1 else matrix_shape(shape)
+
+
+def random_row_count(rows: int, rate: float) -> int:
+    """Rows a random replicator sends of a shard with ``rows`` rows (the draw picks which)."""
+    return max(1, int(rate * rows))
+
+
+def _striding_view(numel: int, chunk: int) -> tuple[int, int]:
+    """(chunks, elements per chunk) striding cuts a shard of ``numel`` elements into."""
+    n = largest_divisor_at_most(numel, chunk)
+    return n, numel // n
+
+
+def striding_rows(chunks: int, rate: float, counter: int) -> torch.Tensor:
+    """The chunks striding sends at its ``counter``-th replicating step out of ``chunks``."""
+    m = max(1, int(rate * chunks))
+    stride = math.ceil(chunks / m)
+    # Shifting the comb by one each step visits every chunk within `stride` steps.
+    offset = counter % stride
+    return torch.unique((offset + torch.arange(m) * stride) % chunks)
+
+
+def partial_payload(kind: str, shapes: list[tuple[int, ...]], knobs: PartialKnobs,
+                    counter: int = 0, itemsize: int = 4) -> tuple[str, int]:
+    """The all-reduce a random (``kind="random"``) or striding replicator posts over shards of
+    ``shapes`` at its ``counter``-th replicating step, and the bytes each rank hands in: the
+    sizing the replicators send by and the planner (``experiments.plan``) plans with."""
+    numel = 0
+    for shape in shapes:
+        if math.prod(shape) == 0:
+            continue
+        if kind == "random":
+            rows, width = _row_shape(tuple(shape))
+            numel += random_row_count(rows, knobs.rate) * width
+        else:
+            chunks, width = _striding_view(math.prod(shape), knobs.chunk)
+            numel += int(striding_rows(chunks, knobs.rate, counter).numel()) * width
+    return "all_reduce", numel * itemsize
 
 
 class _DeltaReplicator(Replicator):
@@ -121,7 +162,7 @@ class RandomReplicator(_DeltaReplicator):
                 out.append(None)
                 continue
             if n not in picks:
-                m = max(1, int(self.rate * n))
+                m = random_row_count(n, self.rate)
                 rows = torch.topk(scores[:n], m, largest=False).indices.sort().values
                 picks[n] = rows.to(self.delta[0].device)
             out.append(picks[n])
@@ -154,8 +195,7 @@ class StridingReplicator(_DeltaReplicator):
         self.counter = 0
 
     def _rows(self, d: torch.Tensor) -> torch.Tensor:
-        n = largest_divisor_at_most(d.numel(), self.chunk)
-        return d.view(n, -1)
+        return d.view(*_striding_view(d.numel(), self.chunk))
 
     def _selection(self) -> Selection:
         out: Selection = []
@@ -164,11 +204,7 @@ class StridingReplicator(_DeltaReplicator):
                 out.append(None)
                 continue
             n = self._rows(d).shape[0]
-            m = max(1, int(self.rate * n))
-            stride = math.ceil(n / m)
-            # Shifting the comb by one each step visits every chunk within `stride` steps.
-            offset = self.counter % stride
-            out.append(torch.unique((offset + torch.arange(m) * stride) % n).to(d.device))
+            out.append(striding_rows(n, self.rate, self.counter).to(d.device))
         self.counter += 1
         return out
 

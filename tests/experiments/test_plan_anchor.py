@@ -1,10 +1,11 @@
-"""The plan of lm-tiny at 2 x 2 (and 2 x 1) holds, step by step, the bytes its recordings hold.
+"""The plan of lm-tiny holds, step by step, the bytes its recordings hold.
 
-The recordings are results/standard's and results/overlap's at 2 x 2 and results/quick's at
-2 x 1 (CPU gloo, no mixed precision: everything fp32). The plan is made at their shape and knobs
-with param_dtype=reduce_dtype=fp32 and gloo's algorithms (its reduce-scatter runs as an
-all-reduce, which sets the wire bytes), so every collective's payload and wire bytes must be the
-recording's. A step right after an
+The recordings are results/standard's and results/overlap's at 2 x 2, results/quick's at
+2 x 1, and the gossip runs of results/decentralized and results/decentralized-scale at 4-16
+nodes of one rank (CPU gloo, no mixed precision: everything fp32); each is planned at its own
+shape and knobs, with param_dtype=reduce_dtype=fp32 and gloo's algorithms (its reduce-scatter
+runs as an all-reduce, which sets the wire bytes), so every collective's payload and wire
+bytes, and every gossip message's peer, must be the recording's. A step right after an
 evaluation is the one exception, and a known one: the evaluation's forward left the root unit
 gathered, so the recording lacks that step's first all-gather (the root's).
 """
@@ -26,19 +27,27 @@ RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def _per_step(trace: pd.DataFrame) -> pd.Series:
-    """Per (step, rank): every training collective as (op, inter, bytes, sent, received)."""
+    """Per (step, rank): every training collective as (op, inter, bytes, sent, received, peer)."""
     rows = trace[(trace["phase"] == "train") & (trace["kind"] == "collective")]
     return rows.groupby(["step", "rank"]).apply(
         lambda g: tuple(sorted(zip(g["op"], g["inter"], g["bytes"], g["bytes_sent"],
-                                   g["bytes_received"], strict=True))))
+                                   g["bytes_received"], g["peer"], strict=True))))
 
 
 @pytest.mark.parametrize("unit", ["standard/units/hsdp-adamw-s0", "standard/units/flexdemo-s0",
                                   "standard/units/diloco-s0",
                                   "quick/units/hsdp-adamw-s0", "quick/units/flexdemo-s0",
                                   "quick/units/diloco-s0",
+                                  "quick/units/demo-chunking=flat_topk=4-s0",
+                                  "quick/units/flexdemo-decay=0.9-s0",
+                                  "standard/units/demo-chunking=flat_topk=4-s0",
                                   "overlap/units/flexdemo-async-lookahead=True-s0",
-                                  "overlap/units/streaming-diloco-s0"])
+                                  "overlap/units/streaming-diloco-s0",
+                                  "overlap/units/flexdemo-adamw-lr=0.001-s0",
+                                  "decentralized/units/gossip-nodes=4_graph=ring-s0",
+                                  "decentralized/units/gossip-nodes=8_graph=torus-s0",
+                                  "decentralized/units/gossip-nodes=8_graph=one-peer-exponential-s0",
+                                  "decentralized-scale/units/gossip-nodes=16_graph=sites_4-s0"])
 def test_plan_holds_the_recorded_bytes(unit):
     recorded_dir = RESULTS / unit
     recorded = pd.read_parquet(recorded_dir / "trace.parquet")
@@ -48,12 +57,13 @@ def test_plan_holds_the_recorded_bytes(unit):
     record = method_record(config["method"])
     knobs, _ = record.settings({k: config[k] for k in record.takes if k in config})
     compute = given_compute([model.unit_params(u) for u in range(len(model.units))], 0.1)
-    shape = Shape(config["nodes"], config["gpus_per_node"])  # the recording's own
+    shape = Shape(int(config["nodes"]), int(config["gpus_per_node"]))  # the recording's
     planned = synthesize(record, knobs, model, shape, compute, Precision("fp32", "fp32"),
                          steps, backend="gloo")
     ours, theirs = _per_step(planned), _per_step(recorded)
     assert set(ours.index) == set(theirs.index)
-    evals = int(config["eval_every"])
+    # Only FSDP2 at several ranks a node gathers the root, which an evaluation leaves gathered.
+    evals = int(config["eval_every"]) if record.shards and shape.per_node > 1 else steps + 1
     root_gather = ("all_gather", False, model.unit_params(len(model.units) - 1) // 2 * 4)
     exact = 0
     for key in theirs.index:

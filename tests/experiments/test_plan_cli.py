@@ -95,7 +95,7 @@ def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path, capsys, extra, w
 @pytest.mark.parametrize(("argv", "words"), [
     (["--model", "llama9"], "--model 'llama9' is unknown"),
     (["--model", "tests.experiments.plan_factories:on_cpu"], "not on the meta device"),
-    (["--method", "gossip"], "no synthesized program yet"),
+    (["--method", "ada"], "picks its graph from the replica spread"),
     (["--out", "plan.txt"], "must end in .csv, .json, .png"),
 ])
 def test_bad_models_methods_and_outputs_are_refused(tmp_path, capsys, argv, words):
@@ -157,3 +157,35 @@ def test_a_compute_profile_sets_the_compute(tmp_path, capsys):
 def test_bandwidth_ranges_are_log_spaced():
     rates = parse_bandwidths(["1Gbit:100Gbit:3", "5Gbit"])
     assert rates == pytest.approx([1e9 / 8, 5e9 / 8, 10e9 / 8, 100e9 / 8])
+
+
+def test_every_planned_method_plans(tmp_path, capsys):
+    args = ["plan", "--model", MODEL, "--method", "demo", "random", "striding", "gossip", "none",
+            "--nodes", "8", "--gpus-per-node", "2", "--step-time", "0.05", "--inter-lat", "1ms",
+            "--inter-bw", "10Mbit", "1Gbit", "--set", "graph=torus",
+            "--out", str(tmp_path / "p.csv")]
+    assert main(args) == 0
+    frame = pd.read_csv(tmp_path / "p.csv").set_index(["method", "inter_bw"])
+    assert frame.loc[("none", "10Mbit"), "bytes_per_node_step"] == 0
+    for method in ("demo", "random", "striding", "gossip"):
+        slow, fast = frame.loc[(method, "10Mbit")], frame.loc[(method, "1Gbit")]
+        assert slow["bytes_per_node_step"] > 0
+        assert slow["step_time_s"] > fast["step_time_s"]
+    out = capsys.readouterr().out
+    assert "gossip: graph torus on 8 replicas, the busiest one's 3 neighbours" in out  # 2 x 4
+    assert "demo: no sharding: every GPU holds the whole model and is a replica" in out
+
+
+def test_gossip_and_spanning_replicas_on_a_site_file(tmp_path, capsys):
+    sites = ROOT / "experiments/topologies/sites.toml"  # 2 sites of 8 nodes
+    args = ["plan", "--model", MODEL, "--method", "gossip", "diloco", "--nodes", "16",
+            "--gpus-per-node", "2", "--step-time", "0.1", "--topology", str(sites),
+            "--set", "graph=sites:2", "--nodes-per-replica", "2",
+            "--out", str(tmp_path / "s.csv")]
+    assert main(args) == 0
+    assert len(pd.read_csv(tmp_path / "s.csv")) == 2
+    out = capsys.readouterr().out
+    assert "replicas: 8 of 2 nodes each" in out and "its site's link between nodes" in out
+    args[args.index("2", args.index("--nodes-per-replica"))] = "16"
+    assert main([*args[:-1], str(tmp_path / "t.csv")]) == 2
+    assert "does not divide site" in capsys.readouterr().err
