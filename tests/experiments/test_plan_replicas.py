@@ -92,7 +92,8 @@ BASE = ["plan", "--model", MODEL, "--nodes", "6", "--gpus-per-node", "2", "--int
     (["--method", "diloco", "--nodes-per-replica", "4"],
      "--nodes-per-replica 4 does not divide --nodes 6 into whole replicas; use one of 1, 2, 3, 6."),
     (["--method", "demo", "--nodes-per-replica", "2"], "--method demo shards nothing"),
-    (["--method", "diloco", "--nodes-per-replica", "0"], "--nodes-per-replica 0 must be"),
+    (["--method", "diloco", "--nodes-per-replica", "0"],
+     "argument --nodes-per-replica: must be an integer >= 1, got '0'."),
 ])
 def test_a_k_that_does_not_cut_the_nodes_is_refused(tmp_path, capsys, extra, words):
     assert main([*BASE, *extra, "--out", str(tmp_path / "p.csv")]) == 2
