@@ -109,6 +109,9 @@ class Cluster:
     # Private switch for tests: True keeps one class per distinct (speed, link), as the model
     # did before classes merged per speed; it predicts the same, only slower.
     _class_per_link = False
+    # Private switch for tests: False runs one process per position even where a node's
+    # positions are alike (`_alike_positions`); it predicts the same, only slower.
+    _merge_alike = True
 
     def __init__(
         self,
@@ -263,7 +266,7 @@ class Cluster:
         cost of one.
         """
         g = self.topo.accelerators_per_node
-        if (not alike or g == 1 or self.topo.nic == "per-accelerator"
+        if (not alike or not self._merge_alike or g == 1 or self.topo.nic == "per-accelerator"
                 or self.ingress is not None or self.hierarchical):
             return 1
         g_rec = self.recorded.accelerators_per_node
