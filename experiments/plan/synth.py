@@ -281,6 +281,10 @@ def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape
             begin = rank.begin(step)
             _fsdp2_step(rank, sizes, compute, record.inter_all_reduce)
             rank.compute(compute.optimizer_s / 2)
+            # The method's exchange belongs to no FSDP2 unit (as recordings tag it): tagged
+            # with the root's, the fsdp2 overlap would stream it as the root's reduction and
+            # make the optimizer step wait for it, a carried exchange included.
+            rank.unit = -1
             if shape.nodes > 1:
                 _exchange_step(rank, exchange, step, in_flight)
             rank.compute(compute.optimizer_s / 2)
