@@ -17,6 +17,14 @@ def largest_divisor_at_most(n: int, target: int) -> int:
     """Return the largest divisor of ``n`` that is not above ``target`` (1 for n <= 1)."""
     if n <= 1:
         return 1
+    if target < 1:
+        return 1
+    if target * target <= n:
+        # A small target (a chunk size against a 10^8-element shard): counting down from it
+        # finds the same divisor in O(target) steps instead of O(sqrt(n)).
+        for d in range(target, 0, -1):
+            if n % d == 0:
+                return d
     best = 1
     i = 1
     # Walk divisor pairs up to sqrt(n): O(sqrt(n)) and exact.

@@ -115,7 +115,12 @@ class Decoder(nn.Module):
 
     def __init__(self, sizes: GPTSizes) -> None:
         super().__init__()
-        self.tok_embeddings = nn.Embedding(sizes.vocab, sizes.dim)
+        weight = torch.empty(sizes.vocab, sizes.dim)
+        if weight.device.type != "meta":
+            nn.init.normal_(weight)  # nn.Embedding's own initialization
+        # On the meta device (shapes only) the normal_ is skipped: torch's first meta normal_
+        # imports its compiler, seconds of a plan's start-up.
+        self.tok_embeddings = nn.Embedding(sizes.vocab, sizes.dim, _weight=weight)
         self.layers = nn.ModuleList(DecoderBlock(sizes) for _ in range(sizes.layers))
         self.norm = nn.RMSNorm(sizes.dim)
         self.output = None if sizes.tied else nn.Linear(sizes.dim, sizes.vocab, bias=False)

@@ -109,6 +109,9 @@ class Cluster:
     # Private switch for tests: True keeps one class per distinct (speed, link), as the model
     # did before classes merged per speed; it predicts the same, only slower.
     _class_per_link = False
+    # Private switch for tests: False runs one process per position even where a node's
+    # positions are alike (`_alike_positions`); it predicts the same, only slower.
+    _merge_alike = True
 
     def __init__(
         self,
@@ -124,6 +127,7 @@ class Cluster:
         step_numbers: list[int] | None = None,
         carried: dict[int, int] | None = None,
         site_rounds: SiteRounds | None = None,
+        compiled_cache: dict | None = None,
     ) -> None:
         self.env = simpy.Environment()
         self.site_rounds = site_rounds
@@ -175,8 +179,19 @@ class Cluster:
         self.rendezvous: dict[tuple, list] = {}
         self.step_end: list[float] = []
         self._volumes: dict[int, tuple[int, CollectiveVolume]] = {}  # spec id -> (p, volume)
-        self.compiled = {slot: self._compile(program, slot[1])
-                         for slot, program in programs.items()}
+        # Programs compile alike on every topology that gives each spec the same group size and
+        # volume and the same intra-node link: a grid of inter-node bandwidths compiles once.
+        key = self._compile_key()
+        if compiled_cache is not None and key is not None and key in compiled_cache:
+            self.compiled, alike = compiled_cache[key]
+        else:
+            self.compiled = {slot: self._compile(program, slot[1])
+                             for slot, program in programs.items()}
+            alike = self._programs_alike()
+            if compiled_cache is not None and key is not None:
+                compiled_cache[key] = (self.compiled, alike)
+        # Positions of a node one process stands for (`_alike_positions`); 1 = each its own.
+        self.weight = self._alike_positions(alike)
 
     @staticmethod
     def _node_classes(topology: Topology, per_link: bool = False,
@@ -233,6 +248,78 @@ class Cluster:
                     f"({', '.join(SITE_OPS)}); this trace has a {spec.op} over a {spec.scope} "
                     "group, which it cannot place on sites."
                 )
+
+    def _compile_key(self) -> tuple | None:
+        """What compiling depends on besides the programs (None: not cached, as with messages)."""
+        if any(spec.scope == "p2p" for spec in self.specs):
+            return None
+        return (tuple(self._volume(i) for i in range(len(self.specs))), self.topo.intra,
+                self.intra, self.topo.accelerators_per_node, self.recorded.accelerators_per_node)
+
+    def _alike_positions(self, alike: bool) -> int:
+        """How many positions each process stands for: a node's all, or 1.
+
+        A node's positions that run the same compiled program (`alike`), meet for every
+        intra-node op as a whole node, send their inter-node ops one per node (replicate
+        groups) and share the node's one NIC start and end every op together: one process,
+        its flows weighted by the positions (`SharedLink.transfer_each`), replays them at the
+        cost of one.
+        """
+        g = self.topo.accelerators_per_node
+        if (not alike or not self._merge_alike or g == 1 or self.topo.nic == "per-accelerator"
+                or self.ingress is not None or self.hierarchical):
+            return 1
+        g_rec = self.recorded.accelerators_per_node
+        for spec in self.specs:
+            if spec.inter and spec.scope != "replicate":
+                return 1
+            if not spec.inter and spec.size != g_rec and spec.size > 1:
+                return 1
+        return g
+
+    def _programs_alike(self) -> bool:
+        """Whether every recorded position runs the same compiled program, step by step, its
+        ops named apart (an op's id is its row in its own rank's trace)."""
+        g_rec = self.recorded.accelerators_per_node
+        steps = sorted({s for _, s in self.compiled})
+        first = self._canonical(0, steps)
+        return all(self._canonical(jr, steps) == first for jr in range(1, g_rec))
+
+    def _canonical(self, position: int, steps: list[int]) -> list[tuple]:
+        """A position's compiled steps with each op id replaced by its order of first use,
+        whether it is carried and how far (Programs.carried), and each spec by what it is but
+        its members (a replicate group or a whole node's: the same meeting at every position)."""
+        names: dict[int, tuple] = {}
+
+        def name(op: int) -> tuple:
+            if op not in names:
+                names[op] = (len(names), op < 0, self.carried.get(op))
+            return names[op]
+
+        def spec(index: int | None) -> tuple | None:
+            if index is None:
+                return None
+            s = self.specs[index]
+            return (s.op, s.algorithm, s.nbytes, s.inter, s.scope, s.size, s.nic_share)
+
+        def op(item: InterOp | IntraOp) -> tuple:
+            return (type(item), name(item[0]), spec(item[1]), item[2])
+
+        out: list[tuple] = []
+        for s in steps:
+            for item in self.compiled.get((position, s), ()):
+                kind = type(item)
+                if kind is Delay:
+                    out.append(item)
+                elif kind is StreamOp:
+                    out.append((kind, name(item.op), tuple(name(a) for a in item.after),
+                                op(item.inner)))
+                elif kind is InterOp or kind is IntraOp:
+                    out.append(op(item))
+                else:
+                    out.append((kind, name(item.op), *item[1:]))
+            out.append(s)
+        return out
 
     # -- compiling programs for the target topology -------------------------------------------
     def _group_size(self, spec: OpSpec) -> int:
@@ -441,7 +528,7 @@ class Cluster:
         """Rendezvous key and member count of an intra-node op issued by process (c, j)."""
         g, g_rec = self.topo.accelerators_per_node, self.recorded.accelerators_per_node
         if spec.size == g_rec:
-            return ("intra", c), g  # whole-node groups grow with the node
+            return ("intra", c), g // self.weight  # whole-node groups grow with the node
         # Smaller groups repeat in blocks of the recorded node size when nodes grow.
         block = j // g_rec
         span = range(block * g_rec, min(g, (block + 1) * g_rec))
@@ -477,7 +564,9 @@ class Cluster:
         factor, extra = self.op_costs.get(spec.op, (1.0, 0.0)) if spec.inter else (1.0, 0.0)
         yield self.env.timeout(volume.latency_steps * max(0.0, self.path.latency + extra))
         share = 1.0 if spec.scope in ("replicate", "world") else spec.nic_share
-        self.node_egress_bytes += volume.paced_bytes * share
+        weight = self.weight
+        for _ in range(weight):  # each position its op's bytes, summed as one by one
+            self.node_egress_bytes += volume.paced_bytes * share
         # An op kind calibrated apart moves its bytes at its own goodput: as if it moved
         # 1/factor times them at the shared one.
         nbytes = volume.paced_bytes / factor
@@ -486,7 +575,7 @@ class Cluster:
         flows = []
         for c in range(len(self.classes)):
             if spec.scope == "replicate":
-                flows.append(self._nic(c, j).transfer(nbytes))
+                flows.append(self._nic(c, j).transfer_each(nbytes, weight))
             elif spec.scope == "world":
                 # Ring over sorted ranks: each node has one edge leaving it, from its last rank.
                 flows.append(self._nic(c, self.topo.accelerators_per_node - 1).transfer(nbytes))
@@ -686,7 +775,7 @@ class Cluster:
         """
         self.on_step = on_step
         for c in range(len(self.classes)):
-            for j in range(self.topo.accelerators_per_node):
+            for j in range(0, self.topo.accelerators_per_node, self.weight):
                 self.env.process(self._rank(c, j, n_steps))
         self.env.run()
         if self.rendezvous:

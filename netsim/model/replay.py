@@ -431,13 +431,14 @@ def simulate_each(
     for topology in topologies:
         _check_peers(p2p, degrees, nodes, topology)
     replays = []
+    compiled: dict = {}  # compiled programs by what they depend on (Cluster._compile_key)
     for topology in topologies:
         recorded = Topology(nodes, per_node, topology.intra, topology.inter)
         with _gc_paused():
             cluster = Cluster(
                 topology, recorded, programs.by_slot, programs.specs, programs.n_steps,
                 float(compute_scale), intra, algorithm, degrees, programs.step_numbers,
-                programs.carried, site_rounds,
+                programs.carried, site_rounds, compiled,
             )  # fmt: skip
         times = np.asarray(_run(cluster, int(n_steps), progress), dtype=float)
         frame = pd.DataFrame(

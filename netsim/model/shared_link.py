@@ -37,6 +37,23 @@ class SharedLink:
         self._schedule()
         return done
 
+    def transfer_each(self, nbytes: float, count: int) -> simpy.Event:
+        """Event that fires when `count` equal flows of nbytes each, started together, have
+        crossed (one flow's events; `transfer(nbytes)` when count is 1)."""
+        if count == 1:
+            return self.transfer(nbytes)
+        done = self.env.event()
+        if nbytes <= 0:
+            done.succeed()
+            return done
+        self._advance()
+        # Bytes left per unit of weight are one flow's: no division, so no rounding.
+        self._flows[self._next_id] = [float(nbytes), count, done]
+        self._weight += count
+        self._next_id += 1
+        self._schedule()
+        return done
+
     def _advance(self) -> None:
         elapsed = self.env.now - self._last
         if self._flows and elapsed > 0:

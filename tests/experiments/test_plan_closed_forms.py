@@ -124,3 +124,17 @@ def test_memory_parts_by_hand():
     flex = memory(record, record.settings({})[0], model, 8, NODES, precision)
     assert flex.optimizer == 0  # the sign step keeps no moments
     assert flex.replicator > 4 * shard  # the momentum, plus every replica's bucket
+
+
+def test_streaming_diloco_one_step_delay_hides_a_sync_shorter_than_a_step():
+    # At 1 Gbit/s each fragment's all-reduce (about 10 ms here) is exposed without a delay and
+    # hidden behind the next step's 0.5 s of compute with fragment_sync_delay=1.
+    knobs = {"sync_every": 12, "num_fragments": 4, "fragment_cut": "elements"}
+    model, exposed = _plan("streaming-diloco", 0.5, GBIT, fragment_sync_delay=0, **knobs)
+    _, hidden = _plan("streaming-diloco", 0.5, GBIT, fragment_sync_delay=1, **knobs)
+    _, quiet = _plan("diloco", 0.5, GBIT, diloco_h=10**6)
+    one = ring_all_reduce_time(NODES, model.params * 4 // 4, Link(GBIT, 0.0))
+    assert 0.005 < one < 0.5
+    assert exposed.points[0].step_time_s == pytest.approx(
+        quiet.points[0].step_time_s + 4 * one / 12, rel=1e-3)
+    assert hidden.points[0].step_time_s == pytest.approx(quiet.points[0].step_time_s, rel=1e-4)

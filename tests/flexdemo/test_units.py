@@ -273,3 +273,13 @@ def test_method_defaults_fill_only_what_is_not_given():
                                                                               "bf16")
     # value_dtype only picks the float of the default format: a format given as well wins.
     assert wire("flexdemo", value_dtype="fp32", value_format="int8")[2] == "int8"
+
+
+def test_largest_divisor_counts_down_as_the_divisor_walk_does():
+    def walk(n: int, target: int) -> int:  # every divisor pair up to sqrt(n)
+        pairs = [(i, n // i) for i in range(1, int(n**0.5) + 1) if n % i == 0]
+        return max([d for pair in pairs for d in pair if d <= target], default=1)
+
+    for n in (2, 3, 97, 128, 1000, 4095, 65536, 10**8 + 7, 7 * 64 * 1_000_003):
+        for target in (1, 2, 7, 64, 100, 10**5):
+            assert largest_divisor_at_most(n, target) == walk(n, target), (n, target)

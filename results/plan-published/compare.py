@@ -1,0 +1,68 @@
+"""Print Table 4 of arXiv 2501.18512 beside the plans of its inputs (run.sh's CSVs).
+
+Run from the repository root: python results/plan-published/compare.py
+Per model size, method and compute-utilization target: the paper's Gbit/s, the plan's lowest
+grid point reaching the target (and its interpolated figure), and how many grid steps apart
+they are on the 50-point log grid from 0.1 to 1000 Gbit/s that both use.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
+GRID = (0.1, 1000.0, 50)  # Gbit/s: lowest, highest, points (log-spaced)
+
+
+def grid_index(gbit: float) -> float:
+    """Position of a rate on the grid (0 at 0.1 Gbit/s, 49 at 1000 Gbit/s)."""
+    low, high, points = GRID
+    return math.log10(gbit / low) / math.log10(high / low) * (points - 1)
+
+
+def first_reaching(frame: pd.DataFrame, target: float) -> tuple[float | None, float | None]:
+    """(lowest grid point whose CU reaches target, interpolated rate), in Gbit/s."""
+    frame = frame.sort_values("inter_bw_bps")
+    gbit = frame["inter_bw_bps"].to_numpy() * 8 / 1e9
+    cu = frame["compute_utilization"].to_numpy()
+    above = [i for i, c in enumerate(cu) if c >= target]
+    if not above:
+        return None, None
+    i = above[0]
+    if i == 0:
+        return gbit[0], gbit[0]
+    share = (target - cu[i - 1]) / (cu[i] - cu[i - 1])
+    lo, hi = math.log(gbit[i - 1]), math.log(gbit[i])
+    return gbit[i], math.exp(lo + share * (hi - lo))
+
+
+def main() -> None:
+    """Print one markdown table per model size."""
+    paper = pd.read_csv(HERE / "paper_table4.csv")
+    for size, rows in paper.groupby("size", sort=False):
+        first = rows.iloc[0]
+        print(f"\n{size.upper()} ({first['layers']} layers, step {first['step_time_s']} s): "
+              "Gbit/s for a compute utilization of; paper / plan grid point (interpolated) "
+              "[grid steps apart]\n")
+        print("| method | " + " | ".join(f"{t:.0%}" for t in TARGETS) + " |")
+        print("| --- |" + " --- |" * len(TARGETS))
+        for _, row in rows.iterrows():
+            ours = pd.read_csv(HERE / f"{size}-{row['method']}.csv")
+            cells = []
+            for target in TARGETS:
+                theirs = row[f"cu{round(target * 100)}"]
+                point, interpolated = first_reaching(ours, target)
+                if point is None:
+                    cells.append(f"{theirs} / not reached")
+                    continue
+                steps = round(grid_index(point) - grid_index(theirs))
+                cells.append(f"{theirs} / {point:.3g} ({interpolated:.3g}) [{steps:+d}]")
+            print(f"| {row['method']} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
