@@ -238,6 +238,9 @@ def _fsdp2_step(rank: _Rank, sizes: _Sizes, compute: StepCompute, inter_all_redu
 
     _prefetching(rank, sizes, backward, compute.backward_s, then=reduce_block)
     _reduce(rank, sizes, root, inter_all_reduce)
+    # After the root's reduction, as a recording marks it (the backward's end, FSDP2's last
+    # reduce-scatter included): the optimizer step, and any exchange in it, waits for them all.
+    rank.mark(BACKWARD)
 
 
 def _prefetching(rank: _Rank, sizes: _Sizes, order: list[int], seconds: Sequence[float],
@@ -252,7 +255,6 @@ def _prefetching(rank: _Rank, sizes: _Sizes, order: list[int], seconds: Sequence
             rank.wait(ahead)
         if then is not None:
             then(unit)
-    rank.mark(BACKWARD)
 
 
 def _reduce(rank: _Rank, sizes: _Sizes, unit: int, inter_all_reduce: bool) -> None:
