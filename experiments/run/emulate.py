@@ -73,8 +73,12 @@ def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
     if cfg.gpus_per_node != 1:
         raise ConfigError(f"--emulate trains one data-parallel replica a node, got "
                           f"--gpus-per-node {cfg.gpus_per_node}; give --gpus-per-node 1.")
-    if cfg.backend not in (None, "auto", "gloo"):
-        raise ConfigError(f"--emulate runs on this process's CPU, got --backend {cfg.backend!r}.")
+    if cfg.backend == "nccl":
+        raise ConfigError("--emulate trains on this process's CPU, got --backend 'nccl'; leave "
+                          "--backend auto or give gloo.")
+    if cfg.shaping != "off":
+        raise ConfigError(f"--emulate measures no time, so it shapes no network; got --shaping "
+                          f"{cfg.shaping!r}, leave it off.")
     from experiments.workloads import make_workload
 
     params = sum(p.numel() for p in make_workload(cfg.workload).model().parameters())
