@@ -24,12 +24,11 @@ from typing import Any
 
 from experiments.config import RunConfig
 from experiments.errors import ConfigError, RunFailed
+from experiments.io import EMULATED
 from experiments.run.folder import RankResult, RunFolder, write_emulated_run
 
-__all__ = ["EMULATED_METHODS", "EXECUTOR", "check_emulated", "emulate", "estimate_bytes"]
+__all__ = ["EMULATED_METHODS", "check_emulated", "emulate", "estimate_bytes"]
 
-EXECUTOR = "emulated"
-"""run.json's `executor` of an emulated run (a real run has none)."""
 
 # The methods whose emulated loss equals a real run's (a test at 4 nodes for each family).
 EMULATED_METHODS = ("hsdp-adamw", "flexdemo", "demo", "diloco", "streaming-diloco", "random",
@@ -103,7 +102,7 @@ def emulate(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
     folder = RunFolder(out).create()
     try:
         results = _train_replicas(cfg, timeout_s, quiet)
-        write_emulated_run(results, folder.build, {"executor": EXECUTOR,
+        write_emulated_run(results, folder.build, {"executor": EMULATED,
                                                    "emulated": _described(cfg)})
         return folder.commit()
     finally:
@@ -149,11 +148,3 @@ def _train_replicas(cfg: RunConfig, timeout_s: float | None, quiet: bool) -> lis
                 raise RunFailed(f"an emulated rank failed: {type(err).__name__}: {err}") from err
     finally:
         torch.set_num_threads(threads)
-
-
-def is_emulated(meta: dict[str, Any]) -> bool:
-    """Whether run.json `meta` is an emulated run's."""
-    return meta.get("executor") == EXECUTOR
-
-
-__all__ += ["is_emulated"]
