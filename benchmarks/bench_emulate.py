@@ -101,11 +101,11 @@ def scale(nodes: int, workload: str, steps: int) -> None:
             shutil.rmtree(work, ignore_errors=True)
     per_step = (timings[1] - timings[0]) / (steps - 1)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    estimate = estimate_bytes(nodes, params) / 2**30
     print(f"{workload}, gossip (exponential), {nodes} emulated replicas: 1 step {timings[0]:.1f} s "
           f"(start-up included), {steps} steps {timings[1]:.1f} s -> {per_step:.2f} s a step; "
           f"200 steps ~ {timings[0] + 199 * per_step:.0f} s; peak memory "
-          f"{peak / 2**30:.2f} GiB (the emulator's estimate {estimate_bytes(nodes, params) / 2**30:.2f}"
-          " GiB)")
+          f"{peak / 2**30:.2f} GiB (the emulator's estimate {estimate:.2f} GiB)")
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ from typing import Any
 from experiments.errors import ConfigError
 from netsim.processes import pid_alive
 
-__all__ = ["EMULATED", "is_emulated", "check_output_file", "check_output_folder", "cpu_model", "exclusive", "provenance",
+__all__ = ["EMULATED", "is_emulated",
+           "check_output_file", "check_output_folder", "cpu_model", "exclusive", "provenance",
            "run_digest", "write_atomic"]
 
 # The umask can only be read by setting it: once, at import, before any worker thread runs.

@@ -96,7 +96,8 @@ MAX_STEPS = 1_000_000  # a replayed step costs ~0.1-1 ms of model time: this is 
 
 __all__ = ["RecordedRun", "ReplaySettings", "add_replay_arguments", "check_replay_arguments",
            "configure", "declared_compute_scale", "gossip_degrees", "gossip_site_rounds",
-           "loss_on_time_axis", "main", "read_loss_run", "read_run", "replay_settings", "replay_with",
+           "loss_on_time_axis", "main", "read_loss_run", "read_run",
+           "replay_settings", "replay_with",
            "simulate_run"]
 
 # The intra-node link a declared accelerator profile is modeled on when the run set none: the

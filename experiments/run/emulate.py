@@ -123,7 +123,6 @@ def _train_replicas(cfg: RunConfig, timeout_s: float | None, quiet: bool) -> lis
 
     from experiments.run import threaded_group
     from experiments.run.train import RankSetting, train_rank
-
     from experiments.workloads import make_workload
 
     # Imported here, once: flexdemo imports its pieces on first use, which threads importing

@@ -56,7 +56,8 @@ class _Receive(dist.Work):
                 sent = self.box.get(timeout=0.5)
             except queue.Empty:
                 if _STOP.is_set():
-                    raise RuntimeError("a peer rank failed while this one waited for its message")
+                    raise RuntimeError("a peer rank failed while this one waited for its "
+                                       "message") from None
                 continue
             self.tensor.detach().copy_(sent)
             self.done = True
