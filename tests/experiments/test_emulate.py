@@ -7,6 +7,7 @@ run's of the same settings (4 nodes x 1 rank, vision-tiny, fixed seed) to 1e-5 r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -35,13 +36,26 @@ def _config(method: str, nodes: int = 4) -> RunConfig:
                      steps=STEPS, eval_every=5, seed=3, **FAMILIES[method])
 
 
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """The real gloo run of a method at 4 nodes x 1, made once per module."""
+    made: dict[str, Path] = {}
+
+    def run(method: str) -> Path:
+        if method not in made:
+            out = tmp_path_factory.mktemp("real") / method
+            made[method] = launch(_config(method), out, timeout_s=200, quiet=True)
+        return made[method]
+
+    return run
+
+
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("method", list(FAMILIES))
-def test_emulated_loss_equals_a_real_run(tmp_path, method):
+def test_emulated_loss_equals_a_real_run(tmp_path, real_run, method):
     cfg = _config(method)
-    real = pd.read_parquet(launch(cfg, tmp_path / "real", timeout_s=200, quiet=True)
-                           / "steps.parquet")
+    real = pd.read_parquet(real_run(method) / "steps.parquet")
     out = emulate(cfg, tmp_path / "emulated", timeout_s=200, quiet=True)
     emulated = pd.read_parquet(out / "steps.parquet")
     assert list(emulated["step"]) == list(real["step"])
@@ -76,8 +90,8 @@ def test_bad_emulated_runs_are_one_sentence_and_write_nothing(tmp_path, capsys, 
 
 @pytest.mark.dist
 @pytest.mark.timeout(240)
-def test_an_emulated_loss_lifts_gossips_refusal_and_is_never_a_trace(tmp_path, capsys):
-    real = launch(_config("gossip"), tmp_path / "real", timeout_s=200, quiet=True)
+def test_an_emulated_loss_lifts_gossips_refusal_and_is_never_a_trace(tmp_path, real_run, capsys):
+    real = real_run("gossip")
     assert main(["run", "--emulate", "--method", "gossip", "--graph", "exponential",
                  "--nodes", "8", "--workload", "vision-tiny", "--steps", str(STEPS),
                  "--eval-every", "5", "--seed", "3", "--out", str(tmp_path / "e8")]) == 0
