@@ -148,6 +148,7 @@ def threaded_world(size: int, timeout_s: float = 600.0) -> Iterator[ThreadedWorl
     _STOP.clear()
     with _MAILBOX_LOCK:
         _MAILBOXES.clear()
+    multithreaded_autograd = torch._C._is_multithreading_enabled()
     _mtpg._install_threaded_pg()
     # The C++ registry of groups by name is per thread too (every thread names its groups alike).
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
@@ -156,6 +157,8 @@ def threaded_world(size: int, timeout_s: float = 600.0) -> Iterator[ThreadedWorl
     finally:
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
         _mtpg._uninstall_threaded_pg()
+        # Each threaded group turns autograd's multithreading off when made and never back on.
+        torch.autograd.set_multithreading_enabled(multithreaded_autograd)
         _mtpg.ProcessLocalGroup.reset()
         with _MAILBOX_LOCK:
             _MAILBOXES.clear()

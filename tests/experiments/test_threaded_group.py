@@ -37,6 +37,7 @@ def test_threads_are_ranks_with_collectives_and_messages():
         source = (rank - 1) % 4
         assert inbox == [source, 2.0 * source]
     assert not dist.is_initialized()  # the calling thread's world is restored
+    assert torch._C._is_multithreading_enabled()  # and autograd's setting
 
 
 @pytest.mark.timeout(60)
