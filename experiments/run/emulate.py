@@ -129,6 +129,7 @@ def _train_replicas(cfg: RunConfig, timeout_s: float | None, quiet: bool) -> lis
     # together would do under Python's import locks, one after the other, slowly.
     for name in _PRELOAD:
         importlib.import_module(name)
+    quiet = quiet or bool(os.environ.get("TQDM_DISABLE"))  # as a real rank reads it
     setting = RankSetting(backend=None, init_lock=threading.Lock(), quiet=quiet,
                           workload=make_workload(cfg.workload))
     threads = torch.get_num_threads()
