@@ -23,7 +23,8 @@ from typing import Any
 from experiments.errors import ConfigError
 from netsim.processes import pid_alive
 
-__all__ = ["check_output_file", "check_output_folder", "cpu_model", "exclusive", "provenance",
+__all__ = ["EMULATED", "is_emulated",
+           "check_output_file", "check_output_folder", "cpu_model", "exclusive", "provenance",
            "run_digest", "write_atomic"]
 
 # The umask can only be read by setting it: once, at import, before any worker thread runs.
@@ -141,6 +142,14 @@ def check_output_folder(out: Path | str, *, what: str = "output folder",
 
 
 RUN_FILES = ("run.json", "steps.parquet", "trace.parquet")
+
+EMULATED = "emulated"
+"""run.json's `executor` of an emulated run (`flexbench run --emulate`); a real run has none."""
+
+
+def is_emulated(meta: dict[str, Any]) -> bool:
+    """Whether run.json `meta` is an emulated run's: a loss curve with no times and no trace."""
+    return meta.get("executor") == EMULATED
 
 
 def check_output_file(path: Path | str, *, what: str = "output file",

@@ -24,7 +24,8 @@ global batch or node count is not its recording's therefore states which loss cu
 - Gossip and Ada (methods whose record `gossips`) mix their replicas over a graph whose
   mixing slows as it grows (a ring's spectral gap falls as 1/N^2), so no batch rule holds:
   at a node count no recording has, the replay refuses a time to target (the step times still
-  hold).
+  hold). A loss at that node count can come from an emulated run (`flexbench run --emulate
+  --nodes N`, N replicas trained in one process): given with --loss-from, it lifts the refusal.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.errors import ConfigError
+from experiments.io import is_emulated
 from flexdemo.methods import method_record
 
 __all__ = ["LOSS_SCALING_CHOICES", "LossCurve", "LossScaling", "Recording", "choose_loss_curve",
@@ -95,6 +97,8 @@ class Recording:
     steps: pd.DataFrame
     """steps.parquet (step, val_loss, ...)."""
     final_val_loss: float | None
+    emulated: bool = False
+    """Whether the loss was computed by an emulated run (`flexbench run --emulate`)."""
 
     @classmethod
     def of(cls, path: Path, config: Any, meta: dict, steps: pd.DataFrame) -> Recording:
@@ -102,7 +106,8 @@ class Recording:
         gossips = method_record(config.method).gossips
         return cls(Path(path), config.method, config.workload,
                    getattr(config, "graph", None) if gossips else None, config.nodes,
-                   config.gpus_per_node, config.batch_size, steps, meta.get("final_val_loss"))
+                   config.gpus_per_node, config.batch_size, steps, meta.get("final_val_loss"),
+                   is_emulated(meta))
 
     @property
     def ranks(self) -> int:
@@ -116,8 +121,8 @@ class Recording:
 
     @property
     def shape(self) -> str:
-        """The cluster shape, e.g. 2 x 2."""
-        return f"{self.nodes} x {self.gpus_per_node}"
+        """The cluster shape, e.g. 2 x 2 (with ", emulated" for an emulated run's loss)."""
+        return f"{self.nodes} x {self.gpus_per_node}" + (", emulated" if self.emulated else "")
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,7 @@ class LossCurve:
                 "recorded_global_batch": rec.global_batch, "nodes": self.nodes,
                 "gpus_per_node": self.gpus_per_node, "global_batch": self.global_batch,
                 "step_factor": _fmt(self.factor), "refusal": self.refusal,
+                "loss_curve_emulated": rec.emulated,
                 "summary": self.summary()}
 
 

@@ -59,7 +59,7 @@ import pandas as pd
 
 from experiments.config import RunConfig, load_site_file
 from experiments.errors import ConfigError
-from experiments.io import check_output_file, write_atomic
+from experiments.io import check_output_file, is_emulated, write_atomic
 from experiments.replay.compute_profile import ComputeProfile, load_profile
 from experiments.replay.compute_rules import ShapeCompute, shape_compute
 from experiments.replay.fsdp2_traffic import add_fsdp2_traffic, fsdp2_note
@@ -97,7 +97,8 @@ MAX_STEPS = 1_000_000  # a replayed step costs ~0.1-1 ms of model time: this is 
 
 __all__ = ["RecordedRun", "ReplaySettings", "add_replay_arguments", "check_replay_arguments",
            "configure", "declared_compute_scale", "gossip_degrees", "gossip_site_rounds",
-           "loss_on_time_axis", "main", "read_run", "replay_settings", "replay_with",
+           "loss_on_time_axis", "main", "read_loss_run", "read_run",
+           "replay_settings", "replay_with",
            "simulate_run"]
 
 # The intra-node link a declared accelerator profile is modeled on when the run set none: the
@@ -119,19 +120,32 @@ class RecordedRun:
     """run.json's config rebuilt as a RunConfig (settings this version lacks are left out)."""
     steps: pd.DataFrame
     """steps.parquet."""
-    trace: pd.DataFrame
-    """trace.parquet as read (the model validates it and keeps the training phase)."""
+    trace: pd.DataFrame | None
+    """trace.parquet as read (the model validates it and keeps the training phase); None for a
+    run read as a loss curve only (`read_loss_run`)."""
 
 
 def read_run(run_dir: Path | str) -> RecordedRun:
     """A finished run's run.json, steps.parquet and trace.parquet (ConfigError if one is bad)."""
     run_dir = Path(run_dir)
     meta = _read(run_dir, "run.json", lambda path: json.loads(path.read_text()))
+    if isinstance(meta, dict) and is_emulated(meta):
+        raise ConfigError(f"{str(run_dir)!r} is an emulated run, which measured no step times "
+                          "and has no trace to replay; use it as a loss curve (--loss-from) "
+                          "beside a real run's trace.")
     steps = _read(run_dir, "steps.parquet", pd.read_parquet)
     if not (run_dir / "trace.parquet").exists():
         raise ConfigError(f"{str(run_dir)!r} has no trace.parquet to replay.")
     trace = _read(run_dir, "trace.parquet", pd.read_parquet)
     return RecordedRun(run_dir, meta, _recorded_config(run_dir, meta), steps, trace)
+
+
+def read_loss_run(run_dir: Path | str) -> RecordedRun:
+    """A finished run's run.json and steps.parquet, real or emulated (trace None): a loss curve."""
+    run_dir = Path(run_dir)
+    meta = _read(run_dir, "run.json", lambda path: json.loads(path.read_text()))
+    steps = _read(run_dir, "steps.parquet", pd.read_parquet)
+    return RecordedRun(run_dir, meta, _recorded_config(run_dir, meta), steps, None)
 
 
 def _read(run_dir: Path, name: str, reader: Callable[[Path], Any]) -> Any:
@@ -555,7 +569,7 @@ def replay_with(args: argparse.Namespace, run: RecordedRun, settings: ReplaySett
 
 def _loss_curve(args: argparse.Namespace, run: RecordedRun, rule: LossScaling) -> LossCurve:
     """The loss curve the replay uses among RUN_DIR and the --loss-from recordings."""
-    runs = [run, *(read_run(path) for path in args.loss_from or ())]
+    runs = [run, *(read_loss_run(path) for path in args.loss_from or ())]
     return choose_loss_curve(
         [Recording.of(r.path, r.config, r.meta, r.steps) for r in runs],
         nodes=args.nodes or run.config.nodes,

@@ -35,9 +35,11 @@ from netsim.sites import hierarchy_line
 __all__ = ["check_against_model", "configure", "load_config", "main"]
 
 
-def load_config(path: str | None, flags: dict[str, Any], sets: list[str]) -> RunConfig:
-    """Defaults < TOML file (its [run] table or top level) < explicit flags < --set overrides."""
-    data: dict[str, Any] = {}
+def load_config(path: str | None, flags: dict[str, Any], sets: list[str],
+                defaults: dict[str, Any] | None = None) -> RunConfig:
+    """Defaults (RunConfig's, then `defaults`) < TOML file (its [run] table or top level) <
+    explicit flags < --set overrides."""
+    data: dict[str, Any] = dict(defaults or {})
     if path:
         try:
             raw = tomllib.loads(Path(path).read_text())
@@ -102,6 +104,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any run setting; repeatable")
     parser.add_argument("--timeout", type=POSITIVE.arg, help="seconds before the run is stopped")
+    parser.add_argument("--emulate", action="store_true",
+                        help="train the nodes' replicas as threads of this process (one rank a "
+                             "node, --gpus-per-node 1 by default): the loss per step of a real "
+                             "run, no time measured and no trace (docs/replay.md)")
     add_run_arguments(parser)
 
 
@@ -120,14 +126,35 @@ def _print_site_shaping(cfg: RunConfig) -> None:
           "the site ring's one-way latency)")
 
 
+def _emulated(cfg: RunConfig, args: argparse.Namespace) -> int:
+    """`flexbench run --emulate`: the run in one process, then its one-line summary."""
+    from experiments.run.emulate import emulate
+
+    try:
+        out = emulate(cfg, args.out, timeout_s=args.timeout)
+    except RunFailed as err:
+        print(f"flexbench run: failed: {err}", file=sys.stderr)
+        return 1
+    summary = json.loads((out / "run.json").read_text())
+    if summary["status"] == "diverged":
+        print(f"wrote {out} (emulated): the run diverged at step {summary['diverged_step']}")
+        return 0
+    print(f"wrote {out} (emulated, {cfg.nodes} replicas): final val_loss "
+          f"{summary['final_val_loss']:.4f}; no time or bytes measured")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench run`."""
     check_timeout(args.timeout)
     try:
         # Validating a "module:factory" workload calls the user's code, which may hang.
         with run_deadline(args.timeout):
-            cfg = load_config(args.config, run_arguments(args), args.set)
+            cfg = load_config(args.config, run_arguments(args), args.set,
+                              {"gpus_per_node": 1} if args.emulate else None)
         check_against_model(cfg)
+        if args.emulate:
+            return _emulated(cfg, args)
         out = launch(cfg, args.out, timeout_s=args.timeout)
     except RunFailed as err:
         print(f"flexbench run: failed: {err}", file=sys.stderr)

@@ -27,7 +27,8 @@ from netsim.trace import TRAIN, comm_per_step
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RankResult", "RunFolder", "read_rank_result", "write_rank_result", "write_run"]
+__all__ = ["RankResult", "RunFolder", "read_rank_result", "write_emulated_run", "write_rank_result",
+           "write_run"]
 
 
 @dataclass
@@ -152,9 +153,27 @@ def write_run(results: list[RankResult], folder: Path,
     return meta
 
 
-def _steps_and_trace(results: list[RankResult],
-                     cfg: RunConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The run's steps table (one row a step, its communication per node) and training trace."""
+def write_emulated_run(results: list[RankResult], folder: Path,
+                       extra: dict[str, Any]) -> dict[str, Any]:
+    """steps.parquet and run.json of an emulated run: no trace, no time, no byte counts.
+
+    Its steps table has the real run's loss columns; wall_time_s and compute_s are NaN (nothing
+    was timed), and run.json's train_time_s and byte totals are None.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = RunConfig.from_dict(results[0].config)
+    steps = _steps(results)
+    steps["compute_s"] = math.nan
+    steps = steps.drop(columns="step_s")
+    steps.to_parquet(folder / "steps.parquet", index=False)
+    meta = _run_meta(results, cfg, steps, extra)
+    meta.update(train_time_s=None, inter_bytes_per_step=None, intra_bytes_per_step=None)
+    (folder / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return meta
+
+
+def _steps(results: list[RankResult]) -> pd.DataFrame:
+    """One row a step: the ranks' records combined (losses averaged, the slowest rank's time)."""
     import pandas as pd
 
     per_rank = pd.concat(
@@ -178,6 +197,15 @@ def _steps_and_trace(results: list[RankResult],
     # string "None" on pandas 2 (pandas 3's str dtype keeps it missing).
     graph = steps["graph"]
     steps["graph"] = graph.astype("str").where(graph.notna())
+    return steps
+
+
+def _steps_and_trace(results: list[RankResult],
+                     cfg: RunConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The run's steps table (one row a step, its communication per node) and training trace."""
+    import pandas as pd
+
+    steps = _steps(results)
     trace = pd.concat([r.trace for r in results if r.trace is not None], ignore_index=True)
     trace = trace[trace["phase"] == TRAIN]  # evaluation traffic is measured apart
     comm = comm_per_step(trace)
@@ -209,8 +237,14 @@ def _run_meta(results: list[RankResult], cfg: RunConfig, steps: pd.DataFrame,
         "final_val_loss": final_loss if not diverged and final_loss is not None
         and math.isfinite(final_loss) else None,
         "train_time_s": float(steps["wall_time_s"].iloc[-1]),
-        "inter_bytes_per_step": float(steps["inter_bytes_sent"].mean()),
-        "intra_bytes_per_step": float(steps["intra_bytes"].mean()),
+        # An emulated run counts no bytes (write_emulated_run): None there.
+        "inter_bytes_per_step": _mean(steps, "inter_bytes_sent"),
+        "intra_bytes_per_step": _mean(steps, "intra_bytes"),
         **provenance(),
         **(extra or {}),
     }
+
+
+def _mean(steps: pd.DataFrame, column: str) -> float | None:
+    """The mean of a steps column, None where the table has no such column."""
+    return float(steps[column].mean()) if column in steps else None

@@ -8,9 +8,12 @@ nodes is counted from the tensors actually sent, whichever method sends it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +26,7 @@ from experiments.run.schedule import lr_factor, warmup_count
 from experiments.workloads import Workload, make_workload
 from netsim import EVAL, TraceRecorder, shaping
 
-__all__ = ["lr_scheduler", "resolve", "run_rank"]
+__all__ = ["RankSetting", "lr_scheduler", "resolve", "run_rank", "train_rank"]
 
 _VAL_BATCHES = 8
 
@@ -58,24 +61,58 @@ def _phase_sync(cfg: RunConfig, device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-def _build(cfg: RunConfig, workload: Workload, device: torch.device):
+class _NoRecorder:
+    """A recorder that records nothing: the emulated path measures no time and sends no bytes."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+@dataclass
+class RankSetting:
+    """Where a rank's groups come from and what it measures: real (shaped, timed) or emulated.
+
+    A real rank makes its inter-node groups with netsim's backend, records a trace and reads
+    netsim's clock; an emulated one (`experiments.run.emulate`, ranks as threads of one process)
+    makes plain groups of the default backend, records no trace and measures no time (its
+    timings are NaN). `init_lock` serializes the seeded model init where ranks share one global
+    random generator.
+    """
+
+    backend: str | None = None
+    recorder: Any = field(default_factory=_NoRecorder)
+    clock: Callable[[], float] | None = None
+    init_lock: Any = field(default_factory=contextlib.nullcontext)
+    quiet: bool = False
+    workload: Workload | None = None
+    """One workload the ranks share (its batches are drawn from per-call generators); None:
+    each rank makes its own."""
+
+    def now(self) -> float:
+        """The clock's seconds, NaN where nothing is timed."""
+        return math.nan if self.clock is None else self.clock()
+
+
+def _build(cfg: RunConfig, workload: Workload, device: torch.device, setting: RankSetting):
     """Model (sharded or not), optimizer, mesh and FSDP2 layout (None unsharded) of the run."""
-    torch.manual_seed(cfg.seed)  # same init on every rank
-    model = workload.model().to(device)
+    with setting.init_lock:  # threads as ranks share torch's global generator
+        torch.manual_seed(cfg.seed)  # same init on every rank
+        model = workload.model().to(device)
+    backend = setting.backend
     record = cfg.record
     layout = None
     if record.shards:
         # Recorded so that a replay on another shard count can resize every sharded collective.
         layout = flexdemo.shard_layout(model)
         mesh = flexdemo.build_mesh(
-            cfg.nodes, cfg.gpus_per_node, device_type=device.type, backend=shaping.BACKEND
+            cfg.nodes, cfg.gpus_per_node, device_type=device.type, backend=backend
         )
         flexdemo.parallelize(model, mesh, inter_all_reduce=record.inter_all_reduce)
     else:
         # Original DeMo: no sharding, every rank is a replica, so the replicate dim spans the
         # world; netsim still sees which of its ranks share a node.
         mesh = flexdemo.build_mesh(cfg.world_size, 1, device_type=device.type,
-                                   backend=shaping.BACKEND)
+                                   backend=backend)
     opt = flexdemo.build_optimizer(cfg.method, model, mesh, lr=cfg.lr,
                                    weight_decay=cfg.weight_decay, seed=cfg.seed,
                                    **cfg.given_knobs())
@@ -142,16 +179,25 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
     that stops being finite ends the run at the next evaluation, on every rank, with
     `diverged_step` set.
     """
-    beat = heartbeat or (lambda step: None)
-    rank = dist.get_rank()
-    device = _device(cfg)
-    workload = make_workload(cfg.workload)
-    cfg = resolve(cfg, workload)
-    recorder = TraceRecorder(rank)
+    recorder = TraceRecorder(dist.get_rank())
     # Kernel-shaped links are slow by themselves: netsim only counts (the trace keeps every byte).
     mode = "off" if cfg.shaping == "kernel" else cfg.shaping
     shaping.install(cfg.topology(), mode=mode, recorder=recorder, run_dir=run_dir)
-    model, opt, mesh, layout = _build(cfg, workload, device)
+    setting = RankSetting(shaping.BACKEND, recorder, shaping.clock,
+                          quiet=bool(os.environ.get("TQDM_DISABLE")))
+    return train_rank(cfg, setting, heartbeat)
+
+
+def train_rank(cfg: RunConfig, setting: RankSetting,
+               heartbeat: Callable[[int], None] | None = None) -> RankResult:
+    """The training loop of one rank in `setting` (its group initialized); return its records."""
+    beat = heartbeat or (lambda step: None)
+    rank = dist.get_rank()
+    device = _device(cfg)
+    workload = setting.workload or make_workload(cfg.workload)
+    cfg = resolve(cfg, workload)
+    recorder, clock = setting.recorder, setting.now
+    model, opt, mesh, layout = _build(cfg, workload, device, setting)
     if cfg.record.shards:
         # Where each FSDP2 unit's backward ends, so a replay can overlap its reduce with the
         # next unit's backward as a GPU's communication stream does (--overlap fsdp2).
@@ -163,15 +209,15 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
     result = RankResult(rank, cfg.to_dict(), params=sum(p.numel() for p in model.parameters()),
                         layout=layout)
 
-    quiet = rank != 0 or bool(os.environ.get("TQDM_DISABLE"))
+    quiet = rank != 0 or setting.quiet
     bar = tqdm(total=cfg.steps, desc=cfg.method, unit="step", disable=quiet, dynamic_ncols=True)
     eval_s = 0.0  # evaluation time is excluded from the training clock
     first_bad = math.inf  # first step whose training loss was not finite on this rank
     beat(0)
-    start = shaping.clock()
+    start = clock()
     for step in range(1, cfg.steps + 1):
         recorder.begin_step(step)
-        t0 = shaping.clock()
+        t0 = clock()
         loss = workload.loss(model, to_dev(workload.batch(step, rank, cfg.batch_size, cfg.seed)))
         loss.backward()
         sync()  # a GPU's kernels run behind the host: the mark must wait for them to be device time
@@ -181,21 +227,21 @@ def run_rank(cfg: RunConfig, heartbeat: Callable[[int], None] | None = None,
         sched.step()
         sync()
         loss_value = loss.item()
-        step_s = shaping.clock() - t0
+        step_s = clock() - t0
         beat(step)
         if not math.isfinite(loss_value):
             first_bad = min(first_bad, step)
         recorder.end_step(step)
-        now = shaping.clock() - start - eval_s
+        now = clock() - start - eval_s
         # Byte and call counts come from the trace after the run, off the training clock.
         row = {"step": step, "wall_time_s": now, "loss": loss_value, "val_loss": math.nan,
                "step_s": step_s, "replica_variance": math.nan, "consensus_distance": math.nan,
                "graph": round_graph(opt)}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             recorder.set_phase(EVAL)  # evaluation traffic is its own phase, left out
-            e0 = shaping.clock()
+            e0 = clock()
             result.diverged_step = _evaluate_into(row, model, workload, val, first_bad, mesh)
-            eval_s += shaping.clock() - e0
+            eval_s += clock() - e0
             beat(step)
             bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{row['val_loss']:.3f}")
         elif step % 10 == 0:

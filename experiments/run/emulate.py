@@ -1,0 +1,150 @@
+"""Emulated runs: N data-parallel replicas trained in one process, one thread a rank.
+
+`flexbench run --emulate` trains what a real run of the same settings trains, rank r on rank r's
+data shard, with the method's real replicator and its real exchange (the collectives go through
+PyTorch's multi-threaded process group, `experiments.run.threaded_group`), so its loss and
+replica variance per step are the real run's (`tests/experiments/test_emulate.py` checks them at
+4 nodes against gloo). It is data-parallel with one rank a node (no FSDP2 sharding inside a
+node) and measures no time: steps.parquet has the loss, val_loss, replica_variance and
+consensus_distance per step, and NaN for wall_time_s and compute_s; there is no trace.parquet
+and no byte counts; run.json says `"executor": "emulated"`. Such a run is a loss curve
+(`flexbench simulate RUN --loss-from EMULATED`), never a trace to replay.
+
+    flexbench run --emulate --method gossip --graph ring --nodes 64 --gpus-per-node 1 \\
+        --workload vision-tiny --steps 200 --out runs/gossip-64-emulated
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from experiments.config import RunConfig
+from experiments.errors import ConfigError, RunFailed
+from experiments.io import EMULATED
+from experiments.run.folder import RankResult, RunFolder, write_emulated_run
+
+__all__ = ["EMULATED_METHODS", "check_emulated", "emulate", "estimate_bytes"]
+
+
+# The methods whose emulated loss equals a real run's (a test at 4 nodes for each family).
+EMULATED_METHODS = ("hsdp-adamw", "flexdemo", "demo", "diloco", "streaming-diloco", "random",
+                    "striding", "gossip", "ada", "none")
+
+# Per replica: parameters, gradients and up to six more copies (AdamW's two moments, DeMo's
+# momentum, DiLoCo's outer copy and momentum, exchange buffers), plus the thread's own
+# activations and allocator slack, measured on lm-tiny and vision-tiny.
+_COPIES = 8
+_REPLICA_OVERHEAD = 24 * 2**20
+_PROCESS_BASE = 600 * 2**20  # the interpreter with torch, pandas and the workload's data
+
+
+_PRELOAD = ("flexdemo.build", "flexdemo.hsdp", "flexdemo.optimizer", "flexdemo.replicators",
+            "flexdemo.consensus", "torch.distributed.tensor", "torch.distributed.fsdp")
+
+
+def estimate_bytes(nodes: int, params: int) -> int:
+    """Memory an emulated run of `nodes` replicas of a `params`-parameter model needs, roughly."""
+    return _PROCESS_BASE + nodes * (_COPIES * 4 * params + _REPLICA_OVERHEAD)
+
+
+def _available_bytes() -> int:
+    """MemAvailable of /proc/meminfo (all physical memory where that is missing)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
+    """The validated config and its memory estimate; ConfigError (one sentence) if refused."""
+    cfg = cfg.validate()
+    if cfg.method not in EMULATED_METHODS:
+        raise ConfigError(f"--emulate does not cover method {cfg.method!r} (its emulated loss is "
+                          f"not checked against a real run); it covers "
+                          f"{', '.join(EMULATED_METHODS)}.")
+    if cfg.gpus_per_node != 1:
+        raise ConfigError(f"--emulate trains one data-parallel replica a node, got "
+                          f"--gpus-per-node {cfg.gpus_per_node}; give --gpus-per-node 1.")
+    if cfg.backend == "nccl":
+        raise ConfigError("--emulate trains on this process's CPU, got --backend 'nccl'; leave "
+                          "--backend auto or give gloo.")
+    if cfg.shaping != "off":
+        raise ConfigError(f"--emulate measures no time, so it shapes no network; got --shaping "
+                          f"{cfg.shaping!r}, leave it off.")
+    from experiments.workloads import make_workload
+
+    params = sum(p.numel() for p in make_workload(cfg.workload).model().parameters())
+    need, have = estimate_bytes(cfg.nodes, params), _available_bytes()
+    if need > have:
+        raise ConfigError(f"--emulate with {cfg.nodes} replicas of {cfg.workload} ({params:,} "
+                          f"parameters) needs about {need / 2**30:.1f} GiB and this machine has "
+                          f"{have / 2**30:.1f} GiB available; give fewer --nodes.")
+    return cfg, need
+
+
+def emulate(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
+            quiet: bool = False) -> Path:
+    """Train `cfg`'s replicas as threads of this process and write OUT (RunFailed: untouched)."""
+    from experiments.run.launch import check_timeout
+
+    check_timeout(timeout_s)
+    cfg, need = check_emulated(cfg)
+    if not quiet:
+        print(f"emulating {cfg.nodes} replicas in this process (1 rank a node, data-parallel; "
+              f"about {need / 2**30:.1f} GiB); no time is measured")
+    folder = RunFolder(out).create()
+    try:
+        results = _train_replicas(cfg, timeout_s, quiet)
+        write_emulated_run(results, folder.build, {"executor": EMULATED,
+                                                   "emulated": _described(cfg)})
+        return folder.commit()
+    finally:
+        folder.discard()
+
+
+def _described(cfg: RunConfig) -> dict[str, Any]:
+    """What run.json says about how the run was made."""
+    return {"replicas": cfg.nodes, "ranks_per_node": 1,
+            "parallelism": "data-parallel, one rank a node (no sharding inside a node)",
+            "measured": "loss, val_loss, replica_variance, consensus_distance per step; no "
+                        "time (wall_time_s and compute_s are NaN) and no trace"}
+
+
+def _train_replicas(cfg: RunConfig, timeout_s: float | None, quiet: bool) -> list[RankResult]:
+    """Every rank's RankResult, trained in threads of this process."""
+    import torch
+
+    from experiments.run import threaded_group
+    from experiments.run.train import RankSetting, train_rank
+    from experiments.workloads import make_workload
+
+    # Imported here, once: flexdemo imports its pieces on first use, which threads importing
+    # together would do under Python's import locks, one after the other, slowly.
+    for name in _PRELOAD:
+        importlib.import_module(name)
+    quiet = quiet or bool(os.environ.get("TQDM_DISABLE"))  # as a real rank reads it
+    setting = RankSetting(backend=None, init_lock=threading.Lock(), quiet=quiet,
+                          workload=make_workload(cfg.workload))
+    threads = torch.get_num_threads()
+    # One intra-op thread: the ranks are the parallelism, as one thread a spawned rank.
+    torch.set_num_threads(1)
+    try:
+        # The rendezvous of a collective waits at most this long for a slow peer.
+        with threaded_group.threaded_world(cfg.nodes, max(600.0, 2 * cfg.stall_timeout)) as w:
+            try:
+                return w.run(lambda rank: train_rank(cfg, setting), deadline_s=timeout_s)
+            except TimeoutError:
+                raise RunFailed(f"run timed out after {timeout_s:g} s") from None
+            except (ConfigError, RunFailed):
+                raise
+            except Exception as err:  # a rank's error, as a spawned rank's is reported
+                raise RunFailed(f"an emulated rank failed: {type(err).__name__}: {err}") from err
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,51 @@
+"""What the emulator relies on in PyTorch's private multi-threaded process group (torch 2.13)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from experiments.run.threaded_group import threaded_world
+
+
+def _collectives(rank: int) -> tuple[list[float], list[float], list[float], int]:
+    """An all-reduce, an all-gather on a subgroup, and a ring of messages, on this rank."""
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    pair = dist.new_group([0, 1])
+    gathered = [torch.zeros(1), torch.zeros(1)]
+    if rank in (0, 1):
+        dist.all_gather(gathered, torch.tensor([10.0 * rank]), group=pair)
+    world = dist.get_world_size()
+    inbox = torch.zeros(2)
+    ops = [dist.P2POp(dist.isend, torch.tensor([rank, 2.0 * rank]), (rank + 1) % world),
+           dist.P2POp(dist.irecv, inbox, (rank - 1) % world)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return total.tolist(), [g.item() for g in gathered], inbox.tolist(), dist.get_rank()
+
+
+@pytest.mark.timeout(60)
+def test_threads_are_ranks_with_collectives_and_messages():
+    assert torch.__version__.startswith("2.13"), "the threaded group is checked on torch 2.13"
+    with threaded_world(4, timeout_s=30) as world:
+        results = world.run(_collectives, deadline_s=50)
+    for rank, (total, gathered, inbox, me) in enumerate(results):
+        assert me == rank and total == [10.0]
+        assert gathered == ([0.0, 10.0] if rank < 2 else [0.0, 0.0])
+        source = (rank - 1) % 4
+        assert inbox == [source, 2.0 * source]
+    assert not dist.is_initialized()  # the calling thread's world is restored
+    assert torch._C._is_multithreading_enabled()  # and autograd's setting
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_rank_ends_the_run_with_its_error():
+    def target(rank: int) -> None:
+        if rank == 2:
+            raise ValueError("rank 2 broke")
+        dist.all_reduce(torch.ones(1))
+
+    with threaded_world(4, timeout_s=30) as world, pytest.raises(ValueError, match="rank 2"):
+        world.run(target, deadline_s=50)
