@@ -11,7 +11,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,24 +69,28 @@ def _run_units(cfg: SweepConfig, out: Path, units: list[Unit], *, executor: str 
     params = {k: v for k, v in cfg.executor.items() if k not in ("kind", "folder")}
     folder = Path(cfg.executor.get("folder", out / "submitit"))
     bar = tqdm(total=len(jobs), desc=f"sweep {cfg.name}", unit="run", disable=not progress)
-    failures = 0
     try:
-        results = execute(jobs, kind=kind, timeout_s=cfg.timeout_s, launcher=launcher,
-                          folder=folder, params=params)
-        for result in results:
-            failures += not (result.ok or result.stopped)
-            bar.update(1)
-            said = "ok" if result.ok else "stopped" if result.stopped else "FAILED"
-            bar.set_postfix_str(f"{result.unit_id} {said}"
-                                f"{f', {failures} failed' if failures else ''}")
-            if result.stopped:
-                log.warning("unit %s %s", result.unit_id, result.error)
-            elif not result.ok:
-                log.warning("unit %s failed: %s", result.unit_id, result.error)
+        _follow(execute(jobs, kind=kind, timeout_s=cfg.timeout_s, launcher=launcher,
+                        folder=folder, params=params), bar)
     finally:
         bar.close()
         _write_sweep_json(cfg, out, units)
     return collect(cfg, out, simulator=simulator, progress=progress)
+
+
+def _follow(results: Iterable[Any], bar: tqdm) -> None:
+    """Advance the sweep's bar as units end, naming each; log the stopped and the failed."""
+    failures = 0
+    for result in results:
+        failures += not (result.ok or result.stopped)
+        bar.update(1)
+        said = "ok" if result.ok else "stopped" if result.stopped else "FAILED"
+        bar.set_postfix_str(f"{result.unit_id} {said}"
+                            f"{f', {failures} failed' if failures else ''}")
+        if result.stopped:
+            log.warning("unit %s %s", result.unit_id, result.error)
+        elif not result.ok:
+            log.warning("unit %s failed: %s", result.unit_id, result.error)
 
 def _claim(cfg: SweepConfig, out: Path) -> None:
     """Refuse an output folder that holds another sweep; otherwise record this one there."""

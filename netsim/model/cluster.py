@@ -161,15 +161,7 @@ class Cluster:
         self.path = topology.inter_link()
         # A calibration's own fit per op kind: (bandwidth factor, latency per hop added).
         self.op_costs = {op: (factor, extra) for op, factor, extra in topology.op_costs}
-        g = topology.accelerators_per_node
-        if topology.nic == "per-accelerator":
-            self.nics = {
-                (c, j): SharedLink(self.env, link.effective_bandwidth)
-                for c, link in enumerate(self.links) for j in range(g)
-            }  # fmt: skip
-        else:
-            self.nics = {c: SharedLink(self.env, link.effective_bandwidth)
-                         for c, link in enumerate(self.links)}
+        self.nics = self._make_nics(topology)
         # Messages arrive through a NIC's other direction: only traces with messages need it, so
         # collectives keep their one (busier-direction) link and their speed everywhere else.
         self.ingress: dict | None = None
@@ -179,19 +171,36 @@ class Cluster:
         self.rendezvous: dict[tuple, list] = {}
         self.step_end: list[float] = []
         self._volumes: dict[int, tuple[int, CollectiveVolume]] = {}  # spec id -> (p, volume)
-        # Programs compile alike on every topology that gives each spec the same group size and
-        # volume and the same intra-node link: a grid of inter-node bandwidths compiles once.
-        key = self._compile_key()
-        if compiled_cache is not None and key is not None and key in compiled_cache:
-            self.compiled, alike = compiled_cache[key]
-        else:
-            self.compiled = {slot: self._compile(program, slot[1])
-                             for slot, program in programs.items()}
-            alike = self._programs_alike()
-            if compiled_cache is not None and key is not None:
-                compiled_cache[key] = (self.compiled, alike)
+        self.compiled, alike = self._compiled(programs, compiled_cache)
         # Positions of a node one process stands for (`_alike_positions`); 1 = each its own.
         self.weight = self._alike_positions(alike)
+
+    def _make_nics(self, topology: Topology) -> dict:
+        """One shared link per node class (per accelerator of each class with per-accelerator
+        NICs), at the class's link."""
+        if topology.nic == "per-accelerator":
+            return {(c, j): SharedLink(self.env, link.effective_bandwidth)
+                    for c, link in enumerate(self.links)
+                    for j in range(topology.accelerators_per_node)}
+        return {c: SharedLink(self.env, link.effective_bandwidth)
+                for c, link in enumerate(self.links)}
+
+    def _compiled(self, programs: dict[tuple[int, int], list[Item]],
+                  cache: dict | None) -> tuple[dict, bool]:
+        """(compiled programs per slot, whether they are alike), from `cache` when it holds them.
+
+        Programs compile alike on every topology that gives each spec the same group size and
+        volume and the same intra-node link: a grid of inter-node bandwidths compiles once.
+        """
+        key = self._compile_key()
+        if cache is not None and key is not None and key in cache:
+            return cache[key]
+        self.compiled = {slot: self._compile(program, slot[1])
+                         for slot, program in programs.items()}
+        alike = self._programs_alike()  # reads self.compiled
+        if cache is not None and key is not None:
+            cache[key] = (self.compiled, alike)
+        return self.compiled, alike
 
     @staticmethod
     def _node_classes(topology: Topology, per_link: bool = False,
