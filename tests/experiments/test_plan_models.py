@@ -120,3 +120,19 @@ def test_mfu_outside_zero_one_is_refused(mfu):
 def test_unknown_gpu_is_refused():
     with pytest.raises(ConfigError, match="h100"):
         gpu("v100")
+
+
+def test_a_hugging_face_config_is_the_presets_model(tmp_path):
+    # Llama-3.2-1B's published config.json (its sizes): transformers builds it on the meta device
+    # and the plan groups it as the preset of the same sizes (1,235,814,400 parameters).
+    pytest.importorskip("transformers")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+        "intermediate_size": 8192, "num_attention_heads": 32, "num_hidden_layers": 16,
+        "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": True,
+        "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05}))
+    declared, preset = declare_model(str(config)), declare_model("llama3.2-1b")
+    assert declared.params == preset.params == 1_235_814_400
+    assert sorted(map(sorted, declared.units)) == sorted(map(sorted, preset.units))
+    assert "Hugging Face config" in declared.source and "meta device" in declared.source
