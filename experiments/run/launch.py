@@ -95,8 +95,10 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     # process: four cold interpreters would spend longer importing than a short run trains.
     # flexdemo imports its optimizer, replicators and FSDP2 (and through it sympy) on first use,
     # which is in the ranks: named here, they are imported once too (1-2 s a rank on 2 cores).
+    # torch._dynamo is imported by the first call of a torch function that disables it (FSDP2's
+    # DTensor.from_local does): another second a rank.
     mp.set_forkserver_preload(["experiments.run.train", "flexdemo.build", "flexdemo.hsdp",
-                               "flexdemo.optimizer", "flexdemo.replicators"])
+                               "flexdemo.optimizer", "flexdemo.replicators", "torch._dynamo"])
     watchdog = Watchdog([folder.progress(r) for r in range(cfg.world_size)], cfg.stall_timeout)
     ctx = None
     previous_handler = raise_on_sigterm()
