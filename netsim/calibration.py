@@ -169,8 +169,12 @@ def _fit(samples: list[Sample]) -> tuple[float, float]:
         raise ValueError("the calibration samples do not grow with message size; time larger "
                          "messages (a few hundred kB or more at the chosen rates).")
     if 1.0 / inverse_goodput > 1.5:
+        # Shaped links are never faster than their rate; a slope this flat means the small
+        # messages were stretched (a busy machine) or the links were not shaped at all.
         raise ValueError(f"the calibration samples imply {1.0 / inverse_goodput:.3g} times the "
-                         "configured rate; the links were not shaped as configured.")
+                         "configured rate: the small messages took too long against the large "
+                         "ones (a busy machine while timing) or the links were not shaped as "
+                         "configured; time again on an idle machine or with larger messages.")
     return float(1.0 / inverse_goodput), float(per_message)
 
 

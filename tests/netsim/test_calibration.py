@@ -173,17 +173,18 @@ def _calibrate(tmp_path: Path, shaping: str) -> Calibration:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.cli", "calibrate", "--shaping", shaping, "--rates",
-         "100Mbit", "--payloads", "4096", "1048576", "--repeats", "3", "--out", str(out)],
+         "100Mbit", "--payloads", "4096", "4194304", "--repeats", "3", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"calibrated for {shaping} shaping" in proc.stdout
     cal = load_calibration(out, shaping=shaping)
     # Two ops x two sizes, each timed for real: positive times, the alpha-beta terms of 2 ranks.
-    # The sizes lie 256x apart (0.3 ms and 84 ms on the link), so that a loaded machine's
-    # hiccup in a median of 3 cannot turn the fit's slope.
+    # The sizes lie 1024x apart (0.3 ms and 336 ms on the link), so that a loaded machine's
+    # hiccups in a median of 3 cannot flatten the fit's slope: at 1 MB, small messages stretched
+    # by 30 ms under two busy processes made it imply 1.5 times the rate, which is refused.
     assert [(s.op, s.payload_bytes) for s in cal.samples] == [
-        ("all_reduce", 4096), ("all_reduce", 1048576), ("all_gather", 4096),
-        ("all_gather", 1048576)]
+        ("all_reduce", 4096), ("all_reduce", 4194304), ("all_gather", 4096),
+        ("all_gather", 4194304)]
     assert all(s.measured_s > 0 and s.wire_bytes == s.payload_bytes for s in cal.samples)
     return cal
 
