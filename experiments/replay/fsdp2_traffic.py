@@ -111,10 +111,13 @@ def add_fsdp2_traffic(trace: pd.DataFrame, units: list, g_new: int, link: Link,
             times = shifted.loc[mine, column].to_numpy()
             before = np.searchsorted(keys, np.array([(t, _ROW) for t in times], dtype=_KEY))
             shifted.loc[mine, column] = times + done[before]
-        start = ops["_at"].to_numpy() + done[:-1]
-        added.loc[ops.index, "start_s"] = start
-        added.loc[ops.index, "wait_s"] = start
-        added.loc[ops.index, "end_s"] = start + ops["_seconds"].to_numpy()
+        # An op ends where the next one inserted at its moment starts, and where the recorded
+        # row after it now starts, exactly: start + seconds could round one ulp off either, and
+        # the replay would see a gap (a compute item) that only some nodes' programs hold.
+        at = ops["_at"].to_numpy()
+        added.loc[ops.index, "start_s"] = at + done[:-1]
+        added.loc[ops.index, "wait_s"] = at + done[:-1]
+        added.loc[ops.index, "end_s"] = at + done[1:]
     added = added.drop(columns=["_at", "_order", "_seconds"])
     added["node"], added["local"], added["seq"] = added["rank"], 0, -1
     merged = pd.concat([shifted, added[shifted.columns]], ignore_index=True)
