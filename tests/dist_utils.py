@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from experiments.run.launch import RANK_MODULES
 from netsim import shaping
 from netsim.processes import init_process_group, loopback_interface
 
@@ -37,11 +38,22 @@ def _entry(rank: int, world: int, store: str, fn: Callable, args: tuple) -> None
         shaping.teardown()
 
 
+# mp.spawn starts fresh interpreters, which spent longer importing torch and the packages than
+# most of these tests run; a forkserver imports them once and forks every rank from there. It is
+# the launcher's forkserver too (started by whichever comes first), so it preloads its modules.
+PRELOAD = ["tests.dist_utils", *RANK_MODULES]
+
+
+def spawn(fn: Callable, args: tuple, nprocs: int) -> None:
+    """``fn(rank, *args)`` on `nprocs` processes forked from the forkserver; joined, re-raised."""
+    mp.set_forkserver_preload(PRELOAD)
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
 def run_ranks(fn: Callable, world: int, *args) -> None:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; any failure re-raises."""
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
-        mp.spawn(_entry, args=(world, str(Path(tmp) / "store"), fn, args), nprocs=world,
-                 join=True)
+        spawn(_entry, (world, str(Path(tmp) / "store"), fn, args), world)
 
 
 class TinyBlocks(torch.nn.Module):

@@ -97,8 +97,7 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     # which is in the ranks: named here, they are imported once too (1-2 s a rank on 2 cores).
     # torch._dynamo is imported by the first call of a torch function that disables it (FSDP2's
     # DTensor.from_local does): another second a rank.
-    mp.set_forkserver_preload(["experiments.run.train", "flexdemo.build", "flexdemo.hsdp",
-                               "flexdemo.optimizer", "flexdemo.replicators", "torch._dynamo"])
+    mp.set_forkserver_preload(RANK_MODULES)
     watchdog = Watchdog([folder.progress(r) for r in range(cfg.world_size)], cfg.stall_timeout)
     ctx = None
     previous_handler = raise_on_sigterm()
@@ -191,6 +190,10 @@ def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
             folder.discard()
         shaping.teardown()
 
+
+# What a spawned rank imports, imported once by the forkserver (_run_spawned says why).
+RANK_MODULES = ["experiments.run.train", "flexdemo.build", "flexdemo.hsdp", "flexdemo.optimizer",
+                "flexdemo.replicators", "torch._dynamo"]
 
 # What one spawned rank needs at least: an interpreter with torch imported, a model, buffers.
 RANK_MEMORY_BYTES = 512 * 2**20

@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from experiments.cli import main
 from experiments.config import RunConfig
@@ -20,7 +19,7 @@ from netsim.kernel_probe import measure_goodput
 from netsim.topology import parse_node_links
 from netsim.trace import compute_outside_collectives
 from netsim.units import parse_bandwidth, parse_node_link
-from tests.dist_utils import init_loopback
+from tests.dist_utils import init_loopback, spawn
 from tests.netsim.test_model import make_trace
 from tests.timing import assert_link_goodput
 
@@ -146,8 +145,7 @@ def _three_nodes(rank: int, world: int, store: str, out: str) -> None:
 @pytest.mark.timing
 @pytest.mark.timeout(120)
 def test_virtual_shaping_runs_a_ring_at_the_slow_nodes_pace(tmp_path):
-    mp.spawn(_three_nodes, args=(3, str(tmp_path / "store"), str(tmp_path)), nprocs=3,
-             join=True)
+    spawn(_three_nodes, (3, str(tmp_path / "store"), str(tmp_path)), 3)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
     slow = collective_time("all_reduce", 3, 1e6, Link(SLOW, "30ms"))  # 0.653 s
     fast = collective_time("all_reduce", 2, 1e6, Link(FAST, "10ms"))  # 0.12 s

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from netsim import shaping
-from tests.dist_utils import init_loopback, shaped_world, threads_after_exits, train_step
+from tests.dist_utils import init_loopback, shaped_world, spawn, threads_after_exits, train_step
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,8 +62,7 @@ def _train_then_teardown(rank: int, world: int, store: str, out: str) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
 def test_teardown_ends_every_gloo_thread_of_an_fsdp2_run(tmp_path):
-    mp.spawn(_train_then_teardown, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
-             join=True)
+    spawn(_train_then_teardown, (2, str(tmp_path / "store"), str(tmp_path)), 2)
     for rank in range(2):
         threads = (tmp_path / f"rank{rank}.txt").read_text().split(",")
         # DTensor's sharding cache and the run's cycles held the mesh's groups before teardown.

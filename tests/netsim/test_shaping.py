@@ -13,12 +13,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-import torch.multiprocessing as mp
 
 from netsim import Topology, TraceRecorder, comm_per_step, shaping, simulate
 from netsim.shaping import run_dir, work
 from netsim.trace import compute_outside_collectives
-from tests.dist_utils import init_loopback, threads_after_exits
+from tests.dist_utils import init_loopback, spawn, threads_after_exits
 from tests.timing import SleepLog
 
 
@@ -28,8 +27,7 @@ def _init(rank: int, world: int, store: str) -> None:
 
 
 def _spawn(fn, world: int, tmp_path) -> list[dict]:
-    mp.spawn(fn, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world,
-             join=True)
+    spawn(fn, (world, str(tmp_path / "store"), str(tmp_path)), world)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 

@@ -7,11 +7,10 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from netsim import Link, Topology, TraceRecorder, shaping
 from netsim.sites import hierarchical_plan, parse_sites, plan_time
-from tests.dist_utils import init_loopback
+from tests.dist_utils import init_loopback, spawn
 
 SITES = {
     "site": [{"name": "a", "nodes": 2, "uplink": "80Mbit", "downlink": "160Mbit",
@@ -46,8 +45,7 @@ def _ranks(rank: int, world: int, store: str, out: str) -> None:
 @pytest.mark.timeout(120)
 def test_shaped_collectives_across_sites_take_their_plans_time(tmp_path):
     world = 4
-    mp.spawn(_ranks, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world,
-             join=True)
+    spawn(_ranks, (world, str(tmp_path / "store"), str(tmp_path)), world)
     sites = parse_sites(SITES)
     nbytes = 4 * N_FLOATS
     want = {op: plan_time(hierarchical_plan(op, nbytes, sites), sites)
