@@ -326,7 +326,9 @@ def _replicator_memory(record: Method, knobs: object, model: DeclaredModel, per_
     if record.replicator == "diloco":
         return 2 * shard * 4  # the anchor and the outer momentum, fp32
     if record.replicator in ("random", "striding"):
-        return shard * 4  # the momentum (delta), fp32; the chosen rows' buffer is small
+        # The momentum (delta) and the update it returns (the shard's zeros, the chosen rows
+        # filled in), fp32 both; the chosen rows' flat buffer is a fraction of a shard.
+        return 2 * shard * 4
     if record.replicator == "gossip":
         # The flat copy of the shard it sends and one inbox per neighbour of the busiest node.
         graph = knobs.graph

@@ -124,6 +124,15 @@ def test_memory_parts_by_hand():
     flex = memory(record, record.settings({})[0], model, 8, NODES, precision)
     assert flex.optimizer == 0  # the sign step keeps no moments
     assert flex.replicator > 4 * shard  # the momentum, plus every replica's bucket
+    for name in ("random", "striding"):  # delta and the update it returns (flexdemo/partial.py)
+        record = method_record(name)
+        assert memory(record, record.settings({})[0], model, 8, NODES,
+                      precision).replicator == 2 * 4 * shard, name
+    record = method_record("gossip")
+    for graph, degree in (("ring", 2), ("complete", NODES - 1)):
+        # The flat copy it sends and one inbox per neighbour (flexdemo/replicators/gossip.py).
+        gossip = memory(record, record.settings({"graph": graph})[0], model, 8, NODES, precision)
+        assert gossip.replicator == (1 + degree) * 4 * shard, graph
 
 
 def test_streaming_diloco_one_step_delay_hides_a_sync_shorter_than_a_step():
