@@ -62,6 +62,12 @@ def _run_units(cfg: SweepConfig, out: Path, units: list[Unit], *, executor: str 
         # The cached axes are derived data; a changed cost model must recompute them.
         shutil.rmtree(out / "sim")
     kind = executor or cfg.executor.get("kind", "local")
+    from experiments.run.folder import RunFolder
+
+    for unit in units:
+        # A sweep killed between a unit's commit and the removal of its working folder leaves
+        # that folder beside a finished unit, which no rerun of the unit would clean.
+        RunFolder(unit_dir(out, unit)).remove_dead()
     pending = [u for u in units if unit_state(out, u) == "pending"
                or (retry_failed and unit_state(out, u) == "failed")]
     jobs = [Job(u.id, u.config.to_dict(), unit_dir(out, u), failure_path(out, u))
