@@ -115,8 +115,9 @@ def add_fsdp2_traffic(trace: pd.DataFrame, units: list, g_new: int, link: Link,
         # row after it now starts, exactly: start + seconds could round one ulp off either, and
         # the replay would see a gap (a compute item) that only some nodes' programs hold.
         at = ops["_at"].to_numpy()
-        added.loc[ops.index, "start_s"] = at + done[:-1]
-        added.loc[ops.index, "wait_s"] = at + done[:-1]
+        start = at + done[:-1]
+        added.loc[ops.index, "start_s"] = start
+        added.loc[ops.index, "wait_s"] = start
         added.loc[ops.index, "end_s"] = at + done[1:]
     added = added.drop(columns=["_at", "_order", "_seconds"])
     added["node"], added["local"], added["seq"] = added["rank"], 0, -1

@@ -95,8 +95,6 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
     # process: four cold interpreters would spend longer importing than a short run trains.
     # flexdemo imports its optimizer, replicators and FSDP2 (and through it sympy) on first use,
     # which is in the ranks: named here, they are imported once too (1-2 s a rank on 2 cores).
-    # torch._dynamo is imported by the first call of a torch function that disables it (FSDP2's
-    # DTensor.from_local does): another second a rank.
     mp.set_forkserver_preload(RANK_MODULES)
     watchdog = Watchdog([folder.progress(r) for r in range(cfg.world_size)], cfg.stall_timeout)
     ctx = None
@@ -191,7 +189,9 @@ def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
         shaping.teardown()
 
 
-# What a spawned rank imports, imported once by the forkserver (_run_spawned says why).
+# What a spawned rank imports, imported once by the forkserver (_run_spawned says why);
+# torch._dynamo comes with the first call of a torch function that disables it (FSDP2's
+# DTensor.from_local): another second a rank.
 RANK_MODULES = ["experiments.run.train", "flexdemo.build", "flexdemo.hsdp", "flexdemo.optimizer",
                 "flexdemo.replicators", "torch._dynamo"]
 
