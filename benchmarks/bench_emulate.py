@@ -1,8 +1,10 @@
 """Emulated runs against real ones: steps per second side by side, and equal losses at N nodes.
 
-    flock /work/wt/_shared/heavy.lock python benchmarks/bench_emulate.py \\
-        [--nodes 4 16] [--methods hsdp-adamw gossip] [--workload vision-tiny] [--steps 20]
+    python benchmarks/bench_emulate.py [--nodes 4 16] [--methods hsdp-adamw gossip] \\
+        [--workload vision-tiny] [--steps 20]
     python benchmarks/bench_emulate.py --scale 256 --scale-steps 5 [--workload vision-tiny]
+    python benchmarks/bench_emulate.py --scale 64 --scale-steps 5 --workload lm-tiny \\
+        --target-steps 100
 
 For each node count and method it trains the same settings (N nodes x 1 rank, fixed seed) twice:
 a real run (N gloo processes, `experiments.run.launch`) and an emulated one (N threads of this
@@ -16,8 +18,8 @@ process, `experiments.run.emulate`), and prints
   (the emulator's claim: under 1e-5).
 
 `--scale N` trains only the emulated run of N replicas for `--scale-steps` steps and prints its
-seconds a step (after the first, which builds every replica), the time 200 steps would take at
-that rate plus the start-up, and the process's peak memory (ru_maxrss), beside the memory
+seconds a step (after the first, which builds every replica), the time `--target-steps` would
+take at that rate plus the start-up, and the process's peak memory (ru_maxrss), beside the memory
 estimate the emulator refuses by. Run it on an otherwise idle machine; the figures depend on it.
 """
 
@@ -35,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.config import RunConfig
-from experiments.run.emulate import emulate, estimate_bytes
+from experiments.run.emulate import emulate, estimate_bytes, replica_size
 from experiments.run.launch import launch
 from experiments.workloads import make_workload
 
@@ -86,9 +88,10 @@ def compare(nodes: list[int], methods: list[str], workload: str, steps: int) -> 
                   f"{emulated_all:>23.2f} {diff:>13.1e}", flush=True)
 
 
-def scale(nodes: int, workload: str, steps: int) -> None:
+def scale(nodes: int, workload: str, steps: int, target_steps: int) -> None:
     """Seconds a step and peak memory of an emulated run of `nodes` replicas."""
-    params = sum(p.numel() for p in make_workload(workload).model().parameters())
+    built = make_workload(workload)
+    params, activations = replica_size(built, built.default_batch_size)
     timings = []
     for n_steps in (1, steps):
         work = Path(tempfile.mkdtemp(prefix="bench-emulate-"))
@@ -101,10 +104,10 @@ def scale(nodes: int, workload: str, steps: int) -> None:
             shutil.rmtree(work, ignore_errors=True)
     per_step = (timings[1] - timings[0]) / (steps - 1)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    estimate = estimate_bytes(nodes, params) / 2**30
+    estimate = estimate_bytes(nodes, params, activations) / 2**30
     print(f"{workload}, gossip (exponential), {nodes} emulated replicas: 1 step {timings[0]:.1f} s "
           f"(start-up included), {steps} steps {timings[1]:.1f} s -> {per_step:.2f} s a step; "
-          f"200 steps ~ {timings[0] + 199 * per_step:.0f} s; peak memory "
+          f"{target_steps} steps ~ {timings[0] + (target_steps - 1) * per_step:.0f} s; peak memory "
           f"{peak / 2**30:.2f} GiB (the emulator's estimate {estimate:.2f} GiB)")
 
 
@@ -117,9 +120,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--scale", type=int, default=None, metavar="N")
     parser.add_argument("--scale-steps", type=int, default=5)
+    parser.add_argument("--target-steps", type=int, default=200,
+                        help="the run length --scale projects the time of")
     args = parser.parse_args()
     if args.scale is not None:
-        scale(args.scale, args.workload, max(2, args.scale_steps))
+        scale(args.scale, args.workload, max(2, args.scale_steps), args.target_steps)
     else:
         compare(args.nodes, args.methods, args.workload, args.steps)
 

@@ -27,7 +27,7 @@ from experiments.errors import ConfigError, RunFailed
 from experiments.io import EMULATED
 from experiments.run.folder import RankResult, RunFolder, write_emulated_run
 
-__all__ = ["EMULATED_METHODS", "check_emulated", "emulate", "estimate_bytes"]
+__all__ = ["EMULATED_METHODS", "check_emulated", "emulate", "estimate_bytes", "replica_size"]
 
 
 # The methods whose emulated loss equals a real run's (a test at 4 nodes for each family).
@@ -35,8 +35,10 @@ EMULATED_METHODS = ("hsdp-adamw", "flexdemo", "demo", "diloco", "streaming-diloc
                     "striding", "gossip", "ada", "none")
 
 # Per replica: parameters, gradients and up to six more copies (AdamW's two moments, DeMo's
-# momentum, DiLoCo's outer copy and momentum, exchange buffers), plus the thread's own
-# activations and allocator slack, measured on lm-tiny and vision-tiny.
+# momentum, DiLoCo's outer copy and momentum, exchange buffers), the activations one forward
+# saves for its backward (FSDP2's all-reduce runs inside the backward, so every replica may hold
+# its own at once), and a fixed allowance for the thread and the allocator's slack; measured
+# against the peak of lm-tiny at 64 replicas and vision-tiny at 256 (bench_emulate.py --scale).
 _COPIES = 8
 _REPLICA_OVERHEAD = 24 * 2**20
 _PROCESS_BASE = 600 * 2**20  # the interpreter with torch, pandas and the workload's data
@@ -46,9 +48,27 @@ _PRELOAD = ("flexdemo.build", "flexdemo.hsdp", "flexdemo.optimizer", "flexdemo.r
             "flexdemo.consensus", "torch.distributed.tensor", "torch.distributed.fsdp")
 
 
-def estimate_bytes(nodes: int, params: int) -> int:
-    """Memory an emulated run of `nodes` replicas of a `params`-parameter model needs, roughly."""
-    return _PROCESS_BASE + nodes * (_COPIES * 4 * params + _REPLICA_OVERHEAD)
+def estimate_bytes(nodes: int, params: int, activation_bytes: int) -> int:
+    """Memory an emulated run of `nodes` replicas needs, roughly: each of `params` parameters
+    and `activation_bytes` saved by a forward."""
+    return _PROCESS_BASE + nodes * (_COPIES * 4 * params + activation_bytes + _REPLICA_OVERHEAD)
+
+
+def replica_size(workload: Any, batch_size: int) -> tuple[int, int]:
+    """One replica's parameter count, and the bytes one forward of a batch saves for backward."""
+    import torch
+
+    model = workload.model()
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()  # views of one storage count once
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        workload.loss(model, workload.batch(0, 0, batch_size, 0))
+    return sum(p.numel() for p in model.parameters()), sum(saved.values())
 
 
 def _available_bytes() -> int:
@@ -80,11 +100,13 @@ def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
                           f"{cfg.shaping!r}, leave it off.")
     from experiments.workloads import make_workload
 
-    params = sum(p.numel() for p in make_workload(cfg.workload).model().parameters())
-    need, have = estimate_bytes(cfg.nodes, params), _available_bytes()
+    workload = make_workload(cfg.workload)
+    params, activations = replica_size(workload, cfg.batch_size or workload.default_batch_size)
+    need, have = estimate_bytes(cfg.nodes, params, activations), _available_bytes()
     if need > have:
         raise ConfigError(f"--emulate with {cfg.nodes} replicas of {cfg.workload} ({params:,} "
-                          f"parameters) needs about {need / 2**30:.1f} GiB and this machine has "
+                          f"parameters, {activations / 2**20:.0f} MiB of activations a forward) "
+                          f"needs about {need / 2**30:.1f} GiB and this machine has "
                           f"{have / 2**30:.1f} GiB available; give fewer --nodes.")
     return cfg, need
 

@@ -6,8 +6,15 @@ checks what we rely on against the pinned torch. It gives every thread its own d
 group table (a thread-local `_world`) and runs each collective once, on the group's rank-0
 thread, for all ranks. It has no point-to-point messages; gossip needs them
 (`dist.batch_isend_irecv`), so the group made here adds send and receive through per-group
-mailboxes: a send copies its tensor into the receiver's mailbox and completes at once, a
-receive waits for it, so posting every send and receive before waiting cannot deadlock.
+mailboxes: whichever of a send and its receive is posted second copies the sender's tensor into
+the receiver's (no copy in between), and both are then complete.
+
+Hundreds of runnable threads on a few cores spend most of their time handing the GIL and the
+cores to each other (at 256 ranks the kernel's time was most of the run). So a rank runs only
+while it holds one of a few run tokens (one a core), and lets its token go wherever it waits
+for other ranks: in a collective, a receive, and the barrier of group creation. Every wait of
+one rank on another must be one of those, or a rank holding a token could wait forever for one
+that has none.
 
     with threaded_world(world_size) as world:
         world.run(target)  # target(rank) in one thread per rank, each in its own default group
@@ -15,7 +22,9 @@ receive waits for it, so posting every send and receive before waiting cannot de
 
 from __future__ import annotations
 
-import queue
+import collections
+import functools
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,54 +40,121 @@ __all__ = ["BACKEND", "ThreadedWorld", "threaded_world"]
 BACKEND = "emulated"
 """The backend name threads' groups are made with (registered on import)."""
 
-# Messages in flight: (group name, source, destination, tag) -> tensors sent, oldest first.
-_MAILBOXES: dict[tuple[str, int, int, int], queue.Queue] = {}
+# Posted and unmatched: (group name, source, destination, tag) -> sends or receives (one kind
+# at a time: a post of the other kind matches the oldest), with whether each is a send.
+_MAILBOXES: dict[tuple[str, int, int, int], collections.deque[tuple[bool, _Posted]]] = {}
 _MAILBOX_LOCK = threading.Lock()
 _STOP = threading.Event()  # set when a rank failed: receives stop waiting
 
 
-def _mailbox(key: tuple[str, int, int, int]) -> queue.Queue:
-    with _MAILBOX_LOCK:
-        return _MAILBOXES.setdefault(key, queue.Queue())
+class _RunTokens:
+    """At most `count` rank threads run at once; a rank lets its token go while it waits."""
+
+    def __init__(self, count: int) -> None:
+        self.slots = threading.Semaphore(count)  # FIFO: waiting ranks take turns
+        self.held = threading.local()
+
+    def take(self) -> None:
+        """Block until this thread holds a token."""
+        self.slots.acquire()
+        self.held.value = True
+
+    def give(self) -> None:
+        """Let this thread's token go (nothing if it holds none)."""
+        if getattr(self.held, "value", False):
+            self.held.value = False
+            self.slots.release()
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around a wait on other ranks: the token goes, and comes back after (if it was held)."""
+        held = getattr(self.held, "value", False)
+        self.give()
+        try:
+            yield
+        finally:
+            if held:
+                self.take()
 
 
-class _Receive(dist.Work):
-    """A pending receive: wait() takes the sender's tensor from the mailbox and copies it."""
+_TOKENS = _RunTokens(1)  # replaced by each threaded_world
 
-    def __init__(self, box: queue.Queue, tensor: torch.Tensor) -> None:
+
+def _waits_for_peers(method: Callable) -> Callable:
+    """A collective of the threaded group that lets the rank's token go while it waits."""
+    @functools.wraps(method)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with _TOKENS.waiting():
+            return method(*args, **kwargs)
+    return wrapped
+
+
+def _until(ready: Callable[[float], bool], what: str) -> None:
+    """Return once `ready(timeout_s)` is true, the token let go while waiting; stop if a rank
+    failed meanwhile."""
+    if ready(0.0):
+        return
+    with _TOKENS.waiting():
+        while not ready(0.5):
+            if _STOP.is_set():
+                raise RuntimeError(f"a peer rank failed while this one waited for {what}")
+
+
+class _Posted(dist.Work):
+    """A posted send or receive; done once the message was copied into the receiver's tensor."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
         super().__init__()
-        self.box, self.tensor, self.done = box, tensor, False
+        self.tensor, self.copied = tensor.detach(), threading.Event()
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        """Block until the message is there (or a rank failed), then fill the tensor."""
-        while not self.done:
-            try:
-                sent = self.box.get(timeout=0.5)
-            except queue.Empty:
-                if _STOP.is_set():
-                    raise RuntimeError("a peer rank failed while this one waited for its "
-                                       "message") from None
-                continue
-            self.tensor.detach().copy_(sent)
-            self.done = True
+        """Block until the message was copied (or a rank failed)."""
+        _until(self.copied.wait, "a message")
         return True
 
     def is_completed(self) -> bool:
-        """Whether wait() has copied the message."""
-        return self.done
+        """Whether the message was copied."""
+        return self.copied.is_set()
+
+
+def _post(key: tuple[str, int, int, int], sending: bool, tensor: torch.Tensor) -> _Posted:
+    """Post a send or a receive on `key`; if its counterpart is there, copy the message now.
+
+    Whichever of the two comes second copies, so a message moves while both sides are still
+    posting, as a real backend's do: a rank may wait on its send before its own receive. The
+    sender's tensor itself is read, so it must not change before the send is done, as with gloo.
+    """
+    mine = _Posted(tensor)
+    with _MAILBOX_LOCK:
+        posted = _MAILBOXES.setdefault(key, collections.deque())
+        if not posted or posted[0][0] == sending:  # all waiting entries are of one kind
+            posted.append((sending, mine))
+            return mine
+        other = posted.popleft()[1]
+    send, receive = (mine, other) if sending else (other, mine)
+    receive.tensor.copy_(send.tensor)
+    send.copied.set()
+    receive.copied.set()
+    return mine
 
 
 class _MessagingGroup(_mtpg.ProcessLocalGroup):
-    """PyTorch's thread-local group plus send/recv through mailboxes."""
+    """PyTorch's thread-local group plus send/recv matched in mailboxes."""
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
-        """Copy the tensor into `dst`'s mailbox; complete at once."""
-        _mailbox((self.pg_name, self._rank, dst, tag)).put(tensors[0].detach().clone())
-        return _mtpg.ret_work(tensors)
+        """Post a send of the tensor (not a copy) to `dst`."""
+        return _post((self.pg_name, self._rank, dst, tag), True, tensors[0])
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
-        """A receive from `src` that wait() completes."""
-        return _Receive(_mailbox((self.pg_name, src, self._rank, tag)), tensors[0])
+        """Post a receive from `src` into the tensor."""
+        return _post((self.pg_name, src, self._rank, tag), False, tensors[0])
+
+
+# Every collective of PyTorch's group waits for the group's other ranks.
+for _name in ("allreduce", "allreduce_coalesced", "allgather", "all_gather_single_coalesced",
+              "broadcast", "scatter", "gather", "reduce_scatter", "alltoall",
+              "all_to_all_single"):
+    setattr(_MessagingGroup, _name, _waits_for_peers(getattr(_mtpg.ProcessLocalGroup, _name)))
 
 
 def _create(store: Any, rank: int, world_size: int, timeout: timedelta) -> dist.ProcessGroup:
@@ -86,7 +162,8 @@ def _create(store: Any, rank: int, world_size: int, timeout: timedelta) -> dist.
     group = _MessagingGroup(rank, world_size)
     # Different threads may make different subgroups at once: wait for the whole group first,
     # as PyTorch's own threaded creator does.
-    dist.distributed_c10d._store_based_barrier(rank, store, "", world_size, timeout)
+    with _TOKENS.waiting():
+        dist.distributed_c10d._store_based_barrier(rank, store, "", world_size, timeout)
     return group
 
 
@@ -104,6 +181,7 @@ class ThreadedWorld:
         self.errors: list[BaseException | None] = [None] * size
 
     def _rank(self, rank: int, target: Callable[[int], Any], out: list[Any]) -> None:
+        _TOKENS.take()
         try:
             dist.init_process_group(BACKEND, rank=rank, world_size=self.size, store=self.store,
                                     timeout=self.timeout)
@@ -115,6 +193,7 @@ class ThreadedWorld:
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            _TOKENS.give()
 
     def run(self, target: Callable[[int], Any], deadline_s: float | None = None) -> list[Any]:
         """`target(rank)` in one thread per rank; their results, or the first rank's error.
@@ -142,8 +221,14 @@ class ThreadedWorld:
 
 
 @contextmanager
-def threaded_world(size: int, timeout_s: float = 600.0) -> Iterator[ThreadedWorld]:
-    """Install the thread-local group table for `size` thread ranks; restore it on exit."""
+def threaded_world(size: int, timeout_s: float = 600.0,
+                   running: int | None = None) -> Iterator[ThreadedWorld]:
+    """Install the thread-local group table for `size` thread ranks; restore it on exit.
+
+    At most `running` ranks run at once (default: one a core this process may use).
+    """
+    global _TOKENS
+    _TOKENS = _RunTokens(running or len(os.sched_getaffinity(0)))
     _mtpg.ProcessLocalGroup.reset()
     _STOP.clear()
     with _MAILBOX_LOCK:

@@ -49,3 +49,25 @@ def test_a_failing_rank_ends_the_run_with_its_error():
 
     with threaded_world(4, timeout_s=30) as world, pytest.raises(ValueError, match="rank 2"):
         world.run(target, deadline_s=50)
+
+
+def _send_before_receive(rank: int) -> list[float]:
+    """A ring where every rank waits on its send before its receive (a real backend moves it)."""
+    world = dist.get_world_size()
+    inbox = torch.zeros(1)
+    send = dist.isend(torch.tensor([float(rank)]), (rank + 1) % world)
+    receive = dist.irecv(inbox, (rank - 1) % world)
+    send.wait()
+    receive.wait()
+    dist.barrier()
+    return inbox.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_one_running_rank_at_a_time_still_completes_every_wait():
+    # One run token: every wait on another rank must let it go, or this never ends.
+    with threaded_world(4, timeout_s=30, running=1) as world:
+        collectives = world.run(_collectives, deadline_s=40)
+    assert [total for total, *_ in collectives] == [[10.0]] * 4
+    with threaded_world(4, timeout_s=30, running=1) as world:
+        assert world.run(_send_before_receive, deadline_s=40) == [[3.0], [0.0], [1.0], [2.0]]
