@@ -39,7 +39,7 @@ def steps_to(rec: Recording, target: float) -> float:
     """The step at which rec's val_loss first reaches target, interpolated (inf: never)."""
     evals = rec.steps.loc[rec.steps["val_loss"].notna(), ["step", "val_loss"]]
     before_step, before_loss = 0.0, math.inf
-    for step, loss in zip(evals["step"], evals["val_loss"]):
+    for step, loss in zip(evals["step"], evals["val_loss"], strict=True):
         if loss <= target:
             if math.isinf(before_loss):
                 return float(step)
@@ -86,7 +86,7 @@ def main() -> None:
                         continue
                     seen.add(k)
                     predicted = [steps_to(runs[nodes, s], target) / float(k) for s in SEEDS]
-                    ratios = [p / m for p, m in zip(predicted, measured)]
+                    ratios = [p / m for p, m in zip(predicted, measured, strict=True)]
                     print(f"| {target:.4f} (4 nodes at step {at}) | {nodes} nodes | "
                           f"{rule.describe()} | {float(k):g} | "
                           f"{statistics.median(predicted):.1f} | "
