@@ -27,12 +27,18 @@ compute is scaled uniformly (its intra-node collectives stay as recorded). A dec
 Several --nodes or --inter-bw make a map over their cells instead (`node_map`, each cell this
 module's `rank`); the command's flags and printing are in `compare_cli`.
 
+`--loss-from RUN` (repeatable) adds loss curves, as `simulate --loss-from` does: each goes with
+the compared run of its variant and seed, which then takes the curve, its own included, whose
+global batch is nearest the target's. An emulated run at the target node count is such a curve:
+it lifts gossip's refusal there, and for the other methods it replaces the loss rule.
+
 A run that diverged (run.json status "diverged") is a miss: its time to target is inf, as in a
 sweep's table, and the output names it. Refused (one sentence, exit 2, nothing written): bad
 network or flag values, runs of different workloads, runs recorded on different cluster shapes
 without --nodes and --gpus-per-node to put them on one, two runs of the same method and seed, a
 folder that is neither a run nor a sweep, and a loss curve that cannot be carried to the target
-shape (gossip at a node count no recording has).
+shape (gossip at a node count no recording has), a --loss-from run that no compared run shares
+a variant and seed with.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from experiments.replay.simulate import (
     ReplaySettings,
     check_replay_arguments,
     declared_compute_scale,
+    read_loss_run,
     read_run,
     replay_settings,
     replay_with,
@@ -310,14 +317,16 @@ def _grouped(notes: dict[str, list[str]]) -> list[str]:
 
 def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: ReplaySettings,
                     target: float, notes: list[str], compute_s: float | None = None,
+                    loss_from: tuple[Recording, ...] = (),
                     ) -> tuple[float, np.ndarray | None, pd.DataFrame]:
     """One run replayed on the flags' network: its time to target (inf for a miss), with
     --step-noise its times to target over resampled compute (`step_noise`), else None, and the
-    replayed time axis (step, step_time_s, time_s).
+    replayed time axis (step, step_time_s, time_s). `loss_from`: more curves of the run's
+    variant and seed (--loss-from), the one nearest the target's global batch is used.
 
     The replay's basis, loss curve and model notes are added to `notes`."""
     curve = choose_loss_curve(
-        [Recording.of(run.path, run.config, run.meta, run.steps)],
+        [Recording.of(run.path, run.config, run.meta, run.steps), *loss_from],
         nodes=args.nodes or run.config.nodes,
         gpus_per_node=args.gpus_per_node or run.config.gpus_per_node, rule=settings.rule)
     if curve.refusal is not None:
@@ -444,6 +453,12 @@ class Inputs:
     bases: dict[str, float]
     """`compute_basis`'s per-variant compute per step ({}: each run's own)."""
     basis_text: str
+    loss_from: dict[tuple[str, int], tuple[Recording, ...]]
+    """--loss-from's curves by the (variant, seed) of the compared run they go with."""
+
+    def curves_for(self, c: Candidate) -> tuple[Recording, ...]:
+        """The --loss-from curves of c's variant and seed."""
+        return self.loss_from.get((c.variant, c.seed), ())
 
 
 def gather(args: argparse.Namespace) -> Inputs:
@@ -457,7 +472,28 @@ def gather(args: argparse.Namespace) -> Inputs:
     _check_step_noise(args, runs)
     target, rule = _target(args, sweep_target, runs)
     bases, basis_text = compute_basis(args, runs)
-    return Inputs(candidates, runs, settings, target, rule, bases, basis_text)
+    return Inputs(candidates, runs, settings, target, rule, bases, basis_text,
+                  _loss_curves(getattr(args, "loss_from", None) or (), candidates))
+
+
+def _loss_curves(paths: list[str], candidates: list[Candidate],
+                 ) -> dict[tuple[str, int], tuple[Recording, ...]]:
+    """--loss-from's runs, each under the (variant, seed) of the compared run it goes with.
+
+    ConfigError, one sentence, for a run no compared run shares a variant and seed with: its
+    curve would be used by no one, and a typo should not pass for a rule-free answer."""
+    compared = {(c.variant, c.seed) for c in candidates}
+    found: dict[tuple[str, int], list[Recording]] = {}
+    for path in map(Path, paths):
+        c = _run_candidate(path)
+        if (c.variant, c.seed) not in compared:
+            raise ConfigError(f"--loss-from {str(path)!r} is {c.variant} seed {c.seed}, and no "
+                              "compared run is; a loss curve goes with the compared run of the "
+                              "same method, knobs and seed.")
+        run = read_loss_run(path)
+        found.setdefault((c.variant, c.seed), []).append(
+            Recording.of(run.path, run.config, run.meta, run.steps))
+    return {key: tuple(recs) for key, recs in found.items()}
 
 
 def cells(args: argparse.Namespace) -> list[argparse.Namespace]:
@@ -561,7 +597,7 @@ def _replayed_row(args: argparse.Namespace, given: Inputs, network: str,
     try:  # the replay's rules are the same for every seed of a method: its first run's shown
         ttt, samples = score_run(args, c, run, given.settings, given.target,
                                  mine if first_of_variant else [], mine,
-                                 given.bases.get(c.variant))
+                                 given.bases.get(c.variant), given.curves_for(c))
     except LossCurveRefused as refused:
         if left_out is None:
             raise ConfigError(str(refused)) from None
@@ -585,8 +621,9 @@ class Scored:
 
 def score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
           settings: ReplaySettings, target: float, replay_notes: list[str], notes: list[str],
-          compute_s: float | None) -> Scored:
-    """One candidate replayed on the flags' network (a failed or diverged one: a miss, inf)."""
+          compute_s: float | None, loss_from: tuple[Recording, ...] = ()) -> Scored:
+    """One candidate replayed on the flags' network (a failed or diverged one: a miss, inf);
+    `loss_from`: more loss curves of its variant and seed (`Inputs.curves_for`)."""
     miss = np.full(step_noise.RESAMPLES, math.inf)
     if run is None:  # a sweep unit that failed or never ran: a miss, as in the sweep's table
         notes.append(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)")
@@ -594,15 +631,17 @@ def score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
     if run.meta.get("status") == "diverged":  # as a sweep scores it: never reached
         notes.append(f"{c.path.name} diverged (run.json status): counted as a miss (inf)")
         return Scored(math.inf, miss, None)
-    ttt, samples, axis = _time_to_target(args, run, settings, target, replay_notes, compute_s)
+    ttt, samples, axis = _time_to_target(args, run, settings, target, replay_notes, compute_s,
+                                         loss_from)
     return Scored(ttt, np.full(step_noise.RESAMPLES, ttt) if samples is None else samples, axis)
 
 
 def score_run(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
               settings: ReplaySettings, target: float, replay_notes: list[str],
-              notes: list[str], compute_s: float | None) -> tuple[float, np.ndarray]:
+              notes: list[str], compute_s: float | None,
+              loss_from: tuple[Recording, ...] = ()) -> tuple[float, np.ndarray]:
     """One candidate's time to target and its step-time resamples (a miss: inf in all)."""
-    scored = score(args, c, run, settings, target, replay_notes, notes, compute_s)
+    scored = score(args, c, run, settings, target, replay_notes, notes, compute_s, loss_from)
     return scored.time_to_target_s, scored.samples
 
 

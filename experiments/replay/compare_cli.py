@@ -43,6 +43,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-noise", action="store_true",
                         help="widen each time-to-target bracket by the runs' recorded step-time "
                         "variation (a block bootstrap of each run's compute per step)")
+    parser.add_argument("--loss-from", action="append", default=None, metavar="RUN",
+                        help="another recording (an emulated run at the target node count, say) "
+                        "of a compared run's method, knobs and seed; repeatable; each compared "
+                        "run takes the loss curve, its own included, whose global batch is "
+                        "nearest the target's")
     parser.add_argument("--target", type=POSITIVE.arg,
                         help="target validation loss (default: a sweep folder's own target, "
                         "else hsdp-adamw's median final val_loss + 2%%)")
@@ -61,7 +66,8 @@ def _check_outs(args: argparse.Namespace, is_map: bool) -> list[Path]:
             raise ConfigError(f"--out {out!r} must end in {', '.join(allowed)}"
                               + ("" if is_map else " (a figure is drawn for a map: several "
                                  "--nodes or --inter-bw)") + ".")
-        outs.append(check_output_file(out, what="--out", reads=args.runs))
+        outs.append(check_output_file(out, what="--out",
+                                      reads=[*args.runs, *(args.loss_from or ())]))
     return outs
 
 

@@ -192,7 +192,8 @@ def _time_at(args: argparse.Namespace, given: compare.Inputs, found: tuple | Non
             cell = argparse.Namespace(**{**vars(args), "nodes": nodes, "inter_bw": bw,
                                          "step_noise": False})
             memo[key], _ = compare.score_run(cell, candidate, run, given.settings, given.target,
-                                          [], [], given.bases.get(candidate.variant))
+                                          [], [], given.bases.get(candidate.variant),
+                                          given.curves_for(candidate))
         return memo[key]
 
     return at

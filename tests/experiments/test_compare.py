@@ -369,3 +369,47 @@ def test_recorded_computes_apart_by_over_a_fifth_are_warned_of(
     assert warned("--same-compute", "all") == []
     assert warned("--same-compute", "method") == []
     assert warned("--step-compute", "0.1") == []
+
+
+DECENTRALIZED_UNITS = ROOT / "results" / "decentralized" / "units"
+EMULATED = ROOT / "results" / "decentralized-emulated" / "units"
+GOSSIP_AT_16 = ["--nodes", "16", "--gpus-per-node", "1", "--inter-bw", "1Gbit", "--inter-lat",
+                "10ms", "--target", "2.7"]
+
+
+@pytest.mark.skipif(not (EMULATED / "gossip-lm-tiny-nodes=16_graph=ring-s0").exists(),
+                    reason="needs the committed results/decentralized-emulated units")
+@pytest.mark.timeout(120)
+def test_loss_from_times_gossip_at_an_emulated_node_count_as_simulate_does(
+        tmp_path: Path) -> None:
+    graphs = ("ring", "one-peer-exponential")
+    real = [str(DECENTRALIZED_UNITS / f"gossip-nodes=4_graph={g}-s0") for g in graphs]
+    emulated = [str(EMULATED / f"gossip-lm-tiny-nodes=16_graph={g}-s0") for g in graphs]
+    # Without a loss at 16 nodes, gossip's time there is refused.
+    with pytest.raises(ConfigError, match="give one at 16 nodes with --loss-from"):
+        _compare(*real, *GOSSIP_AT_16)
+    result = _compare(*real, *GOSSIP_AT_16, *(a for e in emulated for a in ("--loss-from", e)))
+    times = result.runs.set_index("run")["time_to_target_s"]
+    for graph, trace, curve in zip(graphs, real, emulated, strict=True):
+        out = tmp_path / f"{graph}.csv"
+        assert cli.main(["simulate", trace, *GOSSIP_AT_16, "--loss-from", curve,
+                         "--out", str(out)]) == 0
+        simulated = json.loads(out.with_suffix(".loss.json").read_text())
+        assert simulated["loss_curve_emulated"] is True
+        assert times[trace] == pytest.approx(simulated["time_to_target_s"], rel=1e-12)
+    assert any(f"loss curve from {emulated[0]} (16 x 1, emulated" in a
+               for a in result.assumptions)
+
+
+@pytest.mark.skipif(not (EMULATED / "gossip-lm-tiny-nodes=16_graph=ring-s1").exists(),
+                    reason="needs the committed results/decentralized-emulated units")
+def test_a_loss_from_run_no_compared_run_goes_with_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out" / "cmp.json"
+    status = cli.main(["compare", str(DECENTRALIZED_UNITS / "gossip-nodes=4_graph=ring-s0"),
+                       *GOSSIP_AT_16, "--out", str(out), "--loss-from",
+                       str(EMULATED / "gossip-lm-tiny-nodes=16_graph=ring-s1")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1
+    assert "is gossip seed 1, and no compared run is" in err
+    assert not out.parent.exists()
