@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.config import RunConfig
-from experiments.run.emulate import emulate, estimate_bytes, replica_size
+from experiments.run.emulate import emulate, estimate_bytes, inbox_peers, replica_size
 from experiments.run.launch import launch
 from experiments.workloads import make_workload
 
@@ -104,7 +104,8 @@ def scale(nodes: int, workload: str, steps: int, target_steps: int) -> None:
             shutil.rmtree(work, ignore_errors=True)
     per_step = (timings[1] - timings[0]) / (steps - 1)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    estimate = estimate_bytes(nodes, params, activations) / 2**30
+    cfg = _config("gossip", nodes, workload, steps)
+    estimate = estimate_bytes(nodes, params, activations, inbox_peers(cfg)) / 2**30
     print(f"{workload}, gossip (exponential), {nodes} emulated replicas: 1 step {timings[0]:.1f} s "
           f"(start-up included), {steps} steps {timings[1]:.1f} s -> {per_step:.2f} s a step; "
           f"{target_steps} steps ~ {timings[0] + (target_steps - 1) * per_step:.0f} s; peak memory "

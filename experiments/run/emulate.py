@@ -27,7 +27,8 @@ from experiments.errors import ConfigError, RunFailed
 from experiments.io import EMULATED
 from experiments.run.folder import RankResult, RunFolder, write_emulated_run
 
-__all__ = ["EMULATED_METHODS", "check_emulated", "emulate", "estimate_bytes", "replica_size"]
+__all__ = ["EMULATED_METHODS", "check_emulated", "emulate", "estimate_bytes", "inbox_peers",
+           "replica_size"]
 
 
 # The methods whose emulated loss equals a real run's (a test at 4 nodes for each family).
@@ -48,10 +49,30 @@ _PRELOAD = ("flexdemo.build", "flexdemo.hsdp", "flexdemo.optimizer", "flexdemo.r
             "flexdemo.consensus", "torch.distributed.tensor", "torch.distributed.fsdp")
 
 
-def estimate_bytes(nodes: int, params: int, activation_bytes: int) -> int:
+def estimate_bytes(nodes: int, params: int, activation_bytes: int, peers: int = 0) -> int:
     """Memory an emulated run of `nodes` replicas needs, roughly: each of `params` parameters
-    and `activation_bytes` saved by a forward."""
-    return _PROCESS_BASE + nodes * (_COPIES * 4 * params + activation_bytes + _REPLICA_OVERHEAD)
+    and `activation_bytes` saved by a forward, and receiving `peers` gossip messages a round."""
+    from flexdemo.replicators.gossip import message_bytes
+
+    # Every replica holds one receive buffer a peer while a round's messages are in flight
+    # (GossipReplicator._exchange), and all replicas are in the same round at once: on the
+    # complete graph that is nodes x (nodes - 1) copies of the parameters.
+    inbox = peers * message_bytes([params])
+    return _PROCESS_BASE + nodes * (_COPIES * 4 * params + activation_bytes + inbox
+                                    + _REPLICA_OVERHEAD)
+
+
+def inbox_peers(cfg: RunConfig) -> int:
+    """The most gossip messages a replica receives in one round: its graph's largest degree, for
+    Ada the largest over its ladder (it starts on the densest rung); 0 for the other methods."""
+    from flexdemo.graphs import degree_of, graph_ladder, period
+
+    if not cfg.record.gossips:
+        return 0
+    graph = cfg.knob_values().get("graph")
+    graphs = [graph] if graph is not None else graph_ladder(cfg.nodes)
+    return max(degree_of(g, cfg.nodes, node, step) for g in graphs
+               for step in range(period(g, cfg.nodes)) for node in range(cfg.nodes))
 
 
 def replica_size(workload: Any, batch_size: int) -> tuple[int, int]:
@@ -102,12 +123,15 @@ def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
 
     workload = make_workload(cfg.workload)
     params, activations = replica_size(workload, cfg.batch_size or workload.default_batch_size)
-    need, have = estimate_bytes(cfg.nodes, params, activations), _available_bytes()
+    peers = inbox_peers(cfg)
+    need, have = estimate_bytes(cfg.nodes, params, activations, peers), _available_bytes()
     if need > have:
+        inbox = f", {peers} peers' messages a round" if peers else ""
         raise ConfigError(f"--emulate with {cfg.nodes} replicas of {cfg.workload} ({params:,} "
-                          f"parameters, {activations / 2**20:.0f} MiB of activations a forward) "
-                          f"needs about {need / 2**30:.1f} GiB and this machine has "
-                          f"{have / 2**30:.1f} GiB available; give fewer --nodes.")
+                          f"parameters, {activations / 2**20:.0f} MiB of activations a "
+                          f"forward{inbox}) needs about {need / 2**30:.1f} GiB and this machine "
+                          f"has {have / 2**30:.1f} GiB available; give fewer --nodes"
+                          + (" or a sparser graph." if peers else "."))
     return cfg, need
 
 
