@@ -98,11 +98,17 @@ def centred(losses: list[float], seeds: list[int]) -> list[float]:
             for loss, seed in zip(losses, seeds, strict=True)]
 
 
-def finding(loss: str, name: str, losses: list[float], x: list[float], holds_if: int) -> str:
-    """One line: rho of a loss with x, its interval and p, and whether the finding holds."""
+def finding(loss: str, name: str, losses: list[float], x: list[float], holds_if: int,
+            seeds: int) -> str:
+    """One line: rho of a loss with x, its interval and p, and whether the finding holds.
+
+    With one seed nothing is decided: resampling one seed's few units cannot tell the graphs'
+    effect from that seed's, and a perfect order makes every resample's rho the same."""
     rho = spearman(losses, x)
     low, high = rho_interval(losses, x)
-    if low > 0 or high < 0:
+    if seeds < 2:
+        verdict = "not decided (one seed)"
+    elif low > 0 or high < 0:
         verdict = "holds" if (rho > 0) == (holds_if > 0) else "reversed"
     else:
         verdict = "not shown (the interval includes 0)"
@@ -135,7 +141,7 @@ def time_table(workload: str, nodes: int, runs: list[RecordedRun]) -> list[str]:
     compute_s, scales = compute_scales(traces)
     reference = [r.steps for r in runs if label(r) == REFERENCE]
     if not reference:
-        return [f"No {REFERENCE} unit at {nodes} nodes yet: no target, no time to target.", ""]
+        return [f"No {REFERENCE} unit at {nodes} nodes: no target, no time to target.", ""]
     target = baseline_target_at(reference, EARLY)
     lines = [f"Time to val loss <= {target:.4f} ({REFERENCE}'s early val loss, median of "
              f"{len(reference)} seeds); compute {compute_s * 1e3:.0f} ms a step "
@@ -186,7 +192,7 @@ def shape_table(workload: str, nodes: int, runs: list[RecordedRun]) -> list[str]
             f"| {name} | {degree} | "
             f"{statistics.median(spread(r, 'replica_variance') for r in arm):.2e} | "
             f"{statistics.median(spread(r, 'consensus_distance') for r in arm):.2e} | "
-            f"{cells[0]} | {cells[1]} ({len(arm)} seeds) |")
+            f"{cells[0]} | {cells[1]} ({len(arm)} seed{'s' if len(arm) > 1 else ''}) |")
         if name != "ada":
             losses["early"] += early
             losses["final"] += finals
@@ -198,9 +204,9 @@ def shape_table(workload: str, nodes: int, runs: list[RecordedRun]) -> list[str]
     lines.append("")
     for loss, values in losses.items():
         lines += [f"- Finding 1 (more peers, lower loss), {loss}: "
-                  + finding(loss, "degree", values, degrees, -1),
+                  + finding(loss, "degree", values, degrees, -1, len(seeds)),
                   f"- Finding 2 (more spread, higher loss), {loss}: "
-                  + finding(loss, "replica variance", values, variances, +1)]
+                  + finding(loss, "replica variance", values, variances, +1, len(seeds))]
     return [*lines, ""] + time_table(workload, nodes, runs)
 
 
