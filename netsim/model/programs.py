@@ -103,10 +103,15 @@ class Programs(NamedTuple):
 
 
 # A moment in a rank's step, as a plain tuple (built ~10^5 times per replay, so no NamedTuple):
-# (time, what, row, spec id or -1, end), sorted by time. `what`: ISSUE, WAIT, MARK (the
+# (time, side, what, row, spec id or -1, end), sorted by time. `what`: ISSUE, WAIT, MARK (the
 # "backward" mark) or CARRIED_WAIT (row is then a carried op id, of an op of an earlier step).
-_Point = tuple[float, int, int, int, float]
+# `side`: the "backward" marks before the row in the trace, so that moments at a mark's very
+# time keep the trace's order about it (a synthesized trace's collectives take no time: the
+# root's reduce-scatter, the mark and the method's exchange all fall at one instant).
+_Point = tuple[float, int, int, int, int, float]
 ISSUE, WAIT, MARK, CARRIED_WAIT = 0, 1, 2, 3
+# A carried op's wait ties after every other moment at its time (it follows the step's posts).
+_LAST_SIDE = 1 << 30
 # Carried op ids: negative, so they never meet a row number; room for this many per step.
 _PER_STEP = 1 << 16
 _EPS = 1e-9  # seconds: trace times are compared with this slack, as netsim.trace does
@@ -221,17 +226,21 @@ def _points(
     """Issue and wait moments of the block's collectives inside the step span, in time order.
 
     The "backward" marks are points too (MARK): the optimizer phase starts there, and with
-    overlap "fsdp2" the streamed ops are joined there. Ops in `carried` (row -> carried id) are
-    waited on in a later step: only their issue is a point here.
+    overlap "fsdp2" the streamed ops are joined there; an op issued after a mark at its very
+    time comes after it, so that the optimizer step's exchange never overlaps the backward's
+    reduce. Ops in `carried` (row -> carried id) are waited on in a later step: only their
+    issue is a point here.
     """
     kinds, starts, ends, waits, groups = (
         cols["kind"], cols["start_s"], cols["end_s"], cols["wait_s"], cols["group"]
     )  # fmt: skip
     ops, algorithms, sizes, inters = cols["op"], cols["algorithm"], cols["bytes"], cols["inter"]
     points: list[_Point] = []
+    side = 0
     for r in range(i, j):
         if kinds[r] == "mark" and ops[r] == BACKWARD:
-            points.append((starts[r], MARK, r, -1, starts[r]))
+            points.append((starts[r], side, MARK, r, -1, starts[r]))
+            side += 1
         if kinds[r] != "collective":
             continue
         start, end, wait = starts[r], ends[r], waits[r]
@@ -241,9 +250,9 @@ def _points(
         spec = catalog.spec_id(str(groups[r]), ops[r], algorithms[r], sizes[r], inters[r])
         wait = start if wait != wait else wait
         end = wait if end != end else end
-        points.append((start, ISSUE, r, spec, end))
+        points.append((start, side, ISSUE, r, spec, end))
         if r not in carried:
-            points.append((wait, WAIT, r, -1, end))
+            points.append((wait, side, WAIT, r, -1, end))
     points.sort()
     return points
 
@@ -299,7 +308,7 @@ def _program(
     program: list[Item] = []
     cursor, finish = span
     phase = FORWARD_BACKWARD
-    for time, what, row, spec, end in points:
+    for time, _side, what, row, spec, end in points:
         if time > cursor:
             program.append(Compute(time - cursor, phase))
             cursor = time
@@ -371,7 +380,7 @@ def _carried_ops(cols: dict[str, list], blocks: list[tuple[int, int]],
                     drained.add(op)
                     continue
                 at = max(wait, begins[m])
-                found.waits[bs[m]].append((at, CARRIED_WAIT, op, -1, max(end, at)))
+                found.waits[bs[m]].append((at, _LAST_SIDE, CARRIED_WAIT, op, -1, max(end, at)))
                 waited = step_index[cols["step"][blocks[bs[m]][0]]]
                 found.delays[op] = max(found.delays.get(op, 0), waited - s)
     # A drained op would have been waited on as the others were: the method's delay.

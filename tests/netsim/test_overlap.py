@@ -18,11 +18,14 @@ def _topology() -> Topology:
     return Topology.from_strings(2, 2, "80Mbit", "0ms", intra_bw="8Gbit", intra_lat="0ms")
 
 
-def scripted_trace(marks: bool = True) -> pd.DataFrame:
+def scripted_trace(marks: bool = True, instant: bool = False) -> pd.DataFrame:
     """2 nodes x 2 ranks, two FSDP2 units: per unit an intra reduce-scatter (twice the shard)
     and an inter all-reduce of the shard, then an inter all-gather in opt.step; every op
-    really took 1 ms (loopback) and was waited on at once, as on CPU gloo."""
+    really took 1 ms (loopback) and was waited on at once, as on CPU gloo. `instant`: as
+    `experiments.plan` writes a program, every op takes no time and nothing is computed after
+    the last reduce, so it, the backward mark and the exchange fall at one instant."""
     topo = _topology()
+    took, rest, opt = (0.0, 0.0, 0.0) if instant else (1e-3, E, OPT)
     frames = []
     for rank in range(4):
         now = [0.0]
@@ -33,7 +36,7 @@ def scripted_trace(marks: bool = True) -> pd.DataFrame:
         def coll(op, group, nbytes, now=now, rec=rec):
             row = rec.record_collective(op, group, topo.crosses_nodes(group), "ring", nbytes,
                                         0, 0, now[0])
-            now[0] += 1e-3
+            now[0] += took
             rec.complete(row, row["start_s"], now[0])
 
         for step in range(2):
@@ -45,10 +48,10 @@ def scripted_trace(marks: bool = True) -> pd.DataFrame:
                     rec.mark_unit_backward(unit)
                 coll("reduce_scatter", shard, 2 * SHARD[unit])
                 coll("all_reduce", rep, SHARD[unit])
-            now[0] += E
+            now[0] += rest
             if marks:
                 rec.mark_backward()
-            now[0] += OPT
+            now[0] += opt
             coll("all_gather", rep, EXCHANGE)
             rec.end_step(step)
         frames.append(rec.frame())
@@ -93,6 +96,21 @@ def test_fsdp2_overlap_is_the_two_stream_closed_form():
     replay = simulate(scripted_trace(), _topology(), algorithm="ring", overlap="fsdp2")
     assert replay.overlap == "fsdp2" and OVERLAP_NOTE in replay.note
     assert replay.frame["step_time_s"].tolist() == pytest.approx([expected] * 2, rel=1e-9)
+
+
+def test_an_exchange_at_the_backward_marks_instant_follows_every_reduce():
+    # The optimizer step needs every gradient: an exchange issued at the mark's own time (no
+    # time between them on the trace's clock) starts after the last streamed reduce, not
+    # beside it.
+    r, t, g = _times()
+    t1, t0 = F + B1, F + B1 + B0
+    rs1 = t1 + r[1]
+    ar1 = rs1 + t[1]
+    rs0 = max(t0, rs1) + r[0]
+    backward = max(rs0, ar1) + t[0]
+    replay = simulate(scripted_trace(instant=True), _topology(), algorithm="ring",
+                      overlap="fsdp2")
+    assert replay.frame["step_time_s"].tolist() == pytest.approx([backward + g] * 2, rel=1e-9)
 
 
 def test_marks_change_nothing_when_replayed_as_recorded():
