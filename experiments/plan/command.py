@@ -353,7 +353,8 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
              f"intra-node: {args.intra_bw}, {args.intra_lat} a message (declared); {network}; "
              f"algorithm {args.algorithm}",
              "FSDP2 prefetch: each unit's all-gather overlaps the previous unit's compute "
-             "(forward and backward); nothing is measured, everything is declared",
+             "(forward and backward), one all-gather at a time; nothing is measured, "
+             "everything is declared",
              f"memory per GPU: master params, grads (fp32 shards), optimizer and replicator "
              f"state, FSDP2's gathered working set; activations not counted; GPU memory "
              f"{memory_source}"]

@@ -10,8 +10,11 @@ all-reduce the trace attributes to a unit (issued after that unit's backward mar
 where it was but not waited on there; it starts once the ops before it on its stream are done
 (`Issue.after`: the previous op of its kind, and its unit's reduce-scatter), as on a GPU's
 reduce-scatter and all-reduce streams, and the "backward" mark waits for all of them (FSDP2's
-final callback makes the compute stream wait for the last reduce). Everything else keeps the
-recorded order: all-gathers the next compute needs, and the methods' own exchanges in opt.step.
+final callback makes the compute stream wait for the last reduce). The all-gathers before the
+backward mark (FSDP2's, which the next compute waits for) keep their recorded waits but run one
+at a time, each after the one before it, as on FSDP2's all-gather stream: a prefetch issued at
+the instant the previous all-gather is waited on does not run beside it. The methods' own
+exchanges in opt.step keep the recorded order.
 
 An op waited on after its own step ended (flexdemo-async posts its exchange in one step and
 waits in the next) is carried: its step's program issues it and does not wait; the program of
@@ -286,6 +289,15 @@ class _Streams:
         self.open.append(row)
         return tuple(sorted(after))
 
+    def gathers(self, row: int) -> bool:
+        """Whether the op of `row` is an all-gather (before the backward mark: FSDP2's)."""
+        return self.cols is not None and self.cols["op"][row] == "all_gather"
+
+    def gather(self, row: int) -> tuple[int, ...]:
+        """Put the all-gather of `row` on the all-gather stream; the op it starts after."""
+        before, self.last["all_gather"] = self.last.get("all_gather"), row
+        return () if before is None else (before,)
+
     def join(self) -> list[Item]:
         """Waits for every streamed op still open (the backward mark: the optimizer waits)."""
         waits: list[Item] = [Wait(op) for op in self.open]
@@ -301,6 +313,7 @@ def _program(
 
     A streamed op's recorded wait adds no Wait (its blocked time is not compute either); the
     backward mark (MARK) waits for the streamed ops instead, and starts the optimizer phase.
+    An all-gather before the mark keeps its Wait and starts after the one before it.
     A carried op (row in `carried`) is issued under its carried id; CARRIED_WAIT waits for one.
     """
     streams = streams or _Streams(None)
@@ -324,6 +337,8 @@ def _program(
             cursor = max(cursor, end)
         elif streams.streamed(row):
             program.append(Issue(row, spec, own[occurrence[row]], streams.issue(row)))
+        elif phase == FORWARD_BACKWARD and row not in carried and streams.gathers(row):
+            program.append(Issue(row, spec, own[occurrence[row]], streams.gather(row)))
         else:
             program.append(Issue(carried.get(row, row), spec, own[occurrence[row]]))
     if finish > cursor:

@@ -113,6 +113,53 @@ def test_an_exchange_at_the_backward_marks_instant_follows_every_reduce():
     assert replay.frame["step_time_s"].tolist() == pytest.approx([backward + g] * 2, rel=1e-9)
 
 
+GATHER = (400_000, 300_000, 200_000)  # bytes of three units' all-gathers, in forward order
+C = (0.0001, 0.00015, 0.0003)  # each unit's forward compute: shorter than the next all-gather
+
+
+def prefetch_trace() -> pd.DataFrame:
+    """2 nodes x 2 ranks, a forward as `experiments.plan` writes it: unit 0's all-gather waited
+    on at once; each next unit's all-gather issued at the instant the one before it is waited
+    on (FSDP2's prefetch) and waited on when that unit's compute ends; ops take no time."""
+    topo = _topology()
+    frames = []
+    for rank in range(4):
+        now = [0.0]
+        rec = TraceRecorder(rank, topo, clock=lambda now=now: now[0])
+        node = rank // 2
+        shard = [2 * node, 2 * node + 1]
+
+        def issue(nbytes, now=now, rec=rec, shard=shard):
+            return rec.record_collective("all_gather", shard, False, "ring", nbytes, 0, 0, now[0])
+
+        for step in range(2):
+            rec.begin_step(step)
+            first = issue(GATHER[0])
+            rec.complete(first, now[0], now[0])
+            for unit, seconds in enumerate(C):
+                ahead = issue(GATHER[unit + 1]) if unit + 1 < len(GATHER) else None
+                now[0] += seconds
+                if ahead is not None:
+                    rec.complete(ahead, now[0], now[0])
+            rec.mark_unit_backward(0)
+            rec.mark_backward()
+            rec.end_step(step)
+        frames.append(rec.frame())
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_fsdp2_all_gathers_run_one_at_a_time():
+    # FSDP2's all-gather stream runs them in order: a prefetch issued as the previous one is
+    # waited on starts when it ends. Each prefetch outlasts the compute it hides behind, so the
+    # forward is the all-gathers end to end, then the last unit's compute.
+    intra = _topology().intra
+    g = [collective_volume("all_gather", 2, n, "ring").time(intra) for n in GATHER]
+    assert all(g[k + 1] > C[k] for k in range(len(C) - 1))
+    expected = sum(g) + C[-1]
+    replay = simulate(prefetch_trace(), _topology(), algorithm="ring", overlap="fsdp2")
+    assert replay.frame["step_time_s"].tolist() == pytest.approx([expected] * 2, rel=1e-9)
+
+
 def test_marks_change_nothing_when_replayed_as_recorded():
     plain = simulate(scripted_trace(marks=False), _topology(), algorithm="ring")
     marked = simulate(scripted_trace(), _topology(), algorithm="ring", overlap="recorded")
