@@ -18,9 +18,10 @@ It reads units/ only (whatever shapes are there) and prints, per workload and no
   hold only where its interval excludes 0;
 - time to target on three networks (flat 100 Mbit/s and 1 Gbit/s, 10 ms; 4 sites of N/4 nodes
   with the links of experiments/topologies/sites-1024.toml): each graph's real 16-node trace
-  (traces/, record_traces.sh) replayed by netsim's model at N nodes on the graph rebuilt at N,
-  every trace's compute rescaled to one figure a step (the median of the traces', each replayed
-  on a link too fast to matter), and each unit's emulated loss curve put on that time axis. The
+  of the workload (traces/WORKLOAD/, record_traces.sh) replayed by netsim's model at N nodes on
+  the graph rebuilt at N, every trace's compute rescaled to one figure a step (the median of the
+  workload's traces', each replayed on a link too fast to matter), and each unit's emulated
+  loss curve put on that time axis. The
   target is the complete graph's early val loss (median over its seeds).
 """
 
@@ -135,9 +136,11 @@ def compute_scales(traces: dict[str, RecordedRun]) -> tuple[float, dict[str, flo
 
 def time_table(workload: str, nodes: int, runs: list[RecordedRun]) -> list[str]:
     """Time to target per graph and network at `nodes`, from the traces and the units' curves."""
-    if workload != "vision-tiny":
-        return [f"No {workload} traces in traces/: no time to target.", ""]
-    traces = {name: read_run(HERE / "traces" / name.replace(":", "_")) for name in LABELS}
+    folder = HERE / "traces" / workload
+    if not all((folder / name.replace(":", "_") / "run.json").exists() for name in LABELS):
+        return [f"No {workload} traces of every graph in traces/{workload}/: no time to target.",
+                ""]
+    traces = {name: read_run(folder / name.replace(":", "_")) for name in LABELS}
     compute_s, scales = compute_scales(traces)
     reference = [r.steps for r in runs if label(r) == REFERENCE]
     if not reference:
