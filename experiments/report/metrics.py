@@ -266,6 +266,13 @@ def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+EMULATED_NOTE = ("Emulated units (`[emulate] nodes`, the variants ending `nodes=N`): N replicas "
+                 "trained in one process (`flexbench run --emulate`), each timed by its recorded "
+                 "unit's trace replayed at N nodes with the emulated loss curve on that time "
+                 "axis; they measure no bytes (\"-\" below), and each node count is scored "
+                 "against the baseline emulated there.")
+
+
 def summary_markdown(runs: pd.DataFrame, *, basis: str = COMPUTE_BASIS,
                      recorded: pd.DataFrame | None = None) -> str:
     """The sweep's headline tables in Markdown: time-to-target and speed-up, validation, bytes.
@@ -281,6 +288,8 @@ def summary_markdown(runs: pd.DataFrame, *, basis: str = COMPUTE_BASIS,
     sim = runs[(runs["source"] == "sim") & runs.get("on_grid", True)]
     if not sim.empty:
         parts.extend(_time_to_target_section(sim, target, basis))
+    if "emulated" in runs.columns and runs["emulated"].eq(True).any():
+        parts.append(EMULATED_NOTE + "\n")
     measured = runs[runs["source"] == "measured"]
     if not measured.empty:
         parts.append("### Cost model vs wall-shaped real runs\n")

@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         for u in units:
             where = "" if u.network is None else f" @ {u.network.label} (wall)"
-            print(f"{u.kind:8s} {u.id}{where}")
+            print(f"{'emulate' if u.emulated else u.kind:8s} {u.id}{where}")
         print(f"{len(units)} units, {len(cfg.networks)} network points -> {out}")
         print(estimate_text(units, out, args.estimate_from))
         return 0

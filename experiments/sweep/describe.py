@@ -3,7 +3,9 @@
     nodes, gpus_per_node, cluster   the unit's shape ("8x1"), from its config
     graph                 the gossip graph (None for methods that do not gossip over a fixed one)
     graph_degree          peers a rank sent to per training step, mean over steps and ranks,
-                          counted from trace.parquet (NaN when the run sent nothing point to point)
+                          counted from trace.parquet (NaN when the run sent nothing point to point);
+                          an emulated run has no trace: its steps' graphs' mean degree at its
+                          node count (`flexdemo.graphs.mean_degree`)
     replica_variance, consensus_distance   mean over the run's evaluations (steps.parquet)
 """
 
@@ -19,8 +21,8 @@ from experiments.sweep.plan import Unit
 from flexdemo.methods import RECORDS
 from netsim.trace import TRAIN
 
-__all__ = ["GRAPH_METHODS", "SPREAD_COLUMNS", "graph_label", "mean_degree", "run_columns",
-           "unit_columns"]
+__all__ = ["GRAPH_METHODS", "SPREAD_COLUMNS", "graph_label", "graphs_degree", "mean_degree",
+           "run_columns", "unit_columns"]
 
 # Methods whose `graph` setting says who talks to whom (those that read the graph knob); Ada's
 # adaptive graph joins when merged.
@@ -37,16 +39,33 @@ def graph_label(unit: Unit) -> str | None:
 def unit_columns(unit: Unit) -> dict[str, Any]:
     """The columns known from the unit's config alone (also for units that never finished)."""
     return {"nodes": unit.config.nodes, "gpus_per_node": unit.config.gpus_per_node,
-            "cluster": unit.cluster, "graph": graph_label(unit)}
+            "cluster": unit.cluster, "graph": graph_label(unit), "emulated": unit.emulated,
+            "recorded_unit": unit.recorded.id if unit.recorded else None}
 
 
-def run_columns(run_dir: Path, steps: pd.DataFrame) -> dict[str, float]:
-    """The columns measured from a finished run: mean graph degree and mean replica spread."""
-    out = {"graph_degree": mean_degree(run_dir / "trace.parquet", len(steps))}
+def run_columns(run_dir: Path, steps: pd.DataFrame, emulated_nodes: int | None = None
+                ) -> dict[str, float]:
+    """The columns measured from a finished run: mean graph degree and mean replica spread.
+
+    `emulated_nodes`: the run was emulated at that node count (no trace to count sends in)."""
+    degree = (mean_degree(run_dir / "trace.parquet", len(steps)) if emulated_nodes is None
+              else graphs_degree(steps, emulated_nodes))
+    out = {"graph_degree": degree}
     for col in SPREAD_COLUMNS:
         values = steps[col].dropna() if col in steps.columns else pd.Series(dtype=float)
         out[col] = float(values.mean()) if len(values) else math.nan
     return out
+
+
+def graphs_degree(steps: pd.DataFrame, nodes: int) -> float:
+    """The mean degree at `nodes` of the graph each step mixed on (steps' `graph`); NaN if none."""
+    from flexdemo.graphs import mean_degree as graph_degree
+
+    graphs = steps["graph"].dropna() if "graph" in steps.columns else pd.Series(dtype=str)
+    if graphs.empty:
+        return math.nan
+    degrees = {g: graph_degree(g, nodes) for g in graphs.unique()}
+    return float(graphs.map(degrees).mean())
 
 
 def mean_degree(trace_path: Path, steps: int) -> float:

@@ -5,7 +5,8 @@
 Each pending unit's time is its steps times the seconds per step that runs of its method took
 on the same workload and cluster shape in a reference sweep folder (`train_time_s` over
 `steps` in each run.json: the training loop, evaluations included; process start-up and
-scoring are not counted). A method the reference lacks takes the median of the others. The
+scoring are not counted). A method the reference lacks takes the median of the others. An
+emulated unit (`[emulate]`) is not estimated: the emulator records no training time. The
 reference is the sweep's own folder when it holds runs, else results/quick.
 """
 
@@ -47,7 +48,10 @@ def estimate_text(units: list[Unit], out: Path, reference: Path | None = None) -
         return f"every unit is done in {out}: a rerun trains nothing and only re-scores."
     rates = seconds_per_step(reference)
     total, guessed = 0.0, 0
-    for unit in pending:
+    emulated = [u for u in pending if u.emulated]
+    unsized = (f"; {len(emulated)} emulated unit(s) not estimated (the emulator records no "
+               "training time)") if emulated else ""
+    for unit in (u for u in pending if not u.emulated):
         c = unit.config
         steps = c.steps or BUILTIN_BUDGETS.get(c.workload, (None,))[0]
         if steps is None:
@@ -66,4 +70,4 @@ def estimate_text(units: list[Unit], out: Path, reference: Path | None = None) -
     other = f"; {guessed} unit(s) of a method it lacks at the others' median" if guessed else ""
     return (f"{len(pending)} unit(s) to run, about {total / 60:.0f} min of training (seconds "
             f"per step of each method's runs in {reference}{other}; start-up and scoring not "
-            "counted, a loaded machine takes longer).")
+            f"counted, a loaded machine takes longer){unsized}.")

@@ -42,6 +42,8 @@ class Job:
     config: dict[str, Any]
     out_dir: Path
     failure_path: Path
+    emulated: bool = False
+    """Trained by `experiments.run.emulate.emulate` (one process) instead of the launcher."""
 
 
 @dataclass
@@ -83,15 +85,25 @@ def default_launcher() -> Launcher:
     return launch
 
 
+def _emulator() -> Launcher:
+    """The emulator, for emulated units: a launcher's signature, one process."""
+    from experiments.run.emulate import emulate
+
+    return emulate
+
+
 def run_unit(job: Job, timeout_s: float | None, launcher: Launcher | None = None) -> UnitResult:
     """Run one unit; on any crash or timeout write its failure record instead of raising."""
-    launch = launcher or default_launcher()
+    launch = _emulator() if job.emulated else launcher or default_launcher()
     from experiments.config import RunConfig
 
     start = time.monotonic()
     out_dir = Path(job.out_dir)
     if _slurm_task_rank() > 0:
-        # Every task of a multi-node job runs its rank; rank 0 alone writes and records.
+        # Every task of a multi-node job runs its rank; rank 0 alone writes and records. An
+        # emulated unit is one process: rank 0's.
+        if job.emulated:
+            return UnitResult(job.unit_id, True, None, time.monotonic() - start)
         try:
             launch(RunConfig.from_dict(job.config), out_dir, timeout_s=timeout_s)
         except Exception as err:

@@ -1,7 +1,13 @@
 """A sweep's units and its folder: which runs exist, where each lives, and how far it got.
 
     units/<unit>/         one launch() result: steps.parquet, trace.parquet, run.json
+                          (an emulated unit: steps.parquet and run.json, no trace)
     failed/<unit>.json    the error of a unit that crashed, stalled or timed out
+
+An emulated unit (`[emulate] nodes`) is a training unit at another node count, trained by
+`flexbench run --emulate`: its settings are its recorded unit's with `nodes` changed (a knob of
+its label, so `gossip[graph=ring,nodes=64]`), and its time axis is that recorded unit's trace
+replayed at its node count.
 
 A unit is done once its run.json exists, failed while its failure record exists, else pending.
 """
@@ -37,6 +43,13 @@ class Unit:
     seed: int
     config: RunConfig
     network: NetworkPoint | None = None
+    recorded: Unit | None = None
+    """An emulated unit's recorded unit, whose trace times it; None for a unit that records."""
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the unit is trained by the emulator (no time, no trace of its own)."""
+        return self.recorded is not None
 
     @property
     def variant(self) -> str:
@@ -68,6 +81,8 @@ def units_of(cfg: SweepConfig) -> list[Unit]:
                 unit = _unit("train", cfg, method, knobs, seed, None)
                 units.append(unit)
                 by_key[(method, knob_label(knobs), seed)] = unit
+    units += [_emulated_unit(cfg, unit, nodes) for nodes in cfg.emulate_nodes
+              for unit in list(by_key.values())]
     for i, entry in enumerate(cfg.validate):
         units.append(_validate_unit(cfg, entry, i, by_key))
     ids = [u.id for u in units]
@@ -106,6 +121,16 @@ def _unit(
     except ConfigError as err:
         raise ConfigError(f"unit {unit_id}: {err}") from None
     return Unit(unit_id, kind, method, knobs, seed, run_cfg, network)
+
+def _emulated_unit(cfg: SweepConfig, recorded: Unit, nodes: int) -> Unit:
+    """`recorded` at `nodes` nodes, trained by the emulator and timed by its recorded trace."""
+    unit = _unit("train", cfg, recorded.method, {**recorded.knobs, "nodes": nodes}, recorded.seed,
+                 None)
+    unit.id = slug(f"{unit.id}-emulated")
+    unit.config = unit.config.replace(extra={**unit.config.extra, "unit": unit.id,
+                                             "emulated": True, "recorded_unit": recorded.id})
+    unit.recorded = recorded
+    return unit
 
 def _validate_unit(
     cfg: SweepConfig, entry: dict[str, Any], index: int, trained: dict[tuple[str, str, int], Unit]

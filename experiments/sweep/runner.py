@@ -70,7 +70,7 @@ def _run_units(cfg: SweepConfig, out: Path, units: list[Unit], *, executor: str 
         RunFolder(unit_dir(out, unit)).remove_dead()
     pending = [u for u in units if unit_state(out, u) == "pending"
                or (retry_failed and unit_state(out, u) == "failed")]
-    jobs = [Job(u.id, u.config.to_dict(), unit_dir(out, u), failure_path(out, u))
+    jobs = [Job(u.id, u.config.to_dict(), unit_dir(out, u), failure_path(out, u), u.emulated)
             for u in pending]
     params = {k: v for k, v in cfg.executor.items() if k not in ("kind", "folder")}
     folder = Path(cfg.executor.get("folder", out / "submitit"))

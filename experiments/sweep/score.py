@@ -15,7 +15,11 @@
 
 Every unit is replayed at its own recorded cluster shape (only the network point changes), so
 its time to target uses its own loss curve and no loss rule (`experiments.replay.loss_curve`)
-applies; a sweep cannot replay a unit at another node count.
+applies. An emulated unit (`[emulate] nodes`) is the one replayed at another node count: its
+recorded unit's trace at the emulated unit's node count (`simulate_run(..., nodes=N)`), with
+the emulated unit's own loss curve there; it measured no bytes (those columns are NaN), its
+graph degree is its graphs' at N, and its cluster (N x 1) is scored against the baseline
+emulated at N.
 
 A diverged run (run.json status "diverged") and a failed unit count as never reaching the target.
 Each unit is scored against the baseline of its own cluster when hsdp-adamw runs on several
@@ -162,6 +166,10 @@ def _time_unit(
             row.update(status="sim-failed", error=f"{type(err).__name__}: {err}")
             return row, None
         steps = steps.merge(axis[["step", "step_time_s", "time_s"]], on="step", how="left")
+        if unit.emulated and steps.dropna(subset=["val_loss"])["time_s"].isna().any():
+            row.update(status="sim-failed", error=f"the replay of {unit.recorded.id} covers "
+                       f"fewer steps than {unit.id} trained")
+            return row, None
     else:
         steps = steps.assign(time_s=steps["wall_time_s"],
                              step_time_s=steps["wall_time_s"].diff().fillna(steps["wall_time_s"]))
@@ -177,11 +185,11 @@ def _time_unit(
         final_time_s=float(steps["time_s"].iloc[-1]) if len(steps) else math.nan,
         steps=int(steps["step"].max()) if len(steps) else 0,
         evaluations=len(evals),
-        inter_bytes_per_step=float(steps["inter_bytes_sent"].mean()),
-        inter_bytes_received_per_step=float(steps["inter_bytes_received"].mean()),
-        inter_calls_per_step=float(steps["inter_calls"].mean()),
-        intra_bytes_per_step=float(steps["intra_bytes"].mean()),
-        **run_columns(run_dir, steps),
+        inter_bytes_per_step=_mean(steps, "inter_bytes_sent"),
+        inter_bytes_received_per_step=_mean(steps, "inter_bytes_received"),
+        inter_calls_per_step=_mean(steps, "inter_calls"),
+        intra_bytes_per_step=_mean(steps, "intra_bytes"),
+        **run_columns(run_dir, steps, unit.config.nodes if unit.emulated else None),
     )
     keys = {k: row[k] for k in KEY_COLUMNS}
     # A run's own per-step `graph` (the graph Ada or gossip mixed on) would clash with the unit
@@ -189,15 +197,30 @@ def _time_unit(
     steps = steps.rename(columns={"graph": "step_graph"})
     return row, steps.assign(**keys)
 
+def _mean(steps: pd.DataFrame, column: str) -> float:
+    """A per-step figure's mean; NaN where the run measured none (an emulated run)."""
+    return float(steps[column].mean()) if column in steps.columns else math.nan
+
+
 def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulator) -> pd.DataFrame:
-    """The unit's simulated time axis at one network point, cached on disk by content."""
-    key = hashlib.sha256(run_digest(unit_dir(out, unit)).encode())
+    """The unit's simulated time axis at one network point, cached on disk by content.
+
+    An emulated unit's is its recorded unit's trace replayed at the emulated node count."""
+    recorded = unit.recorded or unit
+    if unit_state(out, recorded) != "done":
+        raise ValueError(f"its recorded unit {recorded.id} has no finished run to replay")
+    network = {"inter_bw": net.inter_bw, "inter_lat": net.inter_lat}
+    if unit.emulated:
+        network["nodes"] = unit.config.nodes
+    key = hashlib.sha256(run_digest(unit_dir(out, recorded)).encode())
     key.update(repr((net.link.bandwidth, net.link.latency)).encode())  # exact, not the label
+    if unit.emulated:  # a recorded unit's key stays what it was: its cached axes still hold
+        key.update(f"nodes={unit.config.nodes}".encode())
     key.update(_model_digest().encode())
     cache = out / "sim" / unit.id / f"{net.slug}-{key.hexdigest()[:16]}.parquet"
     if cache.exists():
         return pd.read_parquet(cache)
-    axis = simulate(unit_dir(out, unit), inter_bw=net.inter_bw, inter_lat=net.inter_lat).frame
+    axis = simulate(unit_dir(out, recorded), **network).frame
     missing = {"step", "step_time_s", "time_s"} - set(axis.columns)
     if missing:
         raise ValueError(f"the simulator returned no {sorted(missing)} columns")

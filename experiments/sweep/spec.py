@@ -3,7 +3,9 @@
 A sweep file has a `[run]` table (any RunConfig setting, the same names as `flexbench run`'s
 flags), a `[grid]` (methods, inter_bw, inter_lat, seeds, per-method `[grid.knobs.METHOD]` and
 `[[grid.variants]]`: one method at fixed settings, trained beside its plain runs), an
-optional `[target]`, `[[validate]]` points and an `[executor]`. Overrides use dotted keys into
+optional `[target]`, `[[validate]]` points, `[emulate]` node counts (each training unit's
+loss curve emulated there, timed by replaying the unit's own trace at that count) and an
+`[executor]`. Overrides use dotted keys into
 that tree: `--set run.steps=50`, `--set grid.seeds=[0]`.
 """
 
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["GRID_KEYS", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig",
            "network_point", "parse_config", "read_config", "slug"]
 
-TOP_KEYS = ("name", "timeout_s", "run", "grid", "target", "validate", "executor")
+TOP_KEYS = ("name", "timeout_s", "run", "grid", "target", "validate", "emulate", "executor")
 
 GRID_KEYS = ("methods", "inter_bw", "inter_lat", "seeds", "knobs", "variants")
 
@@ -81,13 +83,17 @@ class SweepConfig:
     timeout_s: float | None
     executor: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+    emulate_nodes: list[int] = field(default_factory=list)
+    """[emulate] nodes: the node counts each training unit is also emulated at."""
 
     def fingerprint(self) -> str:
         """Hash of everything that decides the runs (not where they run, nor how they are scored).
 
-        The target only scores finished runs, so a folder can be re-scored with another one.
+        The target only scores finished runs, so a folder can be re-scored with another one;
+        [emulate] only adds units beside the recorded ones, so a sweep can gain node counts.
         """
-        body = {k: v for k, v in self.raw.items() if k not in ("executor", "timeout_s", "target")}
+        body = {k: v for k, v in self.raw.items()
+                if k not in ("executor", "timeout_s", "target", "emulate")}
         text = json.dumps(body, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -144,11 +150,42 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
         target=target, target_fraction=fraction, validate=validate, timeout_s=timeout,
         executor=executor, raw=raw,
     )
+    cfg.emulate_nodes = _emulate(raw, cfg)
     _unread_run_knobs(run, methods)
     if target is None and BASELINE not in methods:
         raise ConfigError(f"without [target] val_loss the target comes from {BASELINE}; add "
                           f"{BASELINE!r} to grid.methods or set target.val_loss.")
     return cfg
+
+def _emulate(raw: dict[str, Any], cfg: SweepConfig) -> list[int]:
+    """[emulate] nodes: node counts every training unit is emulated at (`flexbench run
+    --emulate`), each needing what an emulated run needs and one rank a node."""
+    from experiments.run.emulate import EMULATED_METHODS
+
+    table = _table(raw, "emulate")
+    if not table:
+        return []
+    _known("[emulate]", table, ("nodes",))
+    nodes = [POSITIVE_INT.check("emulate.nodes", n) for n in _nonempty_list(table, "nodes", int,
+                                                                            "emulate")]
+    if cfg.run.gpus_per_node != 1:
+        raise ConfigError(f"[emulate] trains one replica a node, so its units' recordings must "
+                          f"have one rank a node too; set run.gpus_per_node = 1 (it is "
+                          f"{cfg.run.gpus_per_node}).")
+    for n in nodes:
+        if n == cfg.run.nodes:
+            raise ConfigError(f"emulate.nodes lists {n}, the recorded units' own node count; "
+                              "give only other node counts.")
+    uncovered = [m for m in cfg.methods if m not in EMULATED_METHODS]
+    if uncovered:
+        raise ConfigError(f"[emulate] does not cover method {uncovered[0]!r} of grid.methods; "
+                          f"it covers {', '.join(EMULATED_METHODS)}.")
+    gridded = [m for m, knobs in cfg.knobs.items() if "nodes" in knobs]
+    gridded += [m for m, settings in cfg.variants if "nodes" in settings]
+    if gridded:
+        raise ConfigError(f"[emulate] and a nodes setting of {gridded[0]} in [grid] do not mix "
+                          "(an emulated unit's node count is its own); drop one of them.")
+    return nodes
 
 def _top_keys(raw: dict[str, Any]) -> None:
     """Only a sweep file's own keys at its top; a run setting there belongs in [run]."""
@@ -264,19 +301,20 @@ def _table(raw: dict[str, Any], key: str) -> dict[str, Any]:
         raise ConfigError(f"[{key}] must be a table, got {value!r}.")
     return value
 
-def _nonempty_list(grid: dict[str, Any], key: str, kind: type) -> list[Any]:
+def _nonempty_list(grid: dict[str, Any], key: str, kind: type,
+                   table: str = "grid") -> list[Any]:
     value = grid.get(key)
     if value is None:
-        raise ConfigError(f"grid.{key} is missing; give a non-empty list.")
+        raise ConfigError(f"{table}.{key} is missing; give a non-empty list.")
     if not isinstance(value, list):
         value = [value]  # a single value is a one-point axis
     if not value:
-        raise ConfigError(f"grid.{key} is empty; give at least one value.")
+        raise ConfigError(f"{table}.{key} is empty; give at least one value.")
     for item in value:
         if not isinstance(item, kind) or isinstance(item, bool):
-            raise ConfigError(f"grid.{key} takes {kind.__name__} values, got {item!r}.")
+            raise ConfigError(f"{table}.{key} takes {kind.__name__} values, got {item!r}.")
     if len(set(map(str, value))) != len(value):
-        raise ConfigError(f"grid.{key} lists a value twice: {value!r}.")
+        raise ConfigError(f"{table}.{key} lists a value twice: {value!r}.")
     return list(value)
 
 def network_point(bw: str, lat: str) -> NetworkPoint:
