@@ -52,22 +52,29 @@ def estimate_text(units: list[Unit], out: Path, reference: Path | None = None) -
     unsized = (f"; {len(emulated)} emulated unit(s) not estimated (the emulator records no "
                "training time)") if emulated else ""
     for unit in (u for u in pending if not u.emulated):
-        c = unit.config
-        steps = c.steps or BUILTIN_BUDGETS.get(c.workload, (None,))[0]
-        if steps is None:
-            return (f"{len(pending)} unit(s) to run; no estimate: the steps of unit {unit.id} are "
-                    f"workload {c.workload!r}'s own budget, which a dry run does not load; set "
-                    "run.steps to estimate.")
-        shape = (c.workload, c.nodes, c.gpus_per_node)
-        rate = rates.get((unit.method, *shape))
-        if rate is None:
-            alike = [r for k, r in rates.items() if k[1:] == shape]
-            if not alike:
-                return (f"{len(pending)} unit(s) to run; no estimate: {str(reference)!r} holds "
-                        f"no run of {c.workload} on {c.nodes}x{c.gpus_per_node} to time from.")
-            rate, guessed = statistics.median(alike), guessed + 1
-        total += rate * steps
+        timed = _unit_seconds(unit, rates, reference)
+        if isinstance(timed, str):
+            return f"{len(pending)} unit(s) to run; no estimate: {timed}"
+        total, guessed = total + timed[0], guessed + timed[1]
     other = f"; {guessed} unit(s) of a method it lacks at the others' median" if guessed else ""
     return (f"{len(pending)} unit(s) to run, about {total / 60:.0f} min of training (seconds "
             f"per step of each method's runs in {reference}{other}; start-up and scoring not "
             f"counted, a loaded machine takes longer){unsized}.")
+
+
+def _unit_seconds(unit: Unit, rates: dict, reference: Path) -> tuple[float, bool] | str:
+    """A unit's training seconds and whether its method's rate was guessed, or why it can't be."""
+    c = unit.config
+    steps = c.steps or BUILTIN_BUDGETS.get(c.workload, (None,))[0]
+    if steps is None:
+        return (f"the steps of unit {unit.id} are workload {c.workload!r}'s own budget, which a "
+                "dry run does not load; set run.steps to estimate.")
+    shape = (c.workload, c.nodes, c.gpus_per_node)
+    rate = rates.get((unit.method, *shape))
+    if rate is not None:
+        return rate * steps, False
+    alike = [r for k, r in rates.items() if k[1:] == shape]
+    if not alike:
+        return (f"{str(reference)!r} holds no run of {c.workload} on "
+                f"{c.nodes}x{c.gpus_per_node} to time from.")
+    return statistics.median(alike) * steps, True
