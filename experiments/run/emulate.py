@@ -51,28 +51,32 @@ _PRELOAD = ("flexdemo.build", "flexdemo.hsdp", "flexdemo.optimizer", "flexdemo.r
 
 def estimate_bytes(nodes: int, params: int, activation_bytes: int, peers: int = 0) -> int:
     """Memory an emulated run of `nodes` replicas needs, roughly: each of `params` parameters
-    and `activation_bytes` saved by a forward, and receiving `peers` gossip messages a round."""
+    and `activation_bytes` saved by a forward, and `peers` gossip messages held at once."""
     from flexdemo.replicators.gossip import message_bytes
 
-    # Every replica holds one receive buffer a peer while a round's messages are in flight
-    # (GossipReplicator._exchange), and all replicas are in the same round at once: on the
-    # complete graph that is nodes x (nodes - 1) copies of the parameters.
+    # Every replica holds one receive buffer a peer of its exchange window while the window's
+    # messages are in flight (GossipReplicator._exchange), and all replicas are in the same
+    # round at once: on the complete graph at 64 nodes that is 64 x 63 copies of the parameters.
     inbox = peers * message_bytes([params])
     return _PROCESS_BASE + nodes * (_COPIES * 4 * params + activation_bytes + inbox
                                     + _REPLICA_OVERHEAD)
 
 
 def inbox_peers(cfg: RunConfig) -> int:
-    """The most gossip messages a replica receives in one round: its graph's largest degree, for
+    """The most gossip messages a replica holds at once: its graph's largest exchange window
+    (its degree, or :data:`~flexdemo.replicators.gossip.RECEIVE_LIMIT` on a denser graph), for
     Ada the largest over its ladder (it starts on the densest rung); 0 for the other methods."""
-    from flexdemo.graphs import degree_of, graph_ladder, period
+    from flexdemo.graphs import graph_ladder, peers, period
+    from flexdemo.replicators.gossip import exchange_windows
 
     if not cfg.record.gossips:
         return 0
     graph = cfg.knob_values().get("graph")
     graphs = [graph] if graph is not None else graph_ladder(cfg.nodes)
-    return max(degree_of(g, cfg.nodes, node, step) for g in graphs
-               for step in range(period(g, cfg.nodes)) for node in range(cfg.nodes))
+    return max(len(window) for g in graphs for step in range(period(g, cfg.nodes))
+               for node in range(cfg.nodes)
+               for window in exchange_windows(sorted(peers(g, cfg.nodes, node, step)),
+                                              cfg.nodes, node))
 
 
 def replica_size(workload: Any, batch_size: int) -> tuple[int, int]:
@@ -126,7 +130,7 @@ def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
     peers = inbox_peers(cfg)
     need, have = estimate_bytes(cfg.nodes, params, activations, peers), _available_bytes()
     if need > have:
-        inbox = f", {peers} peers' messages a round" if peers else ""
+        inbox = f", {peers} peers' messages at once" if peers else ""
         raise ConfigError(f"--emulate with {cfg.nodes} replicas of {cfg.workload} ({params:,} "
                           f"parameters, {activations / 2**20:.0f} MiB of activations a "
                           f"forward{inbox}) needs about {need / 2**30:.1f} GiB and this machine "

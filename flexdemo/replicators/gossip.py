@@ -20,13 +20,39 @@ def message_bytes(numels: list[int], itemsize: int = 4) -> int:
     return sum(numels) * itemsize
 
 
+RECEIVE_LIMIT = 64
+"""The most peers a replica exchanges with at once. A round with more peers goes in windows
+(:func:`exchange_windows`), so a replica holds at most this many received messages: 256
+replicas on the complete graph would otherwise hold 255 each, 65,280 copies of the model."""
+
+
+def exchange_windows(peers: list[int], nodes: int, node: int) -> list[list[int]]:
+    """``node``'s ``peers`` in the windows it exchanges with one after another.
+
+    One window when they are at most :data:`RECEIVE_LIMIT`; else by ring distance,
+    ``RECEIVE_LIMIT // 2`` distances a window (at most ``RECEIVE_LIMIT`` peers). A pair's
+    distance is the same from both ends, so both post their messages in the same window, and
+    ranks that take windows in order cannot wait on each other in a cycle (on gloo, or on
+    NCCL, whose grouped sends and receives run in order).
+    """
+    if len(peers) <= RECEIVE_LIMIT:
+        return [sorted(peers)]
+    windows: dict[int, list[int]] = {}
+    for peer in sorted(peers):
+        offset = (peer - node) % nodes
+        windows.setdefault((min(offset, nodes - offset) - 1) // (RECEIVE_LIMIT // 2),
+                           []).append(peer)
+    return [windows[k] for k in sorted(windows)]
+
+
 class GossipReplicator(Replicator):
     """Decentralized data parallel: each node mixes its parameters with its neighbours' only.
 
     Every step (every ``replicate_every``-th) each replica first takes its own base step (AdamW,
     no sign, by default), then sends its local shards, in one flat buffer, to each neighbour of
     the communication ``graph`` (see :mod:`flexdemo.graphs`) and receives theirs, point to point
-    (``dist.batch_isend_irecv``): one message each way per neighbour, nothing else. The new
+    (``dist.batch_isend_irecv``): one message each way per neighbour, nothing else, all in
+    flight at once (in windows of peers when there are more than :data:`RECEIVE_LIMIT`). The new
     shard is row i of the mixing matrix applied to the replicas: ``w_ii x_i + sum_j w_ij x_j``.
     Under FSDP2 each rank gossips its shard with the same-index ranks of the neighbour nodes,
     which is what the replication group (one rank per node) connects.
@@ -69,10 +95,11 @@ class GossipReplicator(Replicator):
         if not theirs or not params:
             return
         flat = torch.cat([p.reshape(-1) for p in params])
-        inbox = self._exchange(flat, sorted(theirs), stats)
-        mixed = flat.mul_(own)
-        for peer, received in inbox.items():
-            mixed.add_(received, alpha=theirs[peer])
+        mixed = flat * own  # a copy: ``flat`` is in flight until the last window is done
+        for window in exchange_windows(list(theirs), self.ranks, self.node):
+            inbox = self._exchange(flat, window, stats)
+            for peer in window:  # popped: a window's messages are freed as they are mixed in
+                mixed.add_(inbox.pop(peer), alpha=theirs[peer])
         offset = 0
         for p in params:
             p.copy_(mixed[offset:offset + p.numel()].view_as(p))

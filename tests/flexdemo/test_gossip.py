@@ -83,8 +83,12 @@ def test_gossip_on_2_sites_of_2_nodes_mixes_by_the_site_graph():
     run_ranks(_mixes_by_the_matrix, 4, "sites:2")
 
 
-def _mixes_by_the_matrix(rank, world, graph):
+def _mixes_by_the_matrix(rank, world, graph, receive_limit=None):
     """A gossip round replaces node i's parameters by row i of W applied to all the replicas."""
+    if receive_limit is not None:
+        from flexdemo.replicators import gossip
+
+        gossip.RECEIVE_LIMIT = receive_limit  # this rank's process only
     _, _, _, opt = shaped_world(rank, world, 1, "gossip", graph=graph)
     try:
         values = [float((k + 1) ** 2) for k in range(world)]  # one distinct value per node
@@ -95,6 +99,47 @@ def _mixes_by_the_matrix(rank, world, graph):
         assert params[0].tolist() == pytest.approx([expected] * 5, rel=1e-12)
     finally:
         shaping.uninstall()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_a_round_in_windows_of_peers_still_mixes_by_the_matrix(monkeypatch):
+    # With at most 2 peers at once, the complete graph on 4 nodes (3 peers) goes in two
+    # windows: the 2 nodes at ring distance 1, then the one at distance 2.
+    from flexdemo.replicators import gossip
+
+    monkeypatch.setattr(gossip, "RECEIVE_LIMIT", 2)
+    assert gossip.exchange_windows([1, 2, 3], 4, 0) == [[1, 3], [2]]
+    run_ranks(_mixes_by_the_matrix, 4, "complete", 2)
+
+
+@pytest.mark.parametrize("graph", ["complete", "exponential", "sites:4", "torus", "ring"])
+@pytest.mark.parametrize("limit", [64, 8])
+def test_ranks_taking_their_windows_in_order_all_finish(graph, limit, monkeypatch):
+    # The strictest schedule (NCCL's: a rank posts its next window only when its current one
+    # is done, and a window is done only when every peer in it is at the window holding the
+    # pair) must finish on every graph: no ranks wait on each other in a cycle.
+    from flexdemo.replicators import gossip
+
+    monkeypatch.setattr(gossip, "RECEIVE_LIMIT", limit)
+    nodes = 256
+    windows = {node: gossip.exchange_windows(graphs.peers(graph, nodes, node), nodes, node)
+               for node in range(nodes)}
+    for node, mine in windows.items():
+        assert sorted(p for w in mine for p in w) == sorted(graphs.peers(graph, nodes, node))
+        assert all(0 < len(w) <= limit for w in mine)
+        # A round with no more peers than the limit is as before: every message in flight.
+        assert (len(mine) == 1) == (len(graphs.peers(graph, nodes, node)) <= limit)
+    at = dict.fromkeys(windows, 0)
+    while any(at[n] < len(windows[n]) for n in windows):
+        ready = [n for n in windows if at[n] < len(windows[n])
+                 and all(at[p] < len(windows[p]) and n in windows[p][at[p]]
+                         for p in windows[n][at[n]])]
+        assert ready, f"{graph}: windows wait on each other in a cycle"
+        for n in ready:
+            at[n] += 1
+    if graph == "complete" and limit == 64:  # distances 1-32, 33-64, 65-96, 97-128
+        assert [len(w) for w in windows[0]] == [64, 64, 64, 63]
 
 
 @pytest.mark.dist
