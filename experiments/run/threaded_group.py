@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -234,6 +235,7 @@ def threaded_world(size: int, timeout_s: float = 600.0,
     with _MAILBOX_LOCK:
         _MAILBOXES.clear()
     multithreaded_autograd = torch._C._is_multithreading_enabled()
+    excepthook = sys.excepthook
     _mtpg._install_threaded_pg()
     # The C++ registry of groups by name is per thread too (every thread names its groups alike).
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
@@ -244,6 +246,9 @@ def threaded_world(size: int, timeout_s: float = 600.0,
         _mtpg._uninstall_threaded_pg()
         # Each threaded group turns autograd's multithreading off when made and never back on.
         torch.autograd.set_multithreading_enabled(multithreaded_autograd)
+        # Every rank's init_process_group wraps sys.excepthook to prefix "[rankN]: " and never
+        # unwraps it: left, a later error of this process would print with `size` prefixes.
+        sys.excepthook = excepthook
         _mtpg.ProcessLocalGroup.reset()
         with _MAILBOX_LOCK:
             _MAILBOXES.clear()

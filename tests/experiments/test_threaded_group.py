@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -29,6 +31,7 @@ def _collectives(rank: int) -> tuple[list[float], list[float], list[float], int]
 @pytest.mark.timeout(60)
 def test_threads_are_ranks_with_collectives_and_messages():
     assert torch.__version__.startswith("2.13"), "the threaded group is checked on torch 2.13"
+    hook = sys.excepthook
     with threaded_world(4, timeout_s=30) as world:
         results = world.run(_collectives, deadline_s=50)
     for rank, (total, gathered, inbox, me) in enumerate(results):
@@ -38,6 +41,7 @@ def test_threads_are_ranks_with_collectives_and_messages():
         assert inbox == [source, 2.0 * source]
     assert not dist.is_initialized()  # the calling thread's world is restored
     assert torch._C._is_multithreading_enabled()  # and autograd's setting
+    assert sys.excepthook is hook  # and the process's excepthook, unwrapped by no rank
 
 
 @pytest.mark.timeout(60)
