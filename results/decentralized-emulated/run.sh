@@ -17,18 +17,12 @@ unit() {  # workload nodes seed method [graph]
   flexbench run --emulate --method "$method" ${graph:+--graph "$graph"} --nodes "$nodes" \
     --workload "$workload" --steps "$steps" --eval-every 10 --seed "$seed" --out "$out"
 }
-# At 256 nodes the complete graph (and Ada, which starts on it) holds 256 x 255 receive buffers
-# of vision-tiny's parameters, about 45 GiB: the emulator refuses them on a 24 GB machine.
-fits() { [[ "$MEMORY_GIB" -ge 48 || "$1" -lt 256 ]]; }
-MEMORY_GIB=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1048576 ))
 for shape in vision-tiny:16 vision-tiny:64 lm-tiny:16 vision-tiny:256 lm-tiny:64; do
   workload=${shape%:*} nodes=${shape#*:}
   for seed in 0 1 2; do
     for graph in "${GRAPHS[@]}"; do
-      if [[ "$graph" != complete ]] || fits "$nodes"; then
-        unit "$workload" "$nodes" "$seed" gossip "$graph"
-      fi
+      unit "$workload" "$nodes" "$seed" gossip "$graph"
     done
-    if fits "$nodes"; then unit "$workload" "$nodes" "$seed" ada; fi
+    unit "$workload" "$nodes" "$seed" ada
   done
 done
