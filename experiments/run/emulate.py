@@ -153,7 +153,7 @@ def emulate(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
     try:
         results = _train_replicas(cfg, timeout_s, quiet)
         write_emulated_run(results, folder.build, {"executor": EMULATED,
-                                                   "emulated": _described(cfg)})
+                                                   "emulated": _described(cfg), **folder.code})
         return folder.commit()
     finally:
         folder.discard()

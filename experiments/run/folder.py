@@ -53,6 +53,8 @@ class RunFolder:
         default = self.out.parent / f".{self.out.name}.partial-{os.getpid()}"
         self.work = Path(work) if work else default
         self.keep = False  # set when the results could not be assembled: discard() keeps them
+        self.code: dict[str, Any] = {}
+        """The versions and git state when the run started (`create`): the code it imported."""
 
     @property
     def build(self) -> Path:
@@ -82,6 +84,10 @@ class RunFolder:
         except OSError as err:
             raise ConfigError(f"output folder {str(self.out)!r} cannot be written: "
                               f"{err.strerror}.") from None
+        # Taken now, not when run.json is written: a commit made while a long run trains is
+        # not the code it runs.
+        self.code = {k: v for k, v in provenance().items()
+                     if k in ("versions", "git_commit", "git_dirty")}
         return self
 
     def remove_dead(self) -> None:

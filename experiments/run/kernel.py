@@ -130,7 +130,8 @@ def run_kernel(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
             kernel["sites"] = [{"nodes": list(site.nodes), "up_bit_s": int(site.up.rate_bps * 8),
                                 "down_bit_s": int(site.down.rate_bps * 8)}
                                for site in net.sites]
-        write_run(results, folder.build, extra={"shaping": "kernel", "kernel": kernel})
+        write_run(results, folder.build,
+                  extra={"shaping": "kernel", "kernel": kernel, **folder.code})
         return folder.commit()
     except RankStalled as err:
         raise RunFailed(str(err)) from None

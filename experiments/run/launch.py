@@ -128,7 +128,7 @@ def _run_spawned(cfg: RunConfig, folder: RunFolder, *, timeout_s: float | None,
 def _assemble(folder: RunFolder, results: list) -> Path:
     """Write OUT from the ranks' results; if that fails (a full disk), keep them and say where."""
     try:
-        write_run(results, folder.build)
+        write_run(results, folder.build, folder.code)
         return folder.commit()
     except OSError as err:
         folder.keep = True  # the training is done: its records must not go with the failure
@@ -179,7 +179,7 @@ def _run_torchrun(cfg: RunConfig, folder: RunFolder) -> Path:
         gathered: list[Any] | None = [None] * world if is_writer else None
         dist.gather_object(result, gathered, dst=0)
         if is_writer:
-            write_run(gathered, folder.build)
+            write_run(gathered, folder.build, folder.code)
             folder.commit()
         dist.barrier()
         return folder.out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -25,3 +26,27 @@ def test_the_cpu_model_is_the_one_proc_cpuinfo_names() -> None:
     if not names:
         pytest.skip("this machine's /proc/cpuinfo names no model (some ARM kernels)")
     assert cpu_model() in names
+
+
+@pytest.mark.timeout(120)
+def test_a_run_records_the_commit_it_started_on(tmp_path: Path, monkeypatch) -> None:
+    # A commit made while a long run trains is not the code the run imported: run.json names
+    # the commit and tree of the run's start.
+    import experiments.run.folder as folder_module
+    from experiments.config import RunConfig
+    from experiments.run.emulate import emulate
+
+    calls = []
+
+    def changing() -> dict:
+        calls.append(1)
+        return {**provenance(), "git_commit": ("a" if len(calls) == 1 else "b") * 40,
+                "git_dirty": len(calls) > 1}
+
+    monkeypatch.setattr(folder_module, "provenance", changing)
+    cfg = RunConfig(method="hsdp-adamw", nodes=2, gpus_per_node=1, workload="vision-tiny",
+                    steps=2, eval_every=2)
+    out = emulate(cfg, tmp_path / "run", quiet=True)
+    meta = json.loads((out / "run.json").read_text())
+    assert len(calls) == 2  # at the start and when run.json was written
+    assert meta["git_commit"] == "a" * 40 and meta["git_dirty"] is False
