@@ -344,7 +344,7 @@ def test_a_run_that_cannot_be_written_keeps_its_results_and_says_where(tmp_path,
     from experiments.errors import RunFailed
     from experiments.run import launch as launch_module
 
-    def disk_full(results, folder):
+    def disk_full(results, folder, extra=None):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(launch_module, "write_run", disk_full)
