@@ -128,6 +128,7 @@ def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
     workload = make_workload(cfg.workload)
     params, activations = replica_size(workload, cfg.batch_size or workload.default_batch_size)
     peers = inbox_peers(cfg)
+    _release_memory()  # an earlier emulated run of this process (a sweep's unit) must not count
     need, have = estimate_bytes(cfg.nodes, params, activations, peers), _available_bytes()
     if need > have:
         inbox = f", {peers} peers' messages at once" if peers else ""
@@ -157,6 +158,20 @@ def emulate(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
         return folder.commit()
     finally:
         folder.discard()
+
+
+def _release_memory() -> None:
+    """Hand freed replicas' memory back to the machine, so that an emulated run is refused by
+    the memory it has available, not by what an earlier run of this process held."""
+    import ctypes
+    import gc
+
+    while gc.collect():  # the replicas sit in reference cycles; freeing some frees more
+        pass
+    try:  # glibc keeps freed heap pages in its arenas (one a thread) unless asked
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # another C library: what it keeps is its own
 
 
 def _described(cfg: RunConfig) -> dict[str, Any]:
