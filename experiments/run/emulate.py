@@ -75,8 +75,8 @@ def inbox_peers(cfg: RunConfig) -> int:
     graphs = [graph] if graph is not None else graph_ladder(cfg.nodes)
     return max(len(window) for g in graphs for step in range(period(g, cfg.nodes))
                for node in range(cfg.nodes)
-               for window in exchange_windows(sorted(peers(g, cfg.nodes, node, step)),
-                                              cfg.nodes, node))
+               for window in exchange_windows(peers(g, cfg.nodes, node, step), cfg.nodes,
+                                              node))
 
 
 def replica_size(workload: Any, batch_size: int) -> tuple[int, int]:

@@ -95,9 +95,14 @@ class GossipReplicator(Replicator):
         if not theirs or not params:
             return
         flat = torch.cat([p.reshape(-1) for p in params])
-        mixed = flat * own  # a copy: ``flat`` is in flight until the last window is done
-        for window in exchange_windows(list(theirs), self.ranks, self.node):
+        windows = exchange_windows(list(theirs), self.ranks, self.node)
+        mixed = None
+        for window in windows:
             inbox = self._exchange(flat, window, stats)
+            if mixed is None:
+                # One window: its sends are done, so mix into ``flat`` itself; more: ``flat``
+                # is still to be sent to the next windows' peers, so mix into a copy.
+                mixed = flat.mul_(own) if len(windows) == 1 else flat * own
             for peer in window:  # popped: a window's messages are freed as they are mixed in
                 mixed.add_(inbox.pop(peer), alpha=theirs[peer])
         offset = 0
