@@ -147,9 +147,12 @@ def time_table(workload: str, nodes: int, runs: list[RecordedRun]) -> list[str]:
     if not reference:
         return [f"No {REFERENCE} unit at {nodes} nodes: no target, no time to target.", ""]
     target = baseline_target_at(reference, EARLY)
-    lines = [f"Time to val loss <= {target:.4f} ({REFERENCE}'s early val loss, median of "
-             f"{len(reference)} seeds); compute {compute_s * 1e3:.0f} ms a step "
-             "for every graph (the traces' median); median over seeds [bootstrap interval]:", "",
+    source = (f"median of {len(reference)} seeds" if len(reference) > 1
+              else "of its one seed, "
+              + ", ".join(str(r.config.seed) for r in runs if label(r) == REFERENCE))
+    lines = [f"Time to val loss <= {target:.4f} ({REFERENCE}'s early val loss, {source}); "
+             f"compute {compute_s * 1e3:.0f} ms a step for every graph (the traces' median); "
+             "median over seeds [bootstrap interval]:", "",
              f"| graph | {' | '.join(FLAT)} | {SITES} |", "| --- |" + " --- |" * (len(FLAT) + 1)]
     steps = max(int(r.steps["step"].max()) for r in runs)
     with tempfile.TemporaryDirectory() as tmp:
