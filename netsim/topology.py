@@ -118,6 +118,10 @@ class Topology:
     `op_costs` (from `netsim.calibration.Calibration.op_costs`) prices some collective kinds on
     inter-node links apart: (op, bandwidth factor, latency per hop added), what a calibration
     measured of that op kind against the shared fit.
+    `node_span` K > 1 makes each node stand for K nodes (a data-parallel replica spanning them):
+    `intra` is the ring's link across them, `inter` their K NICs side by side, and an intra-node
+    collective crosses each of those NICs once, sharing them with the inter-node traffic
+    (`netsim.model`; per-node NICs only).
     """
 
     nodes: int
@@ -129,9 +133,10 @@ class Topology:
     node_links: NodeLinks = field(default=())
     sites: Sites | None = None
     op_costs: tuple[tuple[str, float, float], ...] = field(default=())
+    node_span: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "accelerators_per_node"):
+        for name in ("nodes", "accelerators_per_node", "node_span"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} {value!r} must be a positive integer.")
@@ -139,6 +144,9 @@ class Topology:
         object.__setattr__(self, "inter", _as_link(self.inter, "inter"))
         if self.nic not in NIC_MODES:
             raise ValueError(f"nic {self.nic!r} is not known; use one of {', '.join(NIC_MODES)}.")
+        if self.node_span > 1 and self.nic != "per-node":
+            raise ValueError(f"node_span {self.node_span} stands a node for several nodes' NICs "
+                             "side by side, which takes nic 'per-node'.")
         speeds = tuple(self.node_speed) if self.node_speed else (1.0,) * self.nodes
         if len(speeds) != self.nodes:
             raise ValueError(

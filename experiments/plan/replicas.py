@@ -7,8 +7,9 @@ K nodes is paced by its slowest hop, a node's link to the others: the NVLink-cla
 a node, or the site's link between nodes, whichever is slower, at the latter's latency), and
 its NIC K nodes' NICs side by side (K x a node's link: the replica's K x G ranks spread their
 exchange over the K nodes' NICs alike). Sites keep their uplinks and round trips; each site
-holds its nodes / K replicas. FSDP2's traffic between the replica's nodes is priced on its own
-link, not sharing a node's NIC with the exchange: where both run at once this is a lower bound.
+holds its nodes / K replicas. FSDP2's traffic between the replica's nodes crosses each of the K
+nodes' NICs once and shares them with the exchange (`Topology.node_span`): an all-gather
+prefetched while a gradient all-reduce is in flight slows both.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def replica_topology(topology: Topology, k: int) -> Topology:
         between = topology.inter
         nic = dataclasses.replace(topology.inter, bandwidth=topology.inter.bandwidth * k)
         return Topology(topology.nodes // k, topology.accelerators_per_node * k,
-                        _inside(topology.intra, between), nic, nic=topology.nic)
+                        _inside(topology.intra, between), nic, nic=topology.nic, node_span=k)
     sites, first = [], 0
     for site in topology.sites.sites:
         count = len(site.nodes) // k
@@ -55,9 +56,10 @@ def replica_topology(topology: Topology, k: int) -> Topology:
         first += count
     slowest = min(topology.sites.sites, key=lambda s: s.intra_bw)
     between = Link(slowest.intra_bw, max(s.intra_lat for s in topology.sites.sites))
-    return Topology.on_sites(Sites(tuple(sites), topology.sites.rtt),
-                             topology.accelerators_per_node * k,
-                             _inside(topology.intra, between), nic=topology.nic)
+    spanning = Topology.on_sites(Sites(tuple(sites), topology.sites.rtt),
+                                 topology.accelerators_per_node * k,
+                                 _inside(topology.intra, between), nic=topology.nic)
+    return dataclasses.replace(spanning, node_span=k)
 
 
 def _inside(intra: Link, between: Link) -> Link:
@@ -74,7 +76,7 @@ def replica_line(k: int, nodes: int, per_node: int, sites: bool) -> str:
     return (f"replicas: {nodes // k} of {k} nodes each, FSDP2 over {k * per_node} GPUs; its "
             f"all-gathers and reduce-scatters cross the replica's nodes on {where}, a ring "
             "paced by that hop at its latency; the exchange between replicas on the K nodes' "
-            f"links side by side ({k} x a node's); FSDP2's traffic between a replica's nodes is "
-            "priced apart from the exchange's, not sharing a node's link with it (a lower bound "
-            f"where both are busy at once); bytes per node are a replica's exchange / {k}, "
-            "FSDP2's traffic between a replica's nodes not counted in them")
+            f"links side by side ({k} x a node's); FSDP2's traffic between a replica's nodes "
+            "crosses each node's link once, sharing it with the exchange; bytes per node are a "
+            f"replica's exchange / {k}, FSDP2's traffic between a replica's nodes not counted "
+            "in them")

@@ -28,7 +28,9 @@ Assumptions (also returned in the result's `Replay.note`):
 - Inter-node groups with one rank per node that span all recorded nodes span all target nodes;
   groups of all ranks span all target ranks; intra-node ops start when their node's members
   have all arrived and then take their closed-form time (or, with intra="recorded", the time
-  their last-arriving member recorded, which holds no wait for peers).
+  their last-arriving member recorded, which holds no wait for peers). On a node standing for
+  K nodes (`Topology.node_span`, a replica spanning them) a modeled intra-node op's ring edge
+  between nodes crosses each of their NICs once, sharing them with the inter-node flows.
 
 Per-phase compute (`simulate(phase_seconds=...)`): the "backward" mark splits each step's
 compute into forward+backward and optimizer; given seconds per step for each (a compute profile

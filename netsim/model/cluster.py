@@ -137,6 +137,9 @@ class Cluster:
         self.n_recorded = n_recorded
         self.compute_scale = compute_scale
         self.intra = intra
+        # A node standing for several (a replica across nodes): modeled intra-node collectives
+        # cross their NICs, shared with the inter-node traffic (`_across_span`).
+        self.spans_nodes = topology.node_span > 1 and intra == "model"
         self.algorithm = algorithm
         self.degrees = degrees
         self.step_numbers = step_numbers or list(range(n_recorded))
@@ -519,7 +522,8 @@ class Cluster:
 
         def start() -> simpy.Event:
             if type(inner) is IntraOp:
-                return self._arrive_intra(key, occurrence, n_members, inner.seconds)
+                return self._arrive_intra(key, occurrence, n_members, inner.seconds,
+                                          inner.spec, c)
             entry = self._arrive(key, occurrence, n_members)
             if entry[0] == n_members:
                 self.env.process(self._collective(spec, inner.volume, j, entry[1]))
@@ -545,23 +549,43 @@ class Cluster:
         return ("intra", c, block, spec.positions), members
 
     def _launch_intra(
-        self, spec: OpSpec, seconds: float, c: int, j: int, counters: dict
+        self, spec_id: int, seconds: float, c: int, j: int, counters: dict
     ) -> simpy.Event:
-        key, n_members = self._intra_members(spec, c, j)
+        key, n_members = self._intra_members(self.specs[spec_id], c, j)
         occurrence = counters[key]
         counters[key] += 1
-        return self._arrive_intra(key, occurrence, n_members, seconds)
+        return self._arrive_intra(key, occurrence, n_members, seconds, spec_id, c)
 
     def _arrive_intra(self, key: tuple, occurrence: int, n_members: int,
-                      seconds: float) -> simpy.Event:
-        """Arrive at an intra-node meeting; the last member starts its (longest) duration."""
+                      seconds: float, spec_id: int, c: int) -> simpy.Event:
+        """Arrive at an intra-node meeting; the last member starts its (longest) duration, or
+        on a node standing for several (`Topology.node_span`) its transfer over their NICs."""
         entry = self._arrive(key, occurrence, n_members)
         entry[2] = max(entry[2], seconds)
         if entry[0] == n_members:
             done = entry[1]
-            timer = self.env.timeout(entry[2])
-            timer.callbacks.append(lambda _event: done.succeed())
+            if self.spans_nodes:
+                self.env.process(self._across_span(spec_id, c, done))
+            else:
+                timer = self.env.timeout(entry[2])
+                timer.callbacks.append(lambda _event: done.succeed())
         return entry[1]
+
+    def _across_span(self, spec_id: int, c: int, done: simpy.Event) -> Generator:
+        """An intra-node collective of a node standing for K nodes: its ring is paced by the
+        slower of its hops (`intra`, the link across the K nodes), and the bytes of the hop
+        between nodes cross each of their NICs once (K equal flows on the K NICs side by side),
+        shared there with the inter-node traffic."""
+        _, volume = self._volume(spec_id)
+        intra, span = self.topo.intra, self.topo.node_span
+        yield self.env.timeout(volume.latency_steps * intra.latency)
+        paced = volume.paced_bytes
+        flows = [self.env.timeout(paced / intra.effective_bandwidth),
+                 self._nic(c, 0).transfer_each(paced, span)]
+        if self.ingress is not None:  # a ring's edge also arrives at each node
+            flows.append(self._ingress(c, 0).transfer_each(paced, span))
+        yield self.env.all_of(flows)
+        done.succeed()
 
     def _collective(
         self, spec: OpSpec, volume: CollectiveVolume, j: int, done: simpy.Event
@@ -737,7 +761,7 @@ class Cluster:
                     pending[op] = (
                         env.timeout(seconds)
                         if spec is None
-                        else self._launch_intra(self.specs[spec], seconds, c, j, counters)
+                        else self._launch_intra(spec, seconds, c, j, counters)
                     )
                 elif item.op < 0:
                     if item.op in carried:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from experiments.cli import main
@@ -34,8 +36,32 @@ def test_a_replica_of_k_nodes_is_one_node_of_k_times_the_gpus_and_nics():
     topology = replica_topology(Topology(NODES, 4, Link(100e9, 5e-6), Link(GBIT, 1e-3)), K)
     assert (topology.nodes, topology.accelerators_per_node) == (NODES // K, 4 * K)
     assert topology.inter.bandwidth == K * GBIT
-    # The FSDP2 ring across a replica's nodes is paced by the link between them.
+    # The FSDP2 ring across a replica's nodes is paced by the link between them, whose NICs
+    # it shares with the exchange.
     assert (topology.intra.bandwidth, topology.intra.latency) == (GBIT, 1e-3)
+    assert topology.node_span == K
+
+
+def _step_time(method: str, topology: Topology, **knobs) -> float:
+    model = declare_model(MODEL)
+    record = method_record(method)
+    settings, _ = record.settings(knobs)
+    compute = given_compute([model.unit_params(u) for u in range(len(model.units))], 0.05)
+    plan = plan_method(record, settings, model, [topology], ["x"], compute, Precision(),
+                       algorithm="ring", nodes_per_replica=K)
+    return plan.points[0].step_time_s
+
+
+@pytest.mark.parametrize("method", ["none", "hsdp-adamw"])
+def test_fsdp2_between_a_replicas_nodes_shares_their_links(method):
+    # On a slow link between nodes, a unit's all-gather prefetched during the backward, the
+    # reduce-scatters, and (hsdp-adamw) each unit's gradient all-reduce overlap in time: on
+    # shared NICs they slow each other, so the step is longer than with FSDP2's traffic on a
+    # link of its own (what the plan priced before the NICs were shared).
+    topology = replica_topology(Topology(NODES, 1, Link(100e9, 0.0), Link(GBIT / 10, 0.0)), K)
+    shared = _step_time(method, topology)
+    apart = _step_time(method, dataclasses.replace(topology, node_span=1))
+    assert shared > apart * 1.1
 
 
 def test_memory_divides_over_k_times_g_shards():

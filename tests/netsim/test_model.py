@@ -455,3 +455,46 @@ def test_a_replay_with_progress_counts_every_simulated_step(monkeypatch):
     assert bar.total == bar.n == 25  # every step once, however many processes replay it
     assert bar.kwargs["delay"] == 2 and bar.kwargs["file"] is sys.stderr
     pd.testing.assert_frame_equal(shown.frame, plain.frame)
+
+
+def _concurrent_trace(ag_bytes: int, ar_bytes: int) -> pd.DataFrame:
+    """2 nodes x 2: every rank issues an intra-node all-gather and an inter-node all-reduce at
+    once after 10 ms of compute, then waits for both."""
+    topo = Topology.from_strings(2, 2)
+    frames = []
+    for rank in range(4):
+        rec = TraceRecorder(rank, topo, clock=lambda: 0.0)
+        rec.begin_step(0)
+        node, rep = [rank // 2 * 2, rank // 2 * 2 + 1], [rank % 2, rank % 2 + 2]
+        gather = rec.record_collective("all_gather", node, False, "ring", ag_bytes, 0, 0, 0.01)
+        reduce = rec.record_collective("all_reduce", rep, True, "ring", ar_bytes, 0, 0, 0.01)
+        rec.complete(gather, 0.01, 0.01)
+        rec.complete(reduce, 0.01, 0.01)
+        rec.clock = lambda: 0.01
+        rec.end_step(0)
+        frames.append(rec.frame())
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_a_node_standing_for_two_shares_their_nics_between_its_intra_and_inter_ops():
+    # Each target node stands for 2 nodes of 1 GPU (node_span=2): its "intra" ring crosses
+    # both of their 1 MB/s NICs once, and each GPU's all-reduce leaves through its own node's
+    # NIC. Per real node the two flows share 1 MB/s: the step is compute + (X_ag + X_ar) / B
+    # (the smaller flow at half the link until done, the other alone after), against
+    # max(X_ag, X_ar) / B when the intra-node ring has a link of its own.
+    b = 1e6
+    trace = _concurrent_trace(500_000, 1_000_000)
+    x_ag = collective_volume("all_gather", 2, 500_000, "ring").paced_bytes
+    x_ar = collective_volume("all_reduce", 2, 1_000_000, "ring").paced_bytes
+    assert x_ag < x_ar  # the gather ends first; the hand formula holds either way
+    spanning = Topology(2, 2, Link(b, 0.0), Link(2 * b, 0.0), node_span=2)
+    got = simulate(trace, spanning, algorithm="ring").frame["step_time_s"].iloc[0]
+    assert got == pytest.approx(0.01 + (x_ag + x_ar) / b, rel=1e-9)
+    apart = simulate(trace, replace(spanning, node_span=1), algorithm="ring").frame
+    assert apart["step_time_s"].iloc[0] == pytest.approx(0.01 + max(x_ag, x_ar) / b, rel=1e-9)
+    # A ring paced by a slower hop inside the node keeps that pace.
+    slow = replace(spanning, intra=Link(b / 10, 0.0))
+    got = simulate(trace, slow, algorithm="ring").frame["step_time_s"].iloc[0]
+    assert got == pytest.approx(0.01 + 10 * x_ag / b, rel=1e-9)
+    with pytest.raises(ValueError, match="node_span 2 .* takes nic 'per-node'"):
+        replace(spanning, nic="per-accelerator")
