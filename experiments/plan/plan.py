@@ -36,7 +36,7 @@ from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
 from flexdemo.replicators.demo import plan_exchange
 from flexdemo.replicators.streaming_diloco import fragment_numels
-from netsim.model import OVERLAP_NOTE, algorithm_summary, simulate_each
+from netsim.model import OVERLAP_NOTE, AlgorithmChoice, algorithm_summary, simulate_each
 from netsim.sites import gossip_round
 from netsim.topology import Topology
 
@@ -184,6 +184,7 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
                                                                   if len(b)), default=0)))
     totals = [[0.0, 0.0] for _ in topologies]  # per topology: seconds and egress per period
     degrees, site_rounds = gossip_graph(record, knobs, target)
+    algorithms: list[AlgorithmChoice] = []  # what each trace's replay on the target assumed
     for trace, length, count, whole in traces.values():
         # Without sharding there are no FSDP2 units to overlap: the trace's order is the plan.
         replays = simulate_each(trace, topologies, overlap="fsdp2" if record.shards
@@ -198,11 +199,11 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
                 total[0] += float(times.iloc[-1]) * count
                 # A carried exchange's steps each send one: the egress per step is the mean.
                 total[1] += replay.node_egress_bytes / length * count
-        if not plan.notes:
-            plan.notes.extend(_method_notes(record, knobs, target))
-            plan.notes.extend(_replay_notes(replays[0], delayed))
+        algorithms.extend(replays[0].algorithms)
         if progress is not None:
             progress(f"{record.name}: {len(topologies)} networks")
+    plan.notes.extend(_method_notes(record, knobs, target))
+    plan.notes.extend(_replay_notes(algorithms, delayed))
     k = nodes_per_replica
     for (seconds, egress), topology, label in zip(totals, topologies, labels, strict=True):
         # A replica's NIC is its K nodes' side by side (flat networks); sites keep their links.
@@ -271,10 +272,17 @@ def _method_notes(record: Method, knobs: object, target: Topology) -> list[str]:
     return []
 
 
-def _replay_notes(replay: object, delayed: bool) -> list[str]:
-    """What the replay assumed, once per method."""
+def _replay_notes(algorithms: list[AlgorithmChoice], delayed: bool) -> list[str]:
+    """What the replay assumed, once per method: the algorithms of all its traces' replays
+    (a step with the exchange and one without assume different ones), merged per op kind."""
+    merged: dict[tuple, AlgorithmChoice] = {}
+    for entry in algorithms:
+        key = (entry.op, entry.algorithm, entry.ranks, entry.one_per_node)
+        seen = merged.get(key, entry)
+        merged[key] = dataclasses.replace(entry, min_bytes=min(seen.min_bytes, entry.min_bytes),
+                                          max_bytes=max(seen.max_bytes, entry.max_bytes))
     lines = [f"overlap fsdp2: {OVERLAP_NOTE.removeprefix('overlap fsdp2: ')}"]
-    lines += [f"inter-node algorithm {line}" for line in algorithm_summary(replay.algorithms)]
+    lines += [f"inter-node algorithm {line}" for line in algorithm_summary(merged.values())]
     if delayed:
         lines.append("an exchange carried across steps (delay=1, or Streaming DiLoCo's "
                      "fragment_sync_delay): posted after the optimizer step, waited on where "

@@ -511,8 +511,8 @@ def algorithm_summary(algorithms: Iterable[AlgorithmChoice]) -> list[str]:
     """One line per inter-node op kind: the algorithm the model assumed, ranks and message sizes."""
     lines = []
     for entry in algorithms:
-        low, high = entry.min_bytes / 1e6, entry.max_bytes / 1e6
-        size = f"{low:.3g} MB" if low == high else f"{low:.3g}-{high:.3g} MB"
+        low, high = f"{entry.min_bytes / 1e6:.3g}", f"{entry.max_bytes / 1e6:.3g}"
+        size = f"{low} MB" if low == high else f"{low}-{high} MB"
         ranks = f"{entry.ranks:,} {'nodes' if entry.one_per_node else 'ranks'}"
         lines.append(f"{entry.op}: {entry.algorithm} ({ranks}, {size} per rank)")
     return lines

@@ -135,3 +135,13 @@ def test_a_replica_spanning_nodes_is_planned_and_says_so(tmp_path, capsys):
                  "--set", "num_fragments=2", "--out", str(tmp_path / "p.csv")]) == 0
     out = capsys.readouterr().out
     assert "replicas: 2 of 3 nodes each, FSDP2 over 6 GPUs" in out
+
+
+def test_every_method_names_the_algorithm_of_its_exchange_even_when_few_steps_send_it(
+        tmp_path, capsys):
+    # diloco's first replayed step sends nothing (1 in diloco_h steps does); the algorithm its
+    # outer all-reduce was priced with is still printed.
+    assert main([*BASE, "--method", "hsdp-adamw", "diloco", "--set", "diloco_h=10",
+                 "--out", str(tmp_path / "p.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "diloco: inter-node algorithm all_reduce: ring (6 nodes," in out
