@@ -35,6 +35,7 @@ from flexdemo.knobs import DeMoKnobs, StreamingDiLoCoKnobs
 from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
 from flexdemo.replicators.demo import plan_exchange
+from flexdemo.replicators.gossip import RECEIVE_LIMIT
 from flexdemo.replicators.streaming_diloco import fragment_numels
 from netsim.model import OVERLAP_NOTE, AlgorithmChoice, algorithm_summary, simulate_each
 from netsim.sites import gossip_round
@@ -338,11 +339,13 @@ def _replicator_memory(record: Method, knobs: object, model: DeclaredModel, per_
         # filled in), fp32 both; the chosen rows' flat buffer is a fraction of a shard.
         return 2 * shard * 4
     if record.replicator == "gossip":
-        # The flat copy of the shard it sends and one inbox per neighbour of the busiest node.
+        # The flat copy of the shard it sends and an inbox per neighbour of the busiest node in
+        # flight at once: at most RECEIVE_LIMIT (the replicator's windows), and with several
+        # windows the mixed copy besides.
         graph = knobs.graph
         degree = busiest_degree(graph, nodes, 0) if nodes > 1 and graph_problem(
             graph, nodes) is None else 0
-        return (1 + degree) * shard * 4
+        return (1 + min(degree, RECEIVE_LIMIT) + (degree > RECEIVE_LIMIT)) * shard * 4
     return 0
 
 

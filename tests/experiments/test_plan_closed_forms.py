@@ -133,6 +133,10 @@ def test_memory_parts_by_hand():
         # The flat copy it sends and one inbox per neighbour (flexdemo/replicators/gossip.py).
         gossip = memory(record, record.settings({"graph": graph})[0], model, 8, NODES, precision)
         assert gossip.replicator == (1 + degree) * 4 * shard, graph
+    # 255 neighbours on 256 nodes are exchanged with in windows of at most RECEIVE_LIMIT = 64
+    # (gossip.exchange_windows): 64 inboxes, the flat copy sent, and the mixed copy.
+    wide = memory(record, record.settings({"graph": "complete"})[0], model, 8, 256, precision)
+    assert wide.replicator == (1 + 64 + 1) * 4 * shard
 
 
 def test_streaming_diloco_one_step_delay_hides_a_sync_shorter_than_a_step():
