@@ -142,11 +142,7 @@ class Topology:
                 raise ValueError(f"{name} {value!r} must be a positive integer.")
         object.__setattr__(self, "intra", _as_link(self.intra, "intra"))
         object.__setattr__(self, "inter", _as_link(self.inter, "inter"))
-        if self.nic not in NIC_MODES:
-            raise ValueError(f"nic {self.nic!r} is not known; use one of {', '.join(NIC_MODES)}.")
-        if self.node_span > 1 and self.nic != "per-node":
-            raise ValueError(f"node_span {self.node_span} stands a node for several nodes' NICs "
-                             "side by side, which takes nic 'per-node'.")
+        self._check_nic()
         speeds = tuple(self.node_speed) if self.node_speed else (1.0,) * self.nodes
         if len(speeds) != self.nodes:
             raise ValueError(
@@ -163,6 +159,14 @@ class Topology:
                                                                  self.inter))
         if self.sites is not None:
             self._check_sites()
+
+    def _check_nic(self) -> None:
+        """ValueError unless the NIC mode is known (per-node where a node stands for several)."""
+        if self.nic not in NIC_MODES:
+            raise ValueError(f"nic {self.nic!r} is not known; use one of {', '.join(NIC_MODES)}.")
+        if self.node_span > 1 and self.nic != "per-node":
+            raise ValueError(f"node_span {self.node_span} stands a node for several nodes' NICs "
+                             "side by side, which takes nic 'per-node'.")
 
     def _check_sites(self) -> None:
         """ValueError unless the sites hold exactly this topology's nodes and no node links."""
