@@ -23,6 +23,7 @@ import pandas as pd
 
 from experiments.config import load_site_file
 from experiments.errors import ConfigError
+from experiments.plan.ada import graph_schedule, plan_ada
 from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
 from experiments.plan.models import declare_model
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
@@ -98,6 +99,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "each method's steps to --target")
     parser.add_argument("--target", type=POSITIVE.arg, default=None,
                         help="the validation loss --steps-from counts the steps to")
+    parser.add_argument("--ada-graphs", default=None, metavar="GRAPH=STEPS,...|RUN",
+                        help="for --method ada: the steps it spends on each graph of its "
+                             "ladder (complete=80,exponential=20), or a run of ada whose "
+                             "recorded graph per step gives them")
     parser.add_argument("--out", required=True,
                         help=f"file to write: {', '.join(OUTPUTS)} by its extension")
 
@@ -163,6 +168,8 @@ def _check(args: argparse.Namespace) -> None:
     if suffix not in OUTPUTS:
         raise ConfigError(f"--out {args.out!r} must end in {', '.join(OUTPUTS)}.")
     _check_methods(args.method)
+    if args.ada_graphs is not None and "ada" not in args.method:
+        raise ConfigError("--ada-graphs gives ada's graphs, but --method does not plan ada.")
     _check_network(args)
     _check_compute(args)
     check_nodes_per_replica(args.nodes_per_replica, args.nodes)
@@ -179,11 +186,6 @@ def _check_methods(methods: list[str]) -> None:
     for method in methods:
         if method not in METHODS:
             raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}.")
-        if method == "ada":
-            raise ConfigError("--method 'ada' picks its graph from the replica spread it "
-                              "measures while training, which a declared model does not have; "
-                              "plan gossip on each graph of its ladder (--method gossip --set "
-                              "graph=...) instead.")
         if method not in PLANNED_METHODS:
             raise ConfigError(f"--method {method!r} has no synthesized program yet; plan one "
                               f"of {', '.join(PLANNED_METHODS)}.")
@@ -243,6 +245,8 @@ def main(args: argparse.Namespace) -> int:
     memory_cap, memory_source = _gpu_memory(args)
     source = steps_source(args.steps_to_target, args.steps_from, args.target, args.model,
                           args.method)
+    schedule = (graph_schedule(args.ada_graphs, args.nodes // args.nodes_per_replica,
+                               args.model) if "ada" in args.method else None)
     model = declare_model(args.model)
     unit_params = [model.unit_params(u) for u in range(len(model.units))]
     if args.gpu is not None:
@@ -255,9 +259,13 @@ def main(args: argparse.Namespace) -> int:
         compute = given_compute(unit_params, args.step_time, optimizer_s)
     k = args.nodes_per_replica
     replicas = [replica_topology(t, k) for t in topologies]
-    plans = [plan_method(method_record(m), settings[m], model, replicas, labels, compute,
-                         precision, args.algorithm, backend=backend, nodes_per_replica=k)
-             for m in args.method]
+
+    def plan_of(method: str, knobs: object) -> MethodPlan:
+        return plan_method(method_record(method), knobs, model, replicas, labels, compute,
+                           precision, args.algorithm, backend=backend, nodes_per_replica=k)
+
+    plans = [plan_ada(settings[m], schedule, lambda on_graph: plan_of("ada", on_graph))
+             if m == "ada" else plan_of(m, settings[m]) for m in args.method]
     frame = pd.concat([p.frame() for p in plans], ignore_index=True)
     frame["memory_over"] = (frame["memory_per_gpu_bytes"] > memory_cap
                             if memory_cap is not None else False)

@@ -24,9 +24,11 @@ from experiments.plan.hardware import StepCompute
 from experiments.plan.models import DeclaredModel, padded_shard_elements
 from experiments.plan.synth import (
     DTYPE_BYTES,
+    AdaOnGraph,
     Precision,
     Shape,
     local_shard_shapes,
+    sampled_entries,
     schedule,
     synthesize,
 )
@@ -34,6 +36,7 @@ from flexdemo.graphs import busiest_degree, graph_problem, peers, period
 from flexdemo.knobs import DeMoKnobs, StreamingDiLoCoKnobs
 from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
+from flexdemo.replicators.ada import AdaRule
 from flexdemo.replicators.demo import plan_exchange
 from flexdemo.replicators.gossip import RECEIVE_LIMIT
 from flexdemo.replicators.streaming_diloco import fragment_numels
@@ -124,6 +127,8 @@ def _step_kinds(record: Method, knobs: object) -> tuple[int, list[Kind], bool]:
     if isinstance(knobs, StreamingDiLoCoKnobs):
         return _streaming_kinds(knobs)
     period, exchanges = schedule(record, knobs)
+    if isinstance(knobs, AdaOnGraph):
+        return _ada_kinds(knobs, period, exchanges)
     delayed = isinstance(knobs, DeMoKnobs) and knobs.delay == 1
     syncs = sum(exchanges(s) for s in range(1, period + 1))
     if delayed:
@@ -140,6 +145,24 @@ def _step_kinds(record: Method, knobs: object) -> tuple[int, list[Kind], bool]:
     if loud is not None:
         kinds.append((loud, 1, syncs, False))
     return period, kinds, False
+
+
+def _ada_kinds(knobs: AdaOnGraph, period: int,
+               exchanges: Callable[[int], bool]) -> tuple[int, list[Kind], bool]:
+    """Ada on one graph: steps without a round, rounds, and rounds that measure the spread
+    first (every `ada_every`-th); the period holds a whole number of measurements, taken from
+    the second (round 0 never measures)."""
+    rounds = sum(exchanges(s) for s in range(1, period + 1))
+    if rounds == 0:
+        return period, [(1, 1, period, False)], False
+    period *= math.lcm(rounds, knobs.ada_every) // rounds
+    rule = AdaRule(1, knobs.ada_every, knobs.ada_high, knobs.ada_low)
+    found: dict[tuple[bool, bool], list[int]] = {}
+    for step in range(period + 1, 2 * period + 1):
+        round_ = sum(exchanges(s) for s in range(1, step)) if exchanges(step) else -1
+        key = (exchanges(step), round_ >= 0 and rule.measures_at(round_))
+        found.setdefault(key, [step, 0])[1] += 1
+    return period, [(first, 1, count, False) for first, count in found.values()], False
 
 
 def _streaming_kinds(knobs: StreamingDiLoCoKnobs) -> tuple[int, list[Kind], bool]:
@@ -338,14 +361,18 @@ def _replicator_memory(record: Method, knobs: object, model: DeclaredModel, per_
         # The momentum (delta) and the update it returns (the shard's zeros, the chosen rows
         # filled in), fp32 both; the chosen rows' flat buffer is a fraction of a shard.
         return 2 * shard * 4
-    if record.replicator == "gossip":
+    if record.replicator in ("gossip", "ada"):
         # The flat copy of the shard it sends and an inbox per neighbour of the busiest node in
         # flight at once: at most RECEIVE_LIMIT (the replicator's windows), and with several
         # windows the mixed copy besides.
         graph = knobs.graph
         degree = busiest_degree(graph, nodes, 0) if nodes > 1 and graph_problem(
             graph, nodes) is None else 0
-        return (1 + min(degree, RECEIVE_LIMIT) + (degree > RECEIVE_LIMIT)) * shard * 4
+        held = (1 + min(degree, RECEIVE_LIMIT) + (degree > RECEIVE_LIMIT)) * shard * 4
+        if isinstance(knobs, AdaOnGraph):  # the probe: its sampled entries' indices (int64)
+            held += 8 * sampled_entries(local_shard_shapes(model, per_node, 0),
+                                        knobs.ada_sample, knobs.seed)
+        return held
     return 0
 
 

@@ -41,26 +41,46 @@ from experiments.plan.hardware import StepCompute
 from experiments.plan.models import DeclaredModel, padded_shard_elements, shard_rows
 from flexdemo.chunking import largest_divisor_at_most
 from flexdemo.graphs import peers
-from flexdemo.knobs import DeMoKnobs
+from flexdemo.knobs import AdaKnobs, DeMoKnobs
 from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
+from flexdemo.replicators.ada import AdaRule
 from flexdemo.replicators.demo import plan_exchange
 from flexdemo.replicators.diloco import outer_payload
 from flexdemo.replicators.gossip import message_bytes
 from flexdemo.replicators.partial import partial_payload, striding_rows
+from flexdemo.replicators.sampled_spread import SampledSpread
 from flexdemo.replicators.streaming_diloco import fragment_numels
 from netsim.costs import collective_volume, default_algorithm
 from netsim.trace import BACKWARD, TRACE_COLUMNS, TRAIN, UNIT_BACKWARD
 
-__all__ = ["DTYPE_BYTES", "PLANNED_METHODS", "Exchange", "Precision", "Shape", "exchanges",
-           "local_shard_shapes", "outer_bytes", "schedule", "synthesize", "synthesize_replicas"]
+__all__ = ["DTYPE_BYTES", "PLANNED_METHODS", "AdaOnGraph", "Exchange", "Precision", "Shape",
+           "exchanges", "local_shard_shapes", "outer_bytes", "sampled_entries", "schedule",
+           "synthesize", "synthesize_replicas"]
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 # The least compute after a delayed exchange's wait in its step (seconds).
 _DECODE_S = 1e-6
 # Methods whose program this module writes; others are refused by name.
 PLANNED_METHODS = ("hsdp-adamw", "flexdemo", "flexdemo-async", "flexdemo-adamw", "demo",
-                   "diloco", "streaming-diloco", "random", "striding", "gossip", "none")
+                   "diloco", "streaming-diloco", "random", "striding", "gossip", "ada", "none")
+
+
+@dataclass(frozen=True)
+class AdaOnGraph:
+    """Ada's knobs while it gossips on one `graph` of its ladder: a plan of Ada is the plan of
+    each graph its steps spend time on (`experiments.plan.ada`); every other knob is Ada's."""
+
+    knobs: AdaKnobs
+    graph: str
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.knobs, name)
+
+
+def _own_knobs(knobs: object) -> object:
+    """The knobs the replicator itself takes (Ada's, under one graph of its schedule)."""
+    return knobs.knobs if isinstance(knobs, AdaOnGraph) else knobs
 
 
 @dataclass(frozen=True)
@@ -122,7 +142,7 @@ def schedule(record: Method, knobs: object) -> tuple[int, Callable[[int], bool]]
     """(period in steps, whether 1-based step s exchanges), from the replicator's own schedule."""
     if record.replicator is None:
         return 1, lambda _step: True
-    replicator = REPLICATORS[record.replicator](knobs)
+    replicator = REPLICATORS[record.replicator](_own_knobs(knobs))
     every = replicator.replicate_every
     skip = replicator.skip_every
     period = every if skip is None else math.lcm(every, skip)
@@ -352,7 +372,15 @@ def _relabelled(template: pd.DataFrame, shape: Shape,
 
 def _exchange_step(rank: _Rank, exchange: Exchange, step: int,
                    in_flight: dict[object, dict]) -> None:
-    """This step's exchange: post what it posts, then wait on what it applies."""
+    """This step's exchange: what it runs first and waits for (Ada's measurement), then post
+    what it posts, then wait on what it applies."""
+    for op, nbytes, inter in exchange.blocking(step, rank.local):
+        row = rank.issue(op, nbytes, inter)
+        if row:  # a group of one runs nothing
+            rank.wait(row)
+            # What follows starts after it (ops at one moment would replay as issued
+            # together): the arithmetic on its result (Ada's spread and decision).
+            rank.compute(_DECODE_S)
     posted_now = set()
     for key, op, nbytes, *peer in exchange.posts(step, rank.local):
         in_flight[key] = (rank.message(op, nbytes, peer[0]) if peer
@@ -380,6 +408,19 @@ class Exchange:
     def waits(self, step: int) -> list[object]:
         """Keys of the posted ops step `step` waits on (after its posts)."""
         return []
+
+    def blocking(self, step: int, local: int) -> list[tuple[str, int, bool]]:
+        """(op, payload bytes, whether it crosses nodes) of every op step `step` runs and waits
+        for before its posts."""
+        return []
+
+
+@functools.lru_cache(maxsize=256)
+def sampled_entries(shapes: tuple[tuple[int, ...], ...], sample: int, seed: int) -> int:
+    """Entries Ada's spread is measured on for shards of `shapes`: the count `SampledSpread`
+    itself draws (its seeded picks, de-duplicated), on meta tensors."""
+    params = [torch.empty(shape, device="meta") for shape in shapes]
+    return SampledSpread(params, sample, seed).entries
 
 
 class _DeMoExchange(Exchange):
@@ -485,7 +526,7 @@ def exchanges(record: Method, knobs: object, model: DeclaredModel, per_node: int
         return _StreamingExchange(record, knobs, model, per_node)
     if record.replicator in ("random", "striding"):
         return _PartialExchange(record, knobs, model, per_node)
-    if record.replicator == "gossip":
+    if record.replicator in ("gossip", "ada"):
         return _GossipExchange(record, knobs, model, per_node, replicas)
     if record.replicator == "none":
         return Exchange()
@@ -552,10 +593,15 @@ class _GossipExchange(Exchange):
 
     def __init__(self, record: Method, knobs: object, model: DeclaredModel, per_node: int,
                  replicas: int) -> None:
-        self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
+        self.replicates_on = REPLICATORS[record.replicator](_own_knobs(knobs)).replicates_on
         self.graph, self.replicas = knobs.graph, replicas
         self.model, self.per_node = model, per_node
         self.node, self.nodes = 0, 1
+        # Ada: its rule's measuring rounds, each a blocking measurement before the messages.
+        self.rule = (AdaRule(1, knobs.ada_every, knobs.ada_high, knobs.ada_low)
+                     if isinstance(knobs, AdaOnGraph) else None)
+        self.sample = knobs.ada_sample if self.rule is not None else 0
+        self.rule_seed = knobs.seed if self.rule is not None else 0
 
     def at(self, node: int, nodes: int) -> _GossipExchange:
         """This exchange as node `node` of `nodes` runs it (its own neighbours)."""
@@ -590,6 +636,19 @@ class _GossipExchange(Exchange):
         round_ = _replicating_before(self.replicates_on, step)
         return [(step, node, op) for node in self._peers(round_) for op in ("send", "recv")]
 
+    def blocking(self, step: int, local: int) -> list[tuple[str, int, bool]]:
+        """Ada's measurement on a measuring round (`AdaRule.measures_at`), before the messages
+        (`SampledSpread.measure`): an all-reduce of the sampled entries and their sum of
+        squares (float64) over the replicate group, then an all-gather of two float64 inside
+        the node."""
+        if self.rule is None or not self.replicates_on(step) or self.nodes < 2:
+            return []
+        if not self.rule.measures_at(_replicating_before(self.replicates_on, step)):
+            return []
+        shapes = local_shard_shapes(self.model, self.per_node, local)
+        entries = sampled_entries(shapes, self.sample, self.rule_seed)
+        return [("all_reduce", (entries + 1) * 8, True), ("all_gather", 2 * 8, False)]
+
 
 def _synthesize_each_rank(record: Method, exchange: _GossipExchange, sizes: _Sizes, shape: Shape,
                           compute: StepCompute, steps: int, backend: str,
@@ -605,6 +664,7 @@ def _synthesize_each_rank(record: Method, exchange: _GossipExchange, sizes: _Siz
             begin = rank.begin(step)
             _fsdp2_step(rank, sizes, compute, record.inter_all_reduce)
             rank.compute(compute.optimizer_s)
+            rank.unit = -1  # the exchange belongs to no FSDP2 unit (see `synthesize`)
             _exchange_step(rank, exchange, step, in_flight)
             rank.end(begin)
         frames.append(pd.DataFrame(rank.rows, columns=list(TRACE_COLUMNS)))

@@ -20,7 +20,7 @@ import pytest
 
 from experiments.plan.hardware import given_compute
 from experiments.plan.models import declare_model
-from experiments.plan.synth import Precision, Shape, synthesize
+from experiments.plan.synth import AdaOnGraph, Precision, Shape, synthesize
 from flexdemo.methods import method_record
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -81,3 +81,30 @@ def test_plan_holds_the_recorded_bytes(unit):
         inter = recorded[(recorded["kind"] == "collective") & recorded["inter"]]
         mine = planned[(planned["kind"] == "collective") & planned["inter"]]
         assert sorted(inter["step"].unique()) == sorted(mine["step"].unique()) == [50, 100]
+
+
+def test_the_plan_of_ada_on_its_recorded_graphs_holds_the_recorded_bytes():
+    # A real run of ada at 16 x 1 (lm-tiny, 100 steps): each step planned as Ada on the graph
+    # the run gossiped on then (its steps.parquet) holds that step's messages, peer by peer,
+    # and on every measuring round (steps 11, 21, ...) the spread's all-reduce of the sampled
+    # entries, sized by SampledSpread itself.
+    run = RESULTS / "decentralized-emulated/traces/lm-tiny/ada"
+    recorded = pd.read_parquet(run / "trace.parquet")
+    config = json.loads((run / "run.json").read_text())["config"]
+    graphs = pd.read_parquet(run / "steps.parquet").set_index("step")["graph"]
+    assert {"complete", "exponential"} <= set(graphs)  # the graph changed during the run
+    model = declare_model(config["workload"])
+    record = method_record("ada")
+    knobs, _ = record.settings({k: config[k] for k in record.takes if k in config})
+    compute = given_compute([model.unit_params(u) for u in range(len(model.units))], 0.1)
+    shape = Shape(int(config["nodes"]), int(config["gpus_per_node"]))
+    planned = pd.concat([synthesize(record, AdaOnGraph(knobs, graphs[step]), model, shape,
+                                    compute, Precision("fp32", "fp32"), 1, backend="gloo",
+                                    first=int(step)) for step in graphs.index],
+                        ignore_index=True)
+    ours, theirs = _per_step(planned), _per_step(recorded)
+    assert set(ours.index) == set(theirs.index)
+    for key in theirs.index:
+        assert ours[key] == theirs[key], key
+    measured = planned[planned["op"] == "all_reduce"]
+    assert sorted(measured["step"].unique()) == list(range(11, 101, 10))
