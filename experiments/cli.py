@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import NoReturn
 
@@ -74,13 +75,19 @@ def main(argv: list[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else 2
     configure_logging()
     try:
-        return int(importlib.import_module(args._module).main(args) or 0)
+        status = int(importlib.import_module(args._module).main(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return status
     except ValueError as err:  # ConfigError and netsim's unit errors: one sentence, exit 2
         print(f"flexbench {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of the output left (`| head`): stop, as a pipe's
+        # writer does on SIGPIPE; what is still buffered goes nowhere, not to a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Stopped as err:  # SIGTERM: what was running stays to be rerun on resume
         print(f"flexbench {args.command}: {err}", file=sys.stderr)
         return 143

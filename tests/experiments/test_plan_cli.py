@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -189,3 +191,19 @@ def test_gossip_and_spanning_replicas_on_a_site_file(tmp_path, capsys):
     args[args.index("2", args.index("--nodes-per-replica"))] = "16"
     assert main([*args[:-1], str(tmp_path / "t.csv")]) == 2
     assert "does not divide site" in capsys.readouterr().err
+
+
+@pytest.mark.dist
+def test_a_reader_that_leaves_early_ends_the_command_without_a_traceback(tmp_path):
+    # `flexbench plan ... | head`: the pipe closes before the plan is printed; the command
+    # stops with 141, as a writer killed by SIGPIPE does, and prints no traceback.
+
+    command = [sys.executable, "-m", "experiments.cli", "plan", "--model", "lm-tiny",
+               "--method", "gossip", "hsdp-adamw", "--nodes", "4", "--gpus-per-node", "1",
+               "--step-time", "0.1", "--inter-bw", "0.1Gbit:10Gbit:20", "--inter-lat", "1ms",
+               "--out", str(tmp_path / "p.csv")]
+    writer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    writer.stdout.close()  # the reader leaves while the command still starts
+    _, err = writer.communicate(timeout=120)
+    assert writer.returncode == 141, err.decode()
+    assert b"Traceback" not in err
