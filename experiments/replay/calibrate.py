@@ -187,7 +187,10 @@ def loopback_link(payloads: list[int] | None = None, repeats: int = 5,
     of that shape pins them, so that ranks sharing a core (more ranks than cores) pay for it
     here as they do there: a rank woken by its collective waits for the core.
     """
-    payloads = payloads or [64 << 10, 512 << 10, 2 << 20]
+    # Up to 32 MiB: on a VM a small collective's wake-up is either immediate or waits for the
+    # next timer tick (~4 ms, bimodal from one repeat to the next), larger than what 2 MiB
+    # takes, so only payloads well above it fix the per-byte term.
+    payloads = payloads or [64 << 10, 512 << 10, 2 << 20, 8 << 20, 32 << 20]
     plan = [(op, payload) for op in OPS for payload in payloads]
     measured = _measure("off", 0.0, plan, repeats, gap_s, shape)
     volumes = [collective_volume(op, shape[1], payload) for op, payload in plan]
