@@ -12,7 +12,11 @@ the regular graphs here that is ``1/(d+1)``.
 - ``one-peer-exponential``: time-varying, one peer per step: at step t the partner is
   ``i XOR 2^(t mod ceil(log2 n))`` (2^k hops away), weights 1/2; when n is a power of two,
   log2(n) steps give the exact average (recursive doubling). A partner >= n sits the step out.
-- ``complete``: every other node; one step is the exact average.
+- ``complete``: every other node; one step is the exact average. A round in which every node
+  has all others as peers (:func:`averages_exactly`: the complete graph, and any graph that
+  is complete on so few nodes) mixes with weights 1/n, the replicas' mean, which gossip then
+  takes with one all-reduce instead of n - 1 messages each way per node: DBench's complete
+  graph is all-reduce, and its bytes are 2(n-1)/n of a shard a node, not 2(n-1).
 - ``sites:S`` (S >= 2 dividing n): S sites of n/S consecutive nodes; inside each site the
   exponential graph of the site (the complete graph up to 4 nodes a site), and across sites a
   ring of gateways: the first node of site s also talks to the first node of sites s-1 and
@@ -29,6 +33,7 @@ the regular graphs here that is ``1/(d+1)``.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -189,6 +194,15 @@ def site_layout(graph: str, nodes: int) -> str:
 def degree_of(graph: str, nodes: int, node: int, step: int = 0) -> int:
     """How many peers ``node`` exchanges with at round ``step``."""
     return len(peers(graph, nodes, node, step))
+
+
+@functools.lru_cache(maxsize=256)
+def averages_exactly(graph: str, nodes: int, step: int = 0) -> bool:
+    """Whether round ``step`` of ``graph`` on ``nodes`` nodes is the exact average: every node
+    has every other as a peer (so every weight is 1/n). Cached: gossip asks every round."""
+    step %= period(graph, nodes)
+    return nodes > 1 and all(degree_of(graph, nodes, node, step) == nodes - 1
+                             for node in range(nodes))
 
 
 def period(graph: str, nodes: int) -> int:

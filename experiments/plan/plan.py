@@ -32,7 +32,7 @@ from experiments.plan.synth import (
     schedule,
     synthesize,
 )
-from flexdemo.graphs import busiest_degree, graph_problem, peers, period
+from flexdemo.graphs import averages_exactly, busiest_degree, graph_problem, peers, period
 from flexdemo.knobs import DeMoKnobs, StreamingDiLoCoKnobs
 from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
@@ -364,10 +364,10 @@ def _replicator_memory(record: Method, knobs: object, model: DeclaredModel, per_
     if record.replicator in ("gossip", "ada"):
         # The flat copy of the shard it sends and an inbox per neighbour of the busiest node in
         # flight at once: at most RECEIVE_LIMIT (the replicator's windows), and with several
-        # windows the mixed copy besides.
+        # windows the mixed copy besides; none on a graph that all-reduces (the complete one).
         graph = knobs.graph
         degree = busiest_degree(graph, nodes, 0) if nodes > 1 and graph_problem(
-            graph, nodes) is None else 0
+            graph, nodes) is None and not averages_exactly(graph, nodes) else 0
         held = (1 + min(degree, RECEIVE_LIMIT) + (degree > RECEIVE_LIMIT)) * shard * 4
         if isinstance(knobs, AdaOnGraph):  # the probe: its sampled entries' indices (int64)
             held += 8 * sampled_entries(local_shard_shapes(model, per_node, 0),

@@ -40,11 +40,12 @@ from experiments.errors import ConfigError
 from experiments.plan.hardware import StepCompute
 from experiments.plan.models import DeclaredModel, padded_shard_elements, shard_rows
 from flexdemo.chunking import largest_divisor_at_most
-from flexdemo.graphs import peers
+from flexdemo.graphs import averages_exactly, peers
 from flexdemo.knobs import AdaKnobs, DeMoKnobs
 from flexdemo.methods import Method
 from flexdemo.replicators import REPLICATORS
 from flexdemo.replicators.ada import AdaRule
+from flexdemo.replicators.base import mean_payload
 from flexdemo.replicators.demo import plan_exchange
 from flexdemo.replicators.diloco import outer_payload
 from flexdemo.replicators.gossip import message_bytes
@@ -589,7 +590,9 @@ def _check_steady_comb(shapes: list[tuple[int, ...]], knobs: object) -> None:
 class _GossipExchange(Exchange):
     """Gossip: after the local step, one message each way per neighbour of the graph, the
     neighbours from `flexdemo.graphs.peers` at the replicator's round, the message sized by
-    the replicator's `message_bytes`."""
+    the replicator's `message_bytes`; a round that is the exact average on the target's
+    replicas (`flexdemo.graphs.averages_exactly`: the complete graph) one all-reduce of the
+    shard instead, as the replicator takes it."""
 
     def __init__(self, record: Method, knobs: object, model: DeclaredModel, per_node: int,
                  replicas: int) -> None:
@@ -612,8 +615,14 @@ class _GossipExchange(Exchange):
         """This node's neighbours at `round_`. A trace of fewer nodes than the target (the
         plan's two) stands in for it: each node's one neighbour is the other, and the replay
         counts the target graph's degree (`simulate(degrees=...)`)."""
+        if self._exact(round_):
+            return []
         graph = self.graph if self.nodes == self.replicas else "ring"
         return peers(graph, self.nodes, self.node, round_)
+
+    def _exact(self, round_: int) -> bool:
+        """Whether the round all-reduces: the exact average on the target's replicas."""
+        return averages_exactly(self.graph, self.replicas, round_)
 
     def posts(self, step: int, local: int) -> list[tuple[object, str, int, int]]:
         """A send and a receive per neighbour (global ranks of the same local index)."""
@@ -640,14 +649,18 @@ class _GossipExchange(Exchange):
         """Ada's measurement on a measuring round (`AdaRule.measures_at`), before the messages
         (`SampledSpread.measure`): an all-reduce of the sampled entries and their sum of
         squares (float64) over the replicate group, then an all-gather of two float64 inside
-        the node."""
-        if self.rule is None or not self.replicates_on(step) or self.nodes < 2:
+        the node; and a round that is the exact average, its all-reduce of the shard."""
+        if not self.replicates_on(step) or self.nodes < 2:
             return []
-        if not self.rule.measures_at(_replicating_before(self.replicates_on, step)):
-            return []
+        round_ = _replicating_before(self.replicates_on, step)
         shapes = local_shard_shapes(self.model, self.per_node, local)
-        entries = sampled_entries(shapes, self.sample, self.rule_seed)
-        return [("all_reduce", (entries + 1) * 8, True), ("all_gather", 2 * 8, False)]
+        ops = []
+        if self.rule is not None and self.rule.measures_at(round_):
+            entries = sampled_entries(shapes, self.sample, self.rule_seed)
+            ops += [("all_reduce", (entries + 1) * 8, True), ("all_gather", 2 * 8, False)]
+        if self._exact(round_):
+            ops.append((*mean_payload(sum(math.prod(s) for s in shapes)), True))
+        return ops
 
 
 def _synthesize_each_rank(record: Method, exchange: _GossipExchange, sizes: _Sizes, shape: Shape,

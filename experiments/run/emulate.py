@@ -56,7 +56,8 @@ def estimate_bytes(nodes: int, params: int, activation_bytes: int, peers: int = 
 
     # Every replica holds one receive buffer a peer of its exchange window while the window's
     # messages are in flight (GossipReplicator._exchange), and all replicas are in the same
-    # round at once: on the complete graph at 64 nodes that is 64 x 63 copies of the parameters.
+    # round at once: on the exponential graph at 64 nodes that is 64 x 11 copies of the
+    # parameters.
     inbox = peers * message_bytes([params])
     return _PROCESS_BASE + nodes * (_COPIES * 4 * params + activation_bytes + inbox
                                     + _REPLICA_OVERHEAD)
@@ -65,18 +66,19 @@ def estimate_bytes(nodes: int, params: int, activation_bytes: int, peers: int = 
 def inbox_peers(cfg: RunConfig) -> int:
     """The most gossip messages a replica holds at once: its graph's largest exchange window
     (its degree, or :data:`~flexdemo.replicators.gossip.RECEIVE_LIMIT` on a denser graph), for
-    Ada the largest over its ladder (it starts on the densest rung); 0 for the other methods."""
-    from flexdemo.graphs import graph_ladder, peers, period
+    Ada the largest over its ladder; 0 for the other methods and on rounds that all-reduce
+    (the complete graph's)."""
+    from flexdemo.graphs import averages_exactly, graph_ladder, peers, period
     from flexdemo.replicators.gossip import exchange_windows
 
     if not cfg.record.gossips:
         return 0
     graph = cfg.knob_values().get("graph")
     graphs = [graph] if graph is not None else graph_ladder(cfg.nodes)
-    return max(len(window) for g in graphs for step in range(period(g, cfg.nodes))
-               for node in range(cfg.nodes)
-               for window in exchange_windows(peers(g, cfg.nodes, node, step), cfg.nodes,
-                                              node))
+    return max((len(window) for g in graphs for step in range(period(g, cfg.nodes))
+                if not averages_exactly(g, cfg.nodes, step) for node in range(cfg.nodes)
+                for window in exchange_windows(peers(g, cfg.nodes, node, step), cfg.nodes,
+                                               node)), default=0)
 
 
 def replica_size(workload: Any, batch_size: int) -> tuple[int, int]:

@@ -92,26 +92,29 @@ def test_bad_emulated_runs_are_one_sentence_and_write_nothing(tmp_path, capsys, 
 
 def test_gossips_receive_buffers_count_in_the_memory_estimate(tmp_path, capsys, monkeypatch):
     # Every replica holds a receive buffer a peer of its exchange window: on 256 nodes the
-    # complete graph's windows hold 64 peers (a run of all 255 at once once went out of memory
-    # unrefused), the ring's 2. With memory for the ring and a little more, complete is refused.
+    # exponential graph's 15 peers, the ring's 2; the complete graph all-reduces and holds none
+    # (its 255 messages at once once went out of memory unrefused). With memory for the ring
+    # and a little more, exponential is refused.
     ring = RunConfig(method="gossip", graph="ring", nodes=256, gpus_per_node=1,
                      workload="vision-tiny")
     monkeypatch.setattr(emulate_module, "_available_bytes", lambda: 2**50)
     _, ring_need = emulate_module.check_emulated(ring)
+    _, wide_need = emulate_module.check_emulated(ring.replace(graph="exponential"))
     _, complete_need = emulate_module.check_emulated(ring.replace(graph="complete"))
     params = 151_306  # vision-tiny's
-    assert complete_need - ring_need == 256 * (64 - 2) * 4 * params
+    assert wide_need - ring_need == 256 * (15 - 2) * 4 * params
+    assert ring_need - complete_need == 256 * 2 * 4 * params
     assert emulate_module.inbox_peers(ring) == 2
-    assert emulate_module.inbox_peers(ring.replace(graph="complete")) == 64
-    assert emulate_module.inbox_peers(ring.replace(graph="complete", nodes=64)) == 63
-    assert emulate_module.inbox_peers(ring.replace(method="ada", graph=None)) == 64
+    assert emulate_module.inbox_peers(ring.replace(graph="complete")) == 0
+    assert emulate_module.inbox_peers(ring.replace(graph="exponential", nodes=64)) == 11
+    assert emulate_module.inbox_peers(ring.replace(method="ada", graph=None)) == 15
     assert emulate_module.inbox_peers(ring.replace(method="hsdp-adamw", graph=None)) == 0
     monkeypatch.setattr(emulate_module, "_available_bytes", lambda: ring_need + 2**30)
     out = tmp_path / "run"
-    assert main(["run", "--emulate", "--method", "gossip", "--graph", "complete", "--nodes",
+    assert main(["run", "--emulate", "--method", "gossip", "--graph", "exponential", "--nodes",
                  "256", "--workload", "vision-tiny", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "64 peers' messages at once" in err and "or a sparser graph" in err, err
+    assert "15 peers' messages at once" in err and "or a sparser graph" in err, err
     assert not out.exists()
 
 

@@ -129,14 +129,15 @@ def test_memory_parts_by_hand():
         assert memory(record, record.settings({})[0], model, 8, NODES,
                       precision).replicator == 2 * 4 * shard, name
     record = method_record("gossip")
-    for graph, degree in (("ring", 2), ("complete", NODES - 1)):
-        # The flat copy it sends and one inbox per neighbour (flexdemo/replicators/gossip.py).
+    for graph, degree in (("ring", 2), ("complete", 0)):
+        # The flat copy it sends and one inbox per neighbour (flexdemo/replicators/gossip.py);
+        # the complete graph all-reduces the flat copy and holds no inbox.
         gossip = memory(record, record.settings({"graph": graph})[0], model, 8, NODES, precision)
         assert gossip.replicator == (1 + degree) * 4 * shard, graph
-    # 255 neighbours on 256 nodes are exchanged with in windows of at most RECEIVE_LIMIT = 64
-    # (gossip.exchange_windows): 64 inboxes, the flat copy sent, and the mixed copy.
     wide = memory(record, record.settings({"graph": "complete"})[0], model, 8, 256, precision)
-    assert wide.replicator == (1 + 64 + 1) * 4 * shard
+    assert wide.replicator == 4 * shard
+    wide = memory(record, record.settings({"graph": "exponential"})[0], model, 8, 256, precision)
+    assert wide.replicator == (1 + 15) * 4 * shard  # 2^k hops both ways, 128 once
 
 
 def test_streaming_diloco_one_step_delay_hides_a_sync_shorter_than_a_step():

@@ -146,9 +146,10 @@ def _walk_the_ladder(rank, world):
         top, mid, low = "complete", "ring", "one-peer-exponential"
         # Rounds 0-1 (steps 1-2) on the top, a move every 2 rounds, clamped at both ends.
         assert graphs == [top, top, mid, mid, low, low, low, low, mid, mid, top, top, top, top]
-        # A send and a receive per peer; a measuring round (steps 3, 5, ...) adds one all-reduce.
-        degree = {top: 3, mid: 2, low: 1}
-        assert calls == [2 * degree[g] + (step % 2 == 1 and step > 1)
+        # A send and a receive per peer, the complete graph one all-reduce; a measuring round
+        # (steps 3, 5, ...) adds one all-reduce.
+        exchanges = {top: 1, mid: 2 * 2, low: 2 * 1}
+        assert calls == [exchanges[g] + (step % 2 == 1 and step > 1)
                          for step, g in enumerate(graphs, start=1)]
     finally:
         shaping.uninstall()
@@ -202,8 +203,8 @@ def test_flexbench_run_ada_writes_the_graph_column(tmp_path):
     steps = pd.read_parquet(out / "steps.parquet")
     assert steps["graph"].tolist() == ["complete", "ring", "one-peer-exponential",
                                        "one-peer-exponential"]
-    # Busiest rank: 3 sends and 3 receives on complete, then 2 + 2 or 1 + 1, plus a measurement.
-    assert steps["inter_calls"].tolist() == [6, 2 * 2 + 1, 2 + 1, 2 + 1]
+    # Busiest rank: one all-reduce on complete, then 2 + 2 or 1 + 1 messages, plus a measurement.
+    assert steps["inter_calls"].tolist() == [1, 2 * 2 + 1, 2 + 1, 2 + 1]
 
 
 @pytest.mark.parametrize(("flags", "words"), [

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import flexdemo
 from flexdemo import graphs
-from flexdemo.wire import CommStats
+from flexdemo.wire import CommStats, all_reduce_bytes
 from netsim import shaping
 from tests.dist_utils import inter_rows, run_ranks, shaped_world, train_step
 
@@ -44,21 +44,25 @@ def _gossip(rank, world, per_node, graph_names):
                 degree = opt.replicator.degree()
                 train_step(model, opt, recorder, rank, step)
                 rows = inter_rows(recorder, step)
-                assert set(rows["op"]) == {"send", "recv"}, (graph, rows["op"].tolist())
-                # One message each way per neighbour, of this rank's whole shard.
-                expected = degree * _shard_bytes(model)
-                assert degree == graphs.degree_of(graph, nodes, rank // per_node, step - 1)
+                if graphs.averages_exactly(graph, nodes, step - 1):
+                    # Every other node a peer (complete; exponential on 4; anything on 2): the
+                    # round's uniform weights are the mean, taken with one all-reduce.
+                    assert degree == 0 and rows["op"].tolist() == ["all_reduce"], graph
+                    expected = all_reduce_bytes(_shard_bytes(model), nodes)
+                    calls = 1
+                else:
+                    assert set(rows["op"]) == {"send", "recv"}, (graph, rows["op"].tolist())
+                    # One message each way per neighbour, of this rank's whole shard.
+                    assert degree == graphs.degree_of(graph, nodes, rank // per_node, step - 1)
+                    expected, calls = degree * _shard_bytes(model), 2 * degree
                 assert rows["bytes_sent"].sum() == expected, (graph, step)
                 assert rows["bytes_received"].sum() == expected, (graph, step)
                 assert opt.last_step_comm == {"bytes_sent": expected,
-                                              "bytes_received": expected,
-                                              "calls": 2 * degree}
+                                              "bytes_received": expected, "calls": calls}
             spread = flexdemo.replica_spread(model.parameters(), flexdemo.replicate_group(mesh))
             direct = _direct_spread(model, nodes, per_node)
             assert spread == pytest.approx(direct, rel=1e-9, abs=1e-15), graph
-            if opt.replicator.degree() == nodes - 1:
-                # Every other node a peer (complete; exponential on 4; anything on 2): a round
-                # with uniform weights is the exact average.
+            if graphs.averages_exactly(graph, nodes, STEPS - 1):
                 assert spread[0] < 1e-14, graph
             else:
                 assert spread[0] > 1e-8  # replicas on their own data drift apart
@@ -104,13 +108,24 @@ def _mixes_by_the_matrix(rank, world, graph, receive_limit=None):
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_a_round_in_windows_of_peers_still_mixes_by_the_matrix(monkeypatch):
-    # With at most 2 peers at once, the complete graph on 4 nodes (3 peers) goes in two
-    # windows: the 2 nodes at ring distance 1, then the one at distance 2.
+    # With at most 2 peers at once, the exponential graph on 6 nodes (4 peers, not the
+    # complete graph) goes in two windows: the 2 nodes at ring distance 1, then the 2 at 2.
     from flexdemo.replicators import gossip
 
     monkeypatch.setattr(gossip, "RECEIVE_LIMIT", 2)
-    assert gossip.exchange_windows([1, 2, 3], 4, 0) == [[1, 3], [2]]
-    run_ranks(_mixes_by_the_matrix, 4, "complete", 2)
+    assert graphs.peers("exponential", 6, 0) == [1, 2, 4, 5]
+    assert gossip.exchange_windows([1, 2, 4, 5], 6, 0) == [[1, 5], [2, 4]]
+    run_ranks(_mixes_by_the_matrix, 6, "exponential", 2)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_the_complete_graph_is_one_all_reduce_that_mixes_by_the_matrix():
+    # Its uniform weights make the round the mean: one all-reduce, the matrix's row all the same.
+    assert graphs.averages_exactly("complete", 4) and graphs.averages_exactly("exponential", 4)
+    assert not graphs.averages_exactly("exponential", 6)
+    assert not graphs.averages_exactly("one-peer-exponential", 4, 1)
+    run_ranks(_mixes_by_the_matrix, 4, "complete")
 
 
 @pytest.mark.parametrize("graph", ["complete", "exponential", "sites:4", "torus", "ring"])
