@@ -75,6 +75,7 @@ from experiments.replay.reshard import MISSING_INTRA, reshard_trace, run_layout
 from experiments.report.metrics import time_to_target
 from experiments.values import POSITIVE, POSITIVE_INT
 from flexdemo.graphs import (
+    averages_exactly,
     busiest_degree,
     graph_problem,
     peers,
@@ -199,6 +200,10 @@ def gossip_degrees(
 
     lines = []
     for graph in used:
+        if averages_exactly(graph, nodes):
+            lines.append(f"{method} graph {graph} rebuilt on {nodes} nodes: the exact average, "
+                         "one all-reduce a round (as the run takes it), no messages")
+            continue
         found = sorted({_busiest_degree(graph, nodes, r) for r in range(period(graph, nodes))})
         degree = "/".join(str(d) for d in found)
         extra = (f" (one new peer a round, {period(graph, nodes)}-round period)"
@@ -241,8 +246,13 @@ def gossip_site_rounds(meta: dict, steps: pd.DataFrame, sites: Sites | None,
         graph = graph_at(step)
         return on_sites(graph, round_ % period(graph, sites.nodes))
 
-    first = site_rounds(int(steps["step"].iloc[0]) if len(steps) else 1, 0)
-    return site_rounds, [gossip_line(sites, first)]
+    # The note's round: the first step's whose graph sends messages (an exact average, the
+    # complete graph's, is one all-reduce and sends none).
+    messaging = [int(step) for step in steps["step"]
+                 if not averages_exactly(graph_at(int(step)), sites.nodes)] or [1]
+    if averages_exactly(graph_at(messaging[0]), sites.nodes):
+        return site_rounds, []
+    return site_rounds, [gossip_line(sites, site_rounds(messaging[0], 0))]
 
 
 def simulate_run(

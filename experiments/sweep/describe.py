@@ -2,10 +2,12 @@
 
     nodes, gpus_per_node, cluster   the unit's shape ("8x1"), from its config
     graph                 the gossip graph (None for methods that do not gossip over a fixed one)
-    graph_degree          peers a rank sent to per training step, mean over steps and ranks,
-                          counted from trace.parquet (NaN when the run sent nothing point to point);
-                          an emulated run has no trace: its steps' graphs' mean degree at its
-                          node count (`flexdemo.graphs.mean_degree`)
+    graph_degree          peers a node mixes with per step: the mean degree at the unit's node
+                          count of the graph each step mixed on (steps' `graph` column,
+                          `flexdemo.graphs.mean_degree`; the complete graph's round is one
+                          all-reduce, its degree n - 1 all the same); a run without that column
+                          counts the sends of trace.parquet (NaN when it sent nothing point to
+                          point)
     replica_variance, consensus_distance   mean over the run's evaluations (steps.parquet)
 """
 
@@ -43,13 +45,12 @@ def unit_columns(unit: Unit) -> dict[str, Any]:
             "recorded_unit": unit.recorded.id if unit.recorded else None}
 
 
-def run_columns(run_dir: Path, steps: pd.DataFrame, emulated_nodes: int | None = None
-                ) -> dict[str, float]:
-    """The columns measured from a finished run: mean graph degree and mean replica spread.
-
-    `emulated_nodes`: the run was emulated at that node count (no trace to count sends in)."""
-    degree = (mean_degree(run_dir / "trace.parquet", len(steps)) if emulated_nodes is None
-              else graphs_degree(steps, emulated_nodes))
+def run_columns(run_dir: Path, steps: pd.DataFrame, nodes: int) -> dict[str, float]:
+    """The columns measured from a finished run of `nodes` nodes: mean graph degree and mean
+    replica spread."""
+    degree = graphs_degree(steps, nodes)
+    if math.isnan(degree):  # no graph column: an older run, or a method without a graph
+        degree = mean_degree(run_dir / "trace.parquet", len(steps))
     out = {"graph_degree": degree}
     for col in SPREAD_COLUMNS:
         values = steps[col].dropna() if col in steps.columns else pd.Series(dtype=float)

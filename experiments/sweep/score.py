@@ -189,7 +189,7 @@ def _time_unit(
         inter_bytes_received_per_step=_mean(steps, "inter_bytes_received"),
         inter_calls_per_step=_mean(steps, "inter_calls"),
         intra_bytes_per_step=_mean(steps, "intra_bytes"),
-        **run_columns(run_dir, steps, unit.config.nodes if unit.emulated else None),
+        **run_columns(run_dir, steps, unit.config.nodes),
     )
     keys = {k: row[k] for k in KEY_COLUMNS}
     # A run's own per-step `graph` (the graph Ada or gossip mixed on) would clash with the unit

@@ -429,6 +429,9 @@ def simulate_each(
     n_steps = programs.n_steps if steps is None else steps
     _check_steps_and_intra(n_steps, steps, intra)
     p2p = any(spec.scope == "p2p" for spec in programs.specs)
+    # The sites note's round: the first step that sends messages (gossip's exact-average
+    # rounds, the complete graph's, are an all-reduce instead).
+    first_p2p = int(df.loc[df["op"] == "send", "step"].min()) if p2p else 0
     for topology in topologies:
         _check_peers(p2p, degrees, nodes, topology)
     replays = []
@@ -455,7 +458,7 @@ def simulate_each(
             + (" " + OVERLAP_NOTE if overlap == "fsdp2" else "")
             + (" " + CARRY_NOTE if carries else "")
             + (" " + _phase_note(phases, how, phase_scale) if phases is not None else "")
-            + _sites_note(topology, site_rounds if p2p else None, programs.step_numbers[0]),
+            + _sites_note(topology, site_rounds if p2p else None, first_p2p),
             algorithms=tuple(
                 AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
                 for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
