@@ -1,7 +1,7 @@
 """Two ways to emulate N replicas in one process, side by side: threads over a process group, or
 replicas stacked along a leading dimension (`torch.func` + `vmap`).
 
-    python benchmarks/bench_emulate_designs.py [--nodes 16 64] [--graphs complete exponential] \\
+    python benchmarks/bench_emulate_designs.py [--nodes 16 64] [--graphs exponential] \\
         [--workload vision-tiny] [--steps 11]
 
 (a) `threads` is the emulator `flexbench run --emulate` runs: every replica a thread with its
@@ -116,7 +116,7 @@ def _measure(design: str, workload: str, nodes: int, graph: str, steps: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--graphs", nargs="+", default=["complete", "exponential"])
+    parser.add_argument("--graphs", nargs="+", default=["exponential"])
     parser.add_argument("--workload", default="vision-tiny")
     parser.add_argument("--steps", type=int, default=11)
     parser.add_argument("--one", nargs=4, metavar=("DESIGN", "WORKLOAD", "NODES", "GRAPH"),
