@@ -85,7 +85,7 @@ def test_several_recordings_pick_the_nearest_global_batch(capsys, tmp_path):
                              "--nodes", "8")
     assert rc == 0
     assert f"trace from {four}; loss curve from {eight} (8 x 1, global batch 128)" in out
-    assert "predicted time to val_loss <= 2.5111:" in out  # ada-nodes=8-s0's own final loss
+    assert "predicted time to val_loss <= 2.5107:" in out  # ada-nodes=8-s0's own final loss
     assert "(loss curve of ada-nodes=8-s0 at 8 x 1, global batch 128; --loss-scaling none)" in out
     stored = json.loads(csv.with_suffix(".loss.json").read_text())
     assert (stored["trace_from"], stored["loss_curve_from"]) == (str(four), str(eight))
