@@ -180,8 +180,8 @@ def graphs_markdown(runs: pd.DataFrame) -> str:
     return "\n".join([
         "### Decentralized: graphs, replica spread and final loss\n",
         "Means over each run's steps (degree: peers a node mixes with, its graph's) and "
-        "evaluations (replica "
-        "variance, consensus distance); medians over seeds. hsdp-adamw all-reduces every step "
+        "evaluations (replica variance, consensus distance); medians over seeds. hsdp-adamw "
+        "all-reduces every step "
         "(no graph; variance 0).\n",
         metrics.markdown_table(shown, index_name="cluster · graph") + "\n",
         "### Rank correlations (Spearman, over the gossip units)\n",
