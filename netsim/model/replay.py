@@ -429,9 +429,6 @@ def simulate_each(
     n_steps = programs.n_steps if steps is None else steps
     _check_steps_and_intra(n_steps, steps, intra)
     p2p = any(spec.scope == "p2p" for spec in programs.specs)
-    # The sites note's round: the first step that sends messages (gossip's exact-average
-    # rounds, the complete graph's, are an all-reduce instead).
-    first_p2p = int(df.loc[df["op"] == "send", "step"].min()) if p2p else 0
     for topology in topologies:
         _check_peers(p2p, degrees, nodes, topology)
     replays = []
@@ -458,7 +455,7 @@ def simulate_each(
             + (" " + OVERLAP_NOTE if overlap == "fsdp2" else "")
             + (" " + CARRY_NOTE if carries else "")
             + (" " + _phase_note(phases, how, phase_scale) if phases is not None else "")
-            + _sites_note(topology, site_rounds if p2p else None, first_p2p),
+            + _sites_note(topology, site_rounds if p2p else None, df),
             algorithms=tuple(
                 AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
                 for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
@@ -480,14 +477,16 @@ def _check_peers(p2p: bool, degrees: Degrees | None, nodes: int, topology: Topol
         )
 
 
-def _sites_note(topology: Topology, site_rounds: SiteRounds | None, first_step: int) -> str:
-    """The note's clauses for a replay on sites (collectives, and gossip's first round)."""
+def _sites_note(topology: Topology, site_rounds: SiteRounds | None, df: pd.DataFrame) -> str:
+    """The note's clauses for a replay on sites (collectives, and the first round of gossip's
+    messages: its exact-average rounds, the complete graph's, are an all-reduce instead)."""
     sites = topology.sites
     if sites is None:
         return ""
     note = f" {hierarchy_line(sites)}."
     if site_rounds is not None and len(sites.sites) > 1:
-        note += f" {gossip_line(sites, site_rounds(first_step, 0))}."
+        first = int(df.loc[df["op"] == "send", "step"].min())
+        note += f" {gossip_line(sites, site_rounds(first, 0))}."
     return note
 
 
