@@ -2,6 +2,8 @@
 # Each creates the virtual environment on first use. A torch that the chosen python already has
 # (a CUDA build, say) is used as is; otherwise TORCH_SPEC is installed (a CPU build on this kind
 # of machine; on other CPU machines pass e.g. TORCH_SPEC="torch --index-url <cpu wheel index>").
+# A python that is itself a virtual environment's does not count: the new one would see its
+# base's packages, not that environment's torch, and pip would fetch the newest torch.
 PY ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -11,7 +13,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test test-fast lint clean
 
 $(STAMP): pyproject.toml
-	@if $(PY) -c "import torch" 2>/dev/null; then \
+	@if $(PY) -c "import sys, torch; sys.exit(sys.prefix != sys.base_prefix)" 2>/dev/null; then \
 	  echo "using the torch that $(PY) already has"; \
 	  $(PY) -m venv --system-site-packages $(VENV); \
 	else \
