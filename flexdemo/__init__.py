@@ -55,6 +55,7 @@ _WHERE = {
     "mixing_matrix": "graphs",
     "build_mesh": "hsdp", "parallelize": "hsdp", "replicate_group": "hsdp",
     "shard_group": "hsdp", "shard_layout": "hsdp", "fsdp_units": "hsdp",
+    "parameter_units": "hsdp",
     "watch_unit_backward": "hsdp",
     "FlexDeMo": "optimizer", "local_tensor": "optimizer",
     "REPLICATORS": "replicators", "AdaReplicator": "replicators",

@@ -103,14 +103,25 @@ def shard_layout(model: nn.Module, blocks: BlockSpec = None) -> list[list[list[i
 
     They fix every sharded collective's size at any shard count (a replay re-shards with them).
     """
-    units: list[list[list[int]]] = []
+    return [[list(p.shape) for p in unit] for unit in _unit_parameters(model, blocks)]
+
+
+def parameter_units(model: nn.Module, blocks: BlockSpec = None) -> list[int]:
+    """The FSDP2 unit (its index in ``shard_layout``) of each of ``model.parameters()``."""
+    unit_of = {id(p): u for u, unit in enumerate(_unit_parameters(model, blocks)) for p in unit}
+    return [unit_of[id(p)] for p in model.parameters()]
+
+
+def _unit_parameters(model: nn.Module, blocks: BlockSpec) -> list[list[nn.Parameter]]:
+    """The parameters of each FSDP2 unit ``parallelize`` makes (units holding none left out)."""
+    units: list[list[nn.Parameter]] = []
     taken: set[int] = set()
     # A parameter belongs to the innermost unit holding it: the blocks come inner first.
     for module in [block for _, block in find_blocks(model, blocks)] + [model]:
-        shapes = [list(p.shape) for p in module.parameters() if id(p) not in taken]
+        params = [p for p in module.parameters() if id(p) not in taken]
         taken.update(id(p) for p in module.parameters())
-        if shapes:
-            units.append(shapes)
+        if params:
+            units.append(params)
     return units
 
 

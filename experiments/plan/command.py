@@ -41,8 +41,10 @@ from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
 __all__ = ["configure", "main", "parse_bandwidths", "parse_sets"]
 
 OUTPUTS = (".csv", ".json", ".png")
-# --set keys that are the plan's own (FSDP2's mixed precision), not a method's knob.
-PLAN_KEYS = ("param_dtype", "reduce_dtype", "optimizer_s", "backend")
+# --set keys that are the plan's own (FSDP2's mixed precision, ...), not a method's knob.
+PLAN_KEYS = ("param_dtype", "reduce_dtype", "optimizer_s", "backend", "sync_in_backward")
+# Replicators whose sync `sync_in_backward` can start unit by unit in the backward.
+IN_BACKWARD = ("diloco", "streaming-diloco")
 _RANGE = re.compile(r"^([^:]+):([^:]+):([^:]+)$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|TB)\s*$")
 
@@ -241,6 +243,7 @@ def main(args: argparse.Namespace) -> int:
     backend = own.get("backend", "nccl")
     if backend not in ("nccl", "gloo"):
         raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
+    in_backward = _sync_in_backward(own.get("sync_in_backward", "false"), args.method)
     settings = {m: method_record(m).settings(knobs[m])[0] for m in args.method}
     memory_cap, memory_source = _gpu_memory(args)
     source = steps_source(args.steps_to_target, args.steps_from, args.target, args.model,
@@ -261,8 +264,10 @@ def main(args: argparse.Namespace) -> int:
     replicas = [replica_topology(t, k) for t in topologies]
 
     def plan_of(method: str, knobs: object) -> MethodPlan:
-        return plan_method(method_record(method), knobs, model, replicas, labels, compute,
-                           precision, args.algorithm, backend=backend, nodes_per_replica=k)
+        record = method_record(method)
+        return plan_method(record, knobs, model, replicas, labels, compute, precision,
+                           args.algorithm, backend=backend, nodes_per_replica=k,
+                           sync_in_backward=in_backward and record.replicator in IN_BACKWARD)
 
     plans = [plan_ada(settings[m], schedule, lambda on_graph: plan_of("ada", on_graph))
              if m == "ada" else plan_of(m, settings[m]) for m in args.method]
@@ -274,11 +279,23 @@ def main(args: argparse.Namespace) -> int:
         frame["time_to_target_s"] = frame["steps_to_target"] * frame["step_time_s"]
     needed = _needed_table(plans, frame) if args.topology is None else pd.DataFrame()
     assumptions = _assumptions(args, model, compute, precision, network, memory_source,
-                               plans, settings, source)
+                               plans, settings, source, in_backward)
     _print(args, frame, needed, plans, assumptions, memory_cap)
     _write(Path(args.out), frame, needed, assumptions)
     print(f"wrote {args.out}")
     return 0
+
+
+def _sync_in_backward(text: str, methods: list[str]) -> bool:
+    """The sync_in_backward setting: true or false, and true only where a method reads it."""
+    if text.lower() not in ("true", "false"):
+        raise ConfigError(f"sync_in_backward={text!r} must be true or false.")
+    wanted = text.lower() == "true"
+    if wanted and not any(method_record(m).replicator in IN_BACKWARD for m in methods):
+        raise ConfigError(f"sync_in_backward=true moves the outer sync of "
+                          f"{' and '.join(IN_BACKWARD)} into the backward, and --method plans "
+                          "neither; plan one of them or leave it out.")
+    return wanted
 
 
 def _profiled(args: argparse.Namespace, unit_params: list[int], optimizer_s: float):
@@ -348,7 +365,7 @@ def _network(args: argparse.Namespace) -> tuple[list[Topology], list[str], str]:
 
 def _assumptions(args: argparse.Namespace, model, compute, precision: Precision, network: str,
                  memory_source: str, plans: list[MethodPlan], settings: dict,
-                 source: StepsSource | None = None) -> list[str]:
+                 source: StepsSource | None = None, in_backward: bool = False) -> list[str]:
     """Every assumption behind the figures, one line each."""
     lines = [model.describe() + "; FSDP2 units as flexdemo.parallelize wraps it",
              f"cluster: {args.nodes} nodes x {args.gpus_per_node} GPUs; the program is "
@@ -367,6 +384,17 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
              f"state, FSDP2's gathered working set; activations not counted; GPU memory "
              f"{memory_source}"]
     lines += [MISSING] if source is None else [source.line(p.method) for p in plans]
+    syncing = [p.method for p in plans if method_record(p.method).replicator in IN_BACKWARD]
+    if syncing and in_backward:
+        lines.append(f"sync_in_backward: {', '.join(syncing)} start their outer sync unit by "
+                     "unit, each unit's piece (its share of the sync's bytes, by its elements) "
+                     "when its backward's gradient reduction is issued, as an optimizer step "
+                     "in the backward would allow; flexdemo's replicators post it after the "
+                     "optimizer step, so `run` does not train this schedule")
+    elif syncing:
+        lines.append(f"outer sync of {', '.join(syncing)}: posted after the optimizer step, as "
+                     "the replicator does (sync_in_backward=true starts it unit by unit in the "
+                     "backward)")
     for p in plans:
         knob = settings[p.method]
         knob_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knob).items())

@@ -148,6 +148,8 @@ class DeclaredModel:
     """Per FSDP2 unit, blocks inner first then the root: its parameters' shapes."""
     shapes: tuple[tuple[int, ...], ...] = ()
     """Every parameter's shape in ``model.parameters()`` order (the optimizer's order)."""
+    unit_of: tuple[int, ...] = ()
+    """The FSDP2 unit of each of ``shapes`` (an index into ``units``)."""
 
     @property
     def params(self) -> int:
@@ -301,5 +303,6 @@ def _declared(spec: str, model: nn.Module, source: str) -> DeclaredModel:
     except ValueError as err:
         raise ConfigError(f"--model {spec!r}: {err}") from None
     units = tuple(tuple(tuple(shape) for shape in unit) for unit in layout)
-    return DeclaredModel(spec, source, units, tuple(tuple(p.shape) for p in model.parameters()))
+    return DeclaredModel(spec, source, units, tuple(tuple(p.shape) for p in model.parameters()),
+                         tuple(flexdemo.parameter_units(model)))
 

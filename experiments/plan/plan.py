@@ -176,15 +176,27 @@ def _streaming_kinds(knobs: StreamingDiLoCoKnobs) -> tuple[int, list[Kind], bool
     return knobs.sync_every, kinds, tau > 0
 
 
+def _peak_exchange(trace: pd.DataFrame, split: bool) -> int:
+    """The largest exchange between nodes a rank posts: one collective's bytes, or with the
+    sync `split` into the backward's pieces (`sync_in_backward`), a step's pieces together."""
+    inter = trace.loc[trace["inter"] & (trace["kind"] == "collective")]
+    if inter.empty:
+        return 0
+    if split:
+        return int(inter.groupby(["rank", "step"])["bytes"].sum().max())
+    return int(inter["bytes"].max())
+
+
 def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies: list[Topology],
                 labels: list[str], compute: StepCompute, precision: Precision,
                 algorithm: str = "auto", progress: Callable[[str], None] | None = None,
-                backend: str = "nccl", nodes_per_replica: int = 1) -> MethodPlan:
+                backend: str = "nccl", nodes_per_replica: int = 1,
+                sync_in_backward: bool = False) -> MethodPlan:
     """Replay `record`'s program on each topology (one per bandwidth; module docstring).
 
     `nodes_per_replica` K > 1: the topologies are already the replicas'
     (`experiments.plan.replicas.replica_topology`: one node a replica of K nodes); bytes and
-    bandwidths are reported per real node.
+    bandwidths are reported per real node. `sync_in_backward`: as `synthesize` takes it.
     """
     target = topologies[0]
     shape = Shape(min(target.nodes, 2), target.accelerators_per_node)
@@ -192,7 +204,8 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
     traces: dict[tuple, list] = {}
     for first, length, count, whole in kinds:
         trace = synthesize(record, knobs, model, shape, compute, precision, length,
-                           replicas=target.nodes, backend=backend, first=first)
+                           replicas=target.nodes, backend=backend, first=first,
+                           sync_in_backward=sync_in_backward)
         # Windows alike (Streaming DiLoCo's fragments of one size) replay once, counted twice.
         key = (_signature(trace, first), length, whole)
         if key in traces:
@@ -202,10 +215,8 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
     plan = MethodPlan(record.name, compute.total_s, period, _syncs(record, knobs, period),
                       memory(record, knobs, model, target.accelerators_per_node, target.nodes,
                              precision))
-    inter = [t.loc[t["inter"] & (t["kind"] == "collective"), "bytes"]
-             for t, *_ in traces.values()]
-    plan = dataclasses.replace(plan, peak_exchange_bytes=int(max((b.max() for b in inter
-                                                                  if len(b)), default=0)))
+    plan = dataclasses.replace(plan, peak_exchange_bytes=max(
+        (_peak_exchange(t, sync_in_backward) for t, *_ in traces.values()), default=0))
     totals = [[0.0, 0.0] for _ in topologies]  # per topology: seconds and egress per period
     degrees, site_rounds = gossip_graph(record, knobs, target)
     algorithms: list[AlgorithmChoice] = []  # what each trace's replay on the target assumed

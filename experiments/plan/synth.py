@@ -16,7 +16,7 @@ the root kept gathered through the backward):
 - after the "backward" mark: the optimizer step and the method's own exchange (the DeMo
   family's top-k, sized by `flexdemo.replicators.demo.plan_exchange`, the code the optimizer
   sets itself up with; DiLoCo's outer all-reduce of the shard every H steps; Streaming
-  DiLoCo's fragment syncs, cut by `fragment_numels` and sized by the outer wire's `payload`,
+  DiLoCo's fragment syncs, cut by `fragment_pieces` and sized by the outer wire's `payload`,
   posted and applied on the replicator's own schedule). An exchange waited on in a later step
   than the one that posted it is carried there, as a recording holds it.
 
@@ -51,7 +51,7 @@ from flexdemo.replicators.diloco import outer_payload
 from flexdemo.replicators.gossip import message_bytes
 from flexdemo.replicators.partial import partial_payload, striding_rows
 from flexdemo.replicators.sampled_spread import SampledSpread
-from flexdemo.replicators.streaming_diloco import fragment_numels
+from flexdemo.replicators.streaming_diloco import fragment_pieces
 from netsim.costs import collective_volume, default_algorithm
 from netsim.trace import BACKWARD, TRACE_COLUMNS, TRAIN, UNIT_BACKWARD
 
@@ -244,8 +244,10 @@ class _Sizes:
         self.all_reduce = [n * reduce for n in shard]
 
 
-def _fsdp2_step(rank: _Rank, sizes: _Sizes, compute: StepCompute, inter_all_reduce: bool) -> None:
-    """Forward and backward of one step, with FSDP2's collectives (module docstring)."""
+def _fsdp2_step(rank: _Rank, sizes: _Sizes, compute: StepCompute, inter_all_reduce: bool,
+                reduced: Callable[[int], None] | None = None) -> None:
+    """Forward and backward of one step, with FSDP2's collectives (module docstring);
+    ``reduced(unit)`` once a unit's gradient reduction is issued."""
     root = len(sizes.gather) - 1
     forward = [root, *range(root)]
     rank.run("all_gather", sizes.gather[forward[0]], False)
@@ -253,12 +255,14 @@ def _fsdp2_step(rank: _Rank, sizes: _Sizes, compute: StepCompute, inter_all_redu
     # Backward: the root (kept gathered) first, its head's gradient; then the blocks, last first.
     backward = [root, *range(root - 1, -1, -1)]
 
-    def reduce_block(unit: int) -> None:
-        if unit != root:
-            _reduce(rank, sizes, unit, inter_all_reduce)
+    def reduce_unit(unit: int) -> None:
+        _reduce(rank, sizes, unit, inter_all_reduce)
+        if reduced is not None:
+            reduced(unit)
 
-    _prefetching(rank, sizes, backward, compute.backward_s, then=reduce_block)
-    _reduce(rank, sizes, root, inter_all_reduce)
+    _prefetching(rank, sizes, backward, compute.backward_s,
+                 then=lambda unit: unit != root and reduce_unit(unit))
+    reduce_unit(root)
     # After the root's reduction, as a recording marks it (the backward's end, FSDP2's last
     # reduce-scatter included): the optimizer step, and any exchange in it, waits for them all.
     rank.mark(BACKWARD)
@@ -289,7 +293,7 @@ def _reduce(rank: _Rank, sizes: _Sizes, unit: int, inter_all_reduce: bool) -> No
 def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape,
                compute: StepCompute, precision: Precision, steps: int,
                replicas: int | None = None, backend: str = "nccl",
-               first: int = 1) -> pd.DataFrame:
+               first: int = 1, sync_in_backward: bool = False) -> pd.DataFrame:
     """The trace of `steps` training steps of `record`'s method on `shape` (module docstring).
 
     `knobs` are the replicator's (record.settings); steps are numbered from `first` (1-based,
@@ -298,7 +302,9 @@ def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape
     (DeMo's exchange="auto"). `backend` names the algorithm each op runs
     (`netsim.costs.default_algorithm`): "nccl" rings; "gloo" runs a reduce-scatter as an
     all-reduce, as CPU recordings hold it. An exchange still in flight after the last step is
-    waited on after it (a run's drain).
+    waited on after it (a run's drain). `sync_in_backward`: DiLoCo's and Streaming DiLoCo's
+    sync is posted unit by unit, each piece when its unit's gradient reduction is issued in
+    the backward (`in_backward`), not after the backward.
     """
     if record.name not in PLANNED_METHODS:
         raise ConfigError(f"--method {record.name!r} has no synthesized program yet; plan one "
@@ -323,21 +329,26 @@ def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape
     frames = []
     for locals_ in alike.values():
         rank = _Rank(locals_[0], shape, backend)
-        in_flight: dict[object, dict] = {}
+        in_flight: dict[object, list[dict]] = {}
         for step in steps_run:
             begin = rank.begin(step)
-            _fsdp2_step(rank, sizes, compute, record.inter_all_reduce)
+            early = (in_backward(exchange, step, rank.local)
+                     if sync_in_backward and shape.nodes > 1 else {})
+            _fsdp2_step(rank, sizes, compute, record.inter_all_reduce,
+                        functools.partial(_post_in_backward, rank, early, in_flight))
             rank.compute(compute.optimizer_s / 2)
             # The method's exchange belongs to no FSDP2 unit (as recordings tag it): tagged
             # with the root's, the fsdp2 overlap would stream it as the root's reduction and
             # make the optimizer step wait for it, a carried exchange included.
             rank.unit = -1
             if shape.nodes > 1:
-                _exchange_step(rank, exchange, step, in_flight)
+                _exchange_step(rank, exchange, step, in_flight,
+                               posted={key for unit in early.values() for key, *_ in unit})
             rank.compute(compute.optimizer_s / 2)
             rank.end(begin)
-        for row in in_flight.values():  # the run's drain: waited on after its last step
-            row["wait_s"] = row["end_s"] = rank.t + _DECODE_S
+        for rows in in_flight.values():  # the run's drain: waited on after its last step
+            for row in rows:
+                row["wait_s"] = row["end_s"] = rank.t + _DECODE_S
         template = pd.DataFrame(rank.rows, columns=list(TRACE_COLUMNS))
         frames.append(_relabelled(template, shape,
                                   [(node, local) for node in range(shape.nodes)
@@ -371,10 +382,19 @@ def _relabelled(template: pd.DataFrame, shape: Shape,
     return pd.DataFrame(columns, columns=template.columns)
 
 
+def _post_in_backward(rank: _Rank, early: dict[int, list[tuple[object, str, int]]],
+                      in_flight: dict[object, list[dict]], unit: int) -> None:
+    """Post the pieces of the sync that start when `unit`'s backward ends (`in_backward`); they
+    belong to no FSDP2 unit, so the replay does not stream them as its gradient reduction."""
+    for key, op, nbytes in early.get(unit, ()):
+        in_flight.setdefault(key, []).append(rank.issue(op, nbytes, True, unit=-1))
+
+
 def _exchange_step(rank: _Rank, exchange: Exchange, step: int,
-                   in_flight: dict[object, dict]) -> None:
+                   in_flight: dict[object, list[dict]], posted: set[object] = frozenset()) -> None:
     """This step's exchange: what it runs first and waits for (Ada's measurement), then post
-    what it posts, then wait on what it applies."""
+    what it posts (but the keys in `posted`: already posted in the backward), then wait on
+    what it applies."""
     for op, nbytes, inter in exchange.blocking(step, rank.local):
         row = rank.issue(op, nbytes, inter)
         if row:  # a group of one runs nothing
@@ -382,15 +402,16 @@ def _exchange_step(rank: _Rank, exchange: Exchange, step: int,
             # What follows starts after it (ops at one moment would replay as issued
             # together): the arithmetic on its result (Ada's spread and decision).
             rank.compute(_DECODE_S)
-    posted_now = set()
+    posted_now = set(posted)
     for key, op, nbytes, *peer in exchange.posts(step, rank.local):
-        in_flight[key] = (rank.message(op, nbytes, peer[0]) if peer
-                          else rank.issue(op, nbytes, True))
+        if key in posted:
+            continue
+        in_flight[key] = [rank.message(op, nbytes, peer[0]) if peer
+                          else rank.issue(op, nbytes, True)]
         posted_now.add(key)
     carried = False
     for key in exchange.waits(step):
-        row = in_flight.pop(key, None)
-        if row is not None:
+        for row in in_flight.pop(key, []):
             rank.wait(row)
             carried = carried or key not in posted_now
     if carried:
@@ -414,6 +435,37 @@ class Exchange:
         """(op, payload bytes, whether it crosses nodes) of every op step `step` runs and waits
         for before its posts."""
         return []
+
+    def unit_elements(self, step: int, local: int) -> dict[object, dict[int, int]]:
+        """Per key posted after step `step`: its elements in each FSDP2 unit, for a sync that
+        can start unit by unit in the backward (empty: none can)."""
+        return {}
+
+
+def in_backward(exchange: Exchange, step: int,
+                local: int) -> dict[int, list[tuple[object, str, int]]]:
+    """Per FSDP2 unit, the pieces of step `step`'s posts that start when its backward ends:
+    each post's bytes split over the units by their elements (the total kept exact)."""
+    elements = exchange.unit_elements(step, local)
+    out: dict[int, list[tuple[object, str, int]]] = {}
+    for key, op, nbytes, *_ in exchange.posts(step, local):
+        per_unit = {u: n for u, n in sorted(elements.get(key, {}).items()) if n}
+        total, done, sent = sum(per_unit.values()), 0, 0
+        for unit, n in per_unit.items():
+            done += n
+            share = nbytes * done // total - sent
+            sent += share
+            out.setdefault(unit, []).append((key, op, share))
+    return out
+
+
+def _unit_totals(model: DeclaredModel, pieces: list[tuple[int, int, int]]) -> dict[int, int]:
+    """Elements of (parameter, start, end) pieces per FSDP2 unit."""
+    out: dict[int, int] = {}
+    for i, start, end in pieces:
+        unit = model.unit_of[i]
+        out[unit] = out.get(unit, 0) + end - start
+    return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -477,6 +529,14 @@ class _DiLoCoExchange(Exchange):
         """Waited on in the step that posts it."""
         return [step] if self.replicates_on(step) else []
 
+    def unit_elements(self, step: int, local: int) -> dict[object, dict[int, int]]:
+        """The whole shard, unit by unit."""
+        if not self.replicates_on(step):
+            return {}
+        shapes = local_shard_shapes(self.model, self.per_node, local)
+        return {step: _unit_totals(self.model, [(i, 0, math.prod(s))
+                                                for i, s in enumerate(shapes)])}
+
 
 class _StreamingExchange(Exchange):
     """Streaming DiLoCo: one fragment's sync posted tau steps before it is applied."""
@@ -491,11 +551,22 @@ class _StreamingExchange(Exchange):
 
     def fragments(self, local: int) -> list[int]:
         """Elements of each fragment of local rank `local`'s shards (the replicator's cut)."""
+        return [sum(b - a for _, a, b in pieces) for pieces in self.pieces(local)]
+
+    def pieces(self, local: int) -> list[list[tuple[int, int, int]]]:
+        """Each fragment's (parameter, start, end) pieces of local rank `local`'s shards."""
         sizes = [math.prod(s) for s in local_shard_shapes(self.model, self.per_node, local)]
         try:
-            return fragment_numels(sizes, self.knobs.num_fragments, self.knobs.fragment_cut)
+            return fragment_pieces(sizes, self.knobs.num_fragments, self.knobs.fragment_cut)
         except ValueError as err:
             raise ConfigError(f"--method streaming-diloco: {err}") from None
+
+    def unit_elements(self, step: int, local: int) -> dict[object, dict[int, int]]:
+        """The fragment prepared after this step, unit by unit."""
+        fragment = self.prepared_on(step)
+        if fragment is None:
+            return {}
+        return {fragment: _unit_totals(self.model, self.pieces(local)[fragment])}
 
     def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
         """The fragment prepared after this step, in the outer wire format."""
@@ -672,7 +743,7 @@ def _synthesize_each_rank(record: Method, exchange: _GossipExchange, sizes: _Siz
     for rank_id in range(shape.world):
         rank = _Rank(rank_id, shape, backend)
         exchange.at(rank.node, shape.nodes)
-        in_flight: dict[object, dict] = {}
+        in_flight: dict[object, list[dict]] = {}
         for step in range(first, first + steps):
             begin = rank.begin(step)
             _fsdp2_step(rank, sizes, compute, record.inter_all_reduce)
@@ -699,7 +770,7 @@ def synthesize_replicas(record: Method, knobs: object, model: DeclaredModel, sha
     template = _Rank(0, shape, backend)
     template.replicate = group
     template.shape = Shape(world, 1)  # the exchange's group: every rank, one replica each
-    in_flight: dict[object, dict] = {}
+    in_flight: dict[object, list[dict]] = {}
     for step in range(first, first + steps):
         begin = template.begin(step)
         template.compute(sum(compute.forward_s) + sum(compute.backward_s))
@@ -709,8 +780,9 @@ def synthesize_replicas(record: Method, knobs: object, model: DeclaredModel, sha
             _exchange_step(template, exchange, step, in_flight)
         template.compute(compute.optimizer_s / 2)
         template.end(begin)
-    for row in in_flight.values():
-        row["wait_s"] = row["end_s"] = template.t + _DECODE_S
+    for rows in in_flight.values():
+        for row in rows:
+            row["wait_s"] = row["end_s"] = template.t + _DECODE_S
     rows = pd.DataFrame(template.rows, columns=list(TRACE_COLUMNS))
     frames = []
     for rank in range(world):

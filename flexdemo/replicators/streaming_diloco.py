@@ -216,9 +216,15 @@ def fragment_numels(sizes: list[int], frags: int, cut: str) -> list[int]:
     planner sizes every fragment's sync as the run does. ValueError (one sentence) for more
     fragments than there are parameters (or elements) to cut.
     """
+    return [sum(b - a for _, a, b in pieces) for pieces in fragment_pieces(sizes, frags, cut)]
+
+
+def fragment_pieces(sizes: list[int], frags: int, cut: str) -> list[list[Piece]]:
+    """Each fragment's (parameter index, first element, end element) pieces, cut as
+    ``fragment_cut`` says (the replicator's own cut; ValueError as :func:`fragment_numels`)."""
     if cut == "elements":
-        return [sum(b - a for _, a, b in pieces) for pieces in _element_cuts(sizes, frags)]
-    return [sum(sizes[i] for i in run) for run in _parameter_runs(len(sizes), frags)]
+        return _element_cuts(sizes, frags)
+    return [[(i, 0, sizes[i]) for i in run] for run in _parameter_runs(len(sizes), frags)]
 
 
 def _element_cuts(sizes: list[int], frags: int) -> list[list[Piece]]:

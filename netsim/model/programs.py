@@ -290,8 +290,10 @@ class _Streams:
         return tuple(sorted(after))
 
     def gathers(self, row: int) -> bool:
-        """Whether the op of `row` is an all-gather (before the backward mark: FSDP2's)."""
-        return self.cols is not None and self.cols["op"][row] == "all_gather"
+        """Whether the op of `row` is an all-gather inside the node (before the backward mark:
+        FSDP2's; one across nodes there is a method's, posted in the backward)."""
+        return (self.cols is not None and self.cols["op"][row] == "all_gather"
+                and not self.cols["inter"][row])
 
     def gather(self, row: int) -> tuple[int, ...]:
         """Put the all-gather of `row` on the all-gather stream; the op it starts after."""
