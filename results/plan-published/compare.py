@@ -3,7 +3,8 @@
 Run from the repository root: python results/plan-published/compare.py
 Per model size, method and compute-utilization target: the paper's Gbit/s, the plan's lowest
 grid point reaching the target (and its interpolated figure), and how many grid steps apart
-they are on the 50-point log grid from 0.1 to 1000 Gbit/s that both use.
+they are on the 50-point log grid from 0.1 to 1000 Gbit/s that both use. The *-after-step
+rows (the outer sync posted after the optimizer step) are set against the paper's row they vary.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
 GRID = (0.1, 1000.0, 50)  # Gbit/s: lowest, highest, points (log-spaced)
+# A plan's variant, and the paper's row it is set against.
+VARIANTS = {"diloco": ["diloco-after-step"], "streaming": ["streaming-after-step"]}
 
 
 def grid_index(gbit: float) -> float:
@@ -51,17 +54,23 @@ def main() -> None:
         print("| method | " + " | ".join(f"{t:.0%}" for t in TARGETS) + " |")
         print("| --- |" + " --- |" * len(TARGETS))
         for _, row in rows.iterrows():
-            ours = pd.read_csv(HERE / f"{size}-{row['method']}.csv")
-            cells = []
-            for target in TARGETS:
-                theirs = row[f"cu{round(target * 100)}"]
-                point, interpolated = first_reaching(ours, target)
-                if point is None:
-                    cells.append(f"{theirs} / not reached")
-                    continue
-                steps = round(grid_index(point) - grid_index(theirs))
-                cells.append(f"{theirs} / {point:.3g} ({interpolated:.3g}) [{steps:+d}]")
-            print(f"| {row['method']} | " + " | ".join(cells) + " |")
+            for name in [row["method"], *VARIANTS.get(row["method"], [])]:
+                print(f"| {name} | " + " | ".join(_cells(row, size, name)) + " |")
+
+
+def _cells(row: pd.Series, size: str, name: str) -> list[str]:
+    """The paper's figure beside the plan `name`'s, one cell per target."""
+    ours = pd.read_csv(HERE / f"{size}-{name}.csv")
+    cells = []
+    for target in TARGETS:
+        theirs = row[f"cu{round(target * 100)}"]
+        point, interpolated = first_reaching(ours, target)
+        if point is None:
+            cells.append(f"{theirs} / not reached")
+            continue
+        steps = round(grid_index(point) - grid_index(theirs))
+        cells.append(f"{theirs} / {point:.3g} ({interpolated:.3g}) [{steps:+d}]")
+    return cells
 
 
 if __name__ == "__main__":

@@ -2,10 +2,14 @@
 # Plans the inputs of Table 4 of "Streaming DiLoCo with overlapping communication: Towards a
 # Distributed Free Lunch" (arXiv 2501.18512): three model sizes x five methods, two workers,
 # 0.1-1000 Gbit/s in 50 log-spaced points. Writes one CSV and one text report per run here;
-# compare.py prints their figures beside ours. Run from the repository root:
+# compare.py prints their figures beside ours. The outer syncs start in the backward
+# (sync_in_backward=true), as the paper's simulator schedules them; the two *-after-step runs
+# post them after the optimizer step, as flexdemo's replicator does. Run from the repository
+# root (OUT=DIR writes elsewhere):
 #   bash results/plan-published/run.sh
 set -euo pipefail
-OUT=results/plan-published
+OUT=${OUT:-results/plan-published}
+mkdir -p "$OUT"
 PY=${PYTHON:-python}
 # size: model spec, step time (the paper's), fragments (3 layers each), a fragment cycle
 # (the first multiple of the fragment count from H=100 up).
@@ -22,15 +26,21 @@ for size in 1b 10b 100b; do
           --inter-bw 0.1Gbit:1Tbit:50 --inter-lat 0ms)
   streaming=(--method streaming-diloco --set num_fragments="${FRAGMENTS[$size]}"
              --set sync_every="${CYCLE[$size]}" --set fragment_cut=elements)
+  diloco=(--method streaming-diloco --set num_fragments=1 --set sync_every=100
+          --set fragment_sync_delay=0 --set outer_format=bf16)
+  early=(--set sync_in_backward=true)
   run() {  # name, then the plan's own arguments
     local name=$1; shift
     $PY -m experiments.cli plan "${common[@]}" "$@" --out "$OUT/$size-$name.csv" \
       > "$OUT/$size-$name.txt"
   }
   run data-parallel --method hsdp-adamw --set reduce_dtype=bf16
-  run diloco --method streaming-diloco --set num_fragments=1 --set sync_every=100 \
-    --set fragment_sync_delay=0 --set outer_format=bf16
-  run streaming "${streaming[@]}" --set fragment_sync_delay=0 --set outer_format=bf16
-  run streaming-overlap "${streaming[@]}" --set fragment_sync_delay=1 --set outer_format=bf16
-  run streaming-overlap-fp4 "${streaming[@]}" --set fragment_sync_delay=1 --set outer_format=4bit
+  run diloco "${diloco[@]}" "${early[@]}"
+  run diloco-after-step "${diloco[@]}"
+  run streaming "${streaming[@]}" --set fragment_sync_delay=0 --set outer_format=bf16 "${early[@]}"
+  run streaming-after-step "${streaming[@]}" --set fragment_sync_delay=0 --set outer_format=bf16
+  run streaming-overlap "${streaming[@]}" --set fragment_sync_delay=1 --set outer_format=bf16 \
+    "${early[@]}"
+  run streaming-overlap-fp4 "${streaming[@]}" --set fragment_sync_delay=1 --set outer_format=4bit \
+    "${early[@]}"
 done
