@@ -52,9 +52,9 @@ OVERLAP_NOTE = (
     "overlap fsdp2: each FSDP2 unit's gradient reduce-scatter and all-reduce start when its "
     "backward ends (its trace mark) and run on a reduce-scatter and an all-reduce stream, in "
     "issue order, alongside the following backward compute (taken not to slow it); the "
-    "optimizer step waits for all of them; the all-gathers before the backward's end run one at "
-    "a time, each after the one before it (FSDP2's all-gather stream); the methods' own "
-    "exchanges keep their recorded order."
+    "optimizer step waits for all of them; the all-gathers inside a node before the backward's "
+    "end run one at a time, each after the one before it (FSDP2's all-gather stream); the "
+    "methods' own exchanges keep their recorded order."
 )
 
 CARRY_NOTE = (
