@@ -362,10 +362,16 @@ class StreamingDiLoCoKnobs(Knobs):
     torchft) or "elements" (equal runs of the rank's flattened parameters, a parameter split
     between two fragments where the cut falls, so every sync sends the same bytes to within
     one element)."""
+    fragment_runs: int = 1
+    """Runs each fragment is made of (fragment_cut="elements" only): the flattened parameters
+    are cut into num_fragments * fragment_runs equal runs and run r belongs to fragment
+    r % num_fragments, so a fragment's runs are strided over the model's depth (Streaming
+    DiLoCo's strided fragments); 1: one contiguous run a fragment."""
 
     def check(self) -> None:
         """Positive ``sync_every`` and ``num_fragments``, the one dividing the other; a delay
-        below the fragment period; alpha in [0, 1]; the outer step; a known format and cut."""
+        below the fragment period; alpha in [0, 1]; the outer step; a known format and cut;
+        runs a fragment only with the element cut."""
         int_at_least("sync_every", self.sync_every, 1)
         int_at_least("num_fragments", self.num_fragments, 1)
         check(self.sync_every % self.num_fragments == 0,
@@ -386,6 +392,10 @@ class StreamingDiLoCoKnobs(Knobs):
         check(self.fragment_cut in FRAGMENT_CUTS,
               f"fragment_cut={self.fragment_cut!r} is unknown; use one of "
               f"{', '.join(FRAGMENT_CUTS)}.")
+        int_at_least("fragment_runs", self.fragment_runs, 1)
+        check(self.fragment_runs == 1 or self.fragment_cut == "elements",
+              f"fragment_runs={self.fragment_runs} strides equal runs of elements, so it needs "
+              f"fragment_cut='elements' (not {self.fragment_cut!r}).")
 
 
 @dataclass(frozen=True)

@@ -362,7 +362,8 @@ def _replicator_memory(record: Method, knobs: object, model: DeclaredModel, per_
         # and the largest fragment's sync in flight (all-gathered: every replica's payload).
         wire = REPLICATORS[record.replicator](knobs).wire
         sizes = [math.prod(s) for s in local_shard_shapes(model, per_node, 0)]
-        biggest = max(fragment_numels(sizes, knobs.num_fragments, knobs.fragment_cut))
+        biggest = max(fragment_numels(sizes, knobs.num_fragments, knobs.fragment_cut,
+                                      knobs.fragment_runs))
         op, nbytes = wire.payload(biggest)
         in_flight = nbytes * (nodes if op == "all_gather" else 1)
         return 2 * shard * 4 + (shard * 4 if wire.lossy else 0) + in_flight

@@ -557,7 +557,8 @@ class _StreamingExchange(Exchange):
         """Each fragment's (parameter, start, end) pieces of local rank `local`'s shards."""
         sizes = [math.prod(s) for s in local_shard_shapes(self.model, self.per_node, local)]
         try:
-            return fragment_pieces(sizes, self.knobs.num_fragments, self.knobs.fragment_cut)
+            return fragment_pieces(sizes, self.knobs.num_fragments, self.knobs.fragment_cut,
+                                   self.knobs.fragment_runs)
         except ValueError as err:
             raise ConfigError(f"--method streaming-diloco: {err}") from None
 

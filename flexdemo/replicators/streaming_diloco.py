@@ -24,7 +24,10 @@ class StreamingDiLoCoReplicator(Replicator):
     torchft's ``model_fragments`` are contiguous pieces of the model. With ``fragment_cut =
     "elements"`` the cut is by element instead: fragment f holds elements ``[N*f // F,
     N*(f+1) // F)`` of the ``N`` in the parameters laid end to end, so a parameter the cut falls
-    in is split between two fragments and every sync sends the same bytes (to one element).
+    in is split between two fragments and every sync sends the same bytes (to one element);
+    with ``fragment_runs = R > 1`` those elements are cut into ``F*R`` equal runs and run r
+    belongs to fragment ``r % F``: each fragment is R runs strided over the model's depth, as
+    the paper's strided fragments are layers spread over it.
     Each fragment keeps its own anchor (its parameters at its last sync) and its own outer
     ``torch.optim.SGD(nesterov=True)``.
 
@@ -90,7 +93,7 @@ class StreamingDiLoCoReplicator(Replicator):
         """Cut the fragments and give each its anchor and outer optimizer."""
         super().setup(params, group, ranks)
         if self.fragment_cut == "elements":
-            self.pieces = _element_pieces(params, self.num_fragments)
+            self.pieces = _element_pieces(params, self.num_fragments, self.fragment_runs)
             self.fragments = [range(f[0][0], f[-1][0] + 1) for f in self.pieces]
         else:
             self.fragments = _parameter_runs(len(params), self.num_fragments)
@@ -209,43 +212,48 @@ def _parameter_runs(n: int, frags: int) -> list[range]:
     return [range(cuts[f], cuts[f + 1]) for f in range(frags)]
 
 
-def fragment_numels(sizes: list[int], frags: int, cut: str) -> list[int]:
+def fragment_numels(sizes: list[int], frags: int, cut: str, runs: int = 1) -> list[int]:
     """Elements of each fragment of parameters of these sizes, cut as ``fragment_cut`` says.
 
     The replicator's own cut (:meth:`StreamingDiLoCoReplicator.setup`) from sizes alone, so the
     planner sizes every fragment's sync as the run does. ValueError (one sentence) for more
     fragments than there are parameters (or elements) to cut.
     """
-    return [sum(b - a for _, a, b in pieces) for pieces in fragment_pieces(sizes, frags, cut)]
+    return [sum(b - a for _, a, b in pieces)
+            for pieces in fragment_pieces(sizes, frags, cut, runs)]
 
 
-def fragment_pieces(sizes: list[int], frags: int, cut: str) -> list[list[Piece]]:
+def fragment_pieces(sizes: list[int], frags: int, cut: str, runs: int = 1) -> list[list[Piece]]:
     """Each fragment's (parameter index, first element, end element) pieces, cut as
-    ``fragment_cut`` says (the replicator's own cut; ValueError as :func:`fragment_numels`)."""
+    ``fragment_cut`` and ``fragment_runs`` say (the replicator's own cut; ValueError as
+    :func:`fragment_numels`)."""
     if cut == "elements":
-        return _element_cuts(sizes, frags)
+        return _element_cuts(sizes, frags, runs)
     return [[(i, 0, sizes[i]) for i in run] for run in _parameter_runs(len(sizes), frags)]
 
 
-def _element_cuts(sizes: list[int], frags: int) -> list[list[Piece]]:
-    """Fragment f holds elements [N*f // F, N*(f+1) // F) of the parameters laid end to end."""
-    total = sum(sizes)
-    check(frags <= total, f"num_fragments={frags} is more than the {total} parameter elements "
-                          f"handed in; use num_fragments <= {total}.")
+def _element_cuts(sizes: list[int], frags: int, runs: int = 1) -> list[list[Piece]]:
+    """The parameters laid end to end cut into F*R equal runs, run r [N*r // (F*R),
+    N*(r+1) // (F*R)) in fragment r % F; each fragment's pieces in parameter order."""
+    total, cuts = sum(sizes), frags * runs
+    what, use = (f"num_fragments={frags}", f"num_fragments <= {total}") if runs == 1 else (
+        f"num_fragments * fragment_runs = {frags} * {runs}", f"at most {total} runs in all")
+    check(cuts <= total, f"{what} is more than the {total} parameter elements handed in; use "
+                         f"{use}.")
     starts = [0, *itertools.accumulate(sizes)][:-1]
-    out = []
-    for f in range(frags):
-        lo, hi = total * f // frags, total * (f + 1) // frags
-        out.append([(i, max(lo, s) - s, min(hi, s + n) - s)
-                    for i, (s, n) in enumerate(zip(starts, sizes, strict=True))
-                    if max(lo, s) < min(hi, s + n)])
+    out: list[list[Piece]] = [[] for _ in range(frags)]
+    for r in range(cuts):
+        lo, hi = total * r // cuts, total * (r + 1) // cuts
+        out[r % frags].extend((i, max(lo, s) - s, min(hi, s + n) - s)
+                              for i, (s, n) in enumerate(zip(starts, sizes, strict=True))
+                              if max(lo, s) < min(hi, s + n))
     return out
 
 
-def _element_pieces(params: list[torch.Tensor], frags: int) -> list[list[Piece]]:
+def _element_pieces(params: list[torch.Tensor], frags: int, runs: int = 1) -> list[list[Piece]]:
     """The element cut of ``params`` (:func:`_element_cuts`), checked for in-place views."""
     sizes = [p.numel() for p in params]
-    out = _element_cuts(sizes, frags)
+    out = _element_cuts(sizes, frags, runs)
     for i in {i for pieces in out for i, a, b in pieces if (a, b) != (0, sizes[i])}:
         # a split parameter is read and written through a flat view of its storage
         check(params[i].is_contiguous(), f"parameter {i} is not contiguous, so "

@@ -22,7 +22,9 @@ CASES = [("diloco", {"diloco_h": 4}),
          ("streaming-diloco", {"sync_every": 8, "num_fragments": 2, "fragment_sync_delay": 1,
                                "outer_format": "bf16"}),
          ("streaming-diloco", {"sync_every": 8, "num_fragments": 4, "fragment_sync_delay": 0,
-                               "outer_format": "4bit", "fragment_cut": "elements"})]
+                               "outer_format": "4bit", "fragment_cut": "elements"}),
+         ("streaming-diloco", {"sync_every": 8, "num_fragments": 2, "fragment_sync_delay": 0,
+                               "fragment_cut": "elements", "fragment_runs": 2})]
 
 
 def _trace(method: str, knobs: dict, in_backward: bool, steps: int = 8) -> pd.DataFrame:

@@ -36,20 +36,23 @@ def test_auto_picks_dense_where_it_moves_fewer_bytes():
     assert many.payload_bytes == 4096 * 4096 * 2 * 2  # bf16 sums and counts
 
 
-@pytest.mark.parametrize("cut", ["parameters", "elements"])
-def test_fragment_sizes_are_the_replicator_s(cut):
+@pytest.mark.parametrize(("cut", "runs"), [("parameters", 1), ("elements", 1), ("elements", 3)])
+def test_fragment_sizes_are_the_replicator_s(cut, runs):
     from flexdemo.knobs import StreamingDiLoCoKnobs
     from flexdemo.replicators.streaming_diloco import (
         StreamingDiLoCoReplicator,
         fragment_numels,
+        fragment_pieces,
     )
 
-    knobs = StreamingDiLoCoKnobs(num_fragments=3, sync_every=6, fragment_cut=cut)
+    knobs = StreamingDiLoCoKnobs(num_fragments=3, sync_every=6, fragment_cut=cut,
+                                 fragment_runs=runs)
     params = [torch.zeros(s) for s in SHAPES]
     rep = StreamingDiLoCoReplicator(knobs)
     rep.setup(params, None, 2)
     sizes = [p.numel() for p in params]
-    assert fragment_numels(sizes, 3, cut) == [sum(n) for n in rep.numels]
+    assert fragment_numels(sizes, 3, cut, runs) == [sum(n) for n in rep.numels]
+    assert fragment_pieces(sizes, 3, cut, runs) == rep.pieces
 
 
 @pytest.mark.parametrize(("outer_format", "op", "nbytes"), [

@@ -14,6 +14,7 @@ from flexdemo import FlexDeMo, StreamingDiLoCoReplicator, build_optimizer, metho
 from flexdemo.knobs import StreamingDiLoCoKnobs
 from flexdemo.methods import METHODS
 from flexdemo.replicators.outer_wire import DenseWire, Pending, QuantizedWire
+from flexdemo.replicators.streaming_diloco import fragment_numels
 from flexdemo.wire import CommStats
 from tests.dist_utils import run_ranks
 
@@ -260,20 +261,35 @@ def test_element_cut_sends_equal_bytes_and_splits_a_parameter():
     assert [sum(rep.numels[f]) for f in range(2)] == [14, 15]
 
 
-def test_element_cut_moves_each_element_with_its_own_fragment():
+def test_strided_runs_spread_each_fragment_over_the_model():
+    params = [p.detach() for p in _model().parameters()]  # 12, 3, 6, 2, 4, 2 elements: 29
+    rep = StreamingDiLoCoReplicator(sync_every=8, num_fragments=2, fragment_cut="elements",
+                                    fragment_runs=2)
+    rep.setup(params, None, 1)
+    # 4 runs [0, 7) [7, 14) [14, 21) [21, 29): fragment 0 the first and third, 1 the others
+    assert rep.pieces == [[(0, 0, 7), (1, 2, 3), (2, 0, 6)],
+                          [(0, 7, 12), (1, 0, 2), (3, 0, 2), (4, 0, 4), (5, 0, 2)]]
+    assert fragment_numels([p.numel() for p in params], 2, "elements", 2) == [14, 15]
+
+
+@pytest.mark.parametrize(("runs", "first"), [(1, range(0, 7)), (2, [*range(0, 3), *range(7, 10)])])
+def test_element_cut_moves_each_element_with_its_own_fragment(runs, first):
     """A fragment's first sync (alpha 0) moves its elements by Nesterov's first step, the rest not.
 
     First step of torch's Nesterov SGD on g = anchor - local: buffer g, so the anchor moves by
-    lr (1 + momentum) g; with lr 0.5 and momentum 0.5: 0.25 anchor + 0.75 local.
+    lr (1 + momentum) g; with lr 0.5 and momentum 0.5: 0.25 anchor + 0.75 local. 14 elements:
+    fragment 0 holds the first 7, or with two runs a fragment [0, 3) and [7, 10).
     """
     torch.manual_seed(3)
-    params = [torch.randn(3, 3), torch.randn(5)]  # 14 elements: fragment 0 holds 7 of the first
+    params = [torch.randn(3, 3), torch.randn(5)]
     rep = StreamingDiLoCoReplicator(sync_every=2, num_fragments=2, fragment_sync_delay=0,
-                                    outer_lr=0.5, outer_momentum=0.5, fragment_cut="elements")
+                                    outer_lr=0.5, outer_momentum=0.5, fragment_cut="elements",
+                                    fragment_runs=runs)
     rep.setup(params, None, 1)
     flat = lambda: torch.cat([p.reshape(-1) for p in params])  # noqa: E731
     anchor = flat().clone()
-    in_frag0 = torch.arange(14) < 7
+    in_frag0 = torch.zeros(14, dtype=torch.bool)
+    in_frag0[list(first)] = True
     for frag in (in_frag0, ~in_frag0):  # step 1 syncs fragment 0, step 2 fragment 1
         for p in params:
             p.add_(torch.randn(p.shape))  # an inner step
@@ -324,6 +340,10 @@ def test_element_cut_on_parameter_boundaries_equals_the_parameter_cut():
     ({"outer_momentum": 1.0}, "outer_momentum=1.0 must lie in [0, 1)."),
     ({"fragment_cut": "blocks"},
      "fragment_cut='blocks' is unknown; use one of parameters, elements."),
+    ({"fragment_runs": 0}, "fragment_runs=0 must be a positive integer."),
+    ({"fragment_runs": 3},
+     "fragment_runs=3 strides equal runs of elements, so it needs fragment_cut='elements' "
+     "(not 'parameters')."),
 ])
 def test_bad_knobs_are_one_sentence(knobs, words):
     with pytest.raises(ValueError) as err:
