@@ -3,8 +3,9 @@
 Run from the repository root: python results/plan-published/compare.py
 Per model size, method and compute-utilization target: the paper's Gbit/s, the plan's lowest
 grid point reaching the target (and its interpolated figure), and how many grid steps apart
-they are on the 50-point log grid from 0.1 to 1000 Gbit/s that both use. The *-after-step
-rows (the outer sync posted after the optimizer step) are set against the paper's row they vary.
+they are on the 50-point log grid from 0.1 to 1000 Gbit/s that both use. The variants
+(*-after-step: the outer sync posted after the optimizer step; streaming-contiguous: each
+fragment one run) are set against the paper's row they vary.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ HERE = Path(__file__).resolve().parent
 TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
 GRID = (0.1, 1000.0, 50)  # Gbit/s: lowest, highest, points (log-spaced)
 # A plan's variant, and the paper's row it is set against.
-VARIANTS = {"diloco": ["diloco-after-step"], "streaming": ["streaming-after-step"]}
+VARIANTS = {"diloco": ["diloco-after-step"],
+            "streaming": ["streaming-after-step", "streaming-contiguous"]}
 
 
 def grid_index(gbit: float) -> float:

@@ -3,9 +3,11 @@
 # Distributed Free Lunch" (arXiv 2501.18512): three model sizes x five methods, two workers,
 # 0.1-1000 Gbit/s in 50 log-spaced points. Writes one CSV and one text report per run here;
 # compare.py prints their figures beside ours. The outer syncs start in the backward
-# (sync_in_backward=true), as the paper's simulator schedules them; the two *-after-step runs
-# post them after the optimizer step, as flexdemo's replicator does. Run from the repository
-# root (OUT=DIR writes elsewhere):
+# (sync_in_backward=true), as the paper's simulator schedules them, and a fragment is 3 runs
+# strided over the depth (fragment_runs=3), as the paper's fragments are 3 strided layers; the
+# *-after-step runs post the syncs after the optimizer step, as flexdemo's replicator does, and
+# streaming-contiguous cuts each fragment as one run. Run from the repository root (OUT=DIR
+# writes elsewhere):
 #   bash results/plan-published/run.sh
 set -euo pipefail
 OUT=${OUT:-results/plan-published}
@@ -24,8 +26,9 @@ declare -A CYCLE=([1b]=104 [10b]=112 [100b]=108)
 for size in 1b 10b 100b; do
   common=(--model "${MODEL[$size]}" --nodes 2 --gpus-per-node 1 --step-time "${STEP[$size]}"
           --inter-bw 0.1Gbit:1Tbit:50 --inter-lat 0ms)
-  streaming=(--method streaming-diloco --set num_fragments="${FRAGMENTS[$size]}"
-             --set sync_every="${CYCLE[$size]}" --set fragment_cut=elements)
+  contiguous=(--method streaming-diloco --set num_fragments="${FRAGMENTS[$size]}"
+              --set sync_every="${CYCLE[$size]}" --set fragment_cut=elements)
+  streaming=("${contiguous[@]}" --set fragment_runs=3)
   diloco=(--method streaming-diloco --set num_fragments=1 --set sync_every=100
           --set fragment_sync_delay=0 --set outer_format=bf16)
   early=(--set sync_in_backward=true)
@@ -39,6 +42,8 @@ for size in 1b 10b 100b; do
   run diloco-after-step "${diloco[@]}"
   run streaming "${streaming[@]}" --set fragment_sync_delay=0 --set outer_format=bf16 "${early[@]}"
   run streaming-after-step "${streaming[@]}" --set fragment_sync_delay=0 --set outer_format=bf16
+  run streaming-contiguous "${contiguous[@]}" --set fragment_sync_delay=0 --set outer_format=bf16 \
+    "${early[@]}"
   run streaming-overlap "${streaming[@]}" --set fragment_sync_delay=1 --set outer_format=bf16 \
     "${early[@]}"
   run streaming-overlap-fp4 "${streaming[@]}" --set fragment_sync_delay=1 --set outer_format=4bit \
