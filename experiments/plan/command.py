@@ -298,6 +298,21 @@ def _sync_in_backward(text: str, methods: list[str]) -> bool:
     return wanted
 
 
+def _sync_lines(plans: list[MethodPlan], in_backward: bool) -> list[str]:
+    """When DiLoCo's and Streaming DiLoCo's outer sync starts, if one is planned."""
+    syncing = [p.method for p in plans if method_record(p.method).replicator in IN_BACKWARD]
+    if not syncing:
+        return []
+    if in_backward:
+        return [f"sync_in_backward: {', '.join(syncing)} start their outer sync unit by unit, "
+                "each unit's piece (its share of the sync's bytes, by its elements) when its "
+                "backward's gradient reduction is issued, as an optimizer step in the backward "
+                "would allow; flexdemo's replicators post it after the optimizer step, so `run` "
+                "does not train this schedule"]
+    return [f"outer sync of {', '.join(syncing)}: posted after the optimizer step, as the "
+            "replicator does (sync_in_backward=true starts it unit by unit in the backward)"]
+
+
 def _profiled(args: argparse.Namespace, unit_params: list[int], optimizer_s: float):
     """Compute per step from a profile-compute file, refused for another model or shape."""
     profile = load_profile(args.compute_profile)
@@ -384,17 +399,7 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
              f"state, FSDP2's gathered working set; activations not counted; GPU memory "
              f"{memory_source}"]
     lines += [MISSING] if source is None else [source.line(p.method) for p in plans]
-    syncing = [p.method for p in plans if method_record(p.method).replicator in IN_BACKWARD]
-    if syncing and in_backward:
-        lines.append(f"sync_in_backward: {', '.join(syncing)} start their outer sync unit by "
-                     "unit, each unit's piece (its share of the sync's bytes, by its elements) "
-                     "when its backward's gradient reduction is issued, as an optimizer step "
-                     "in the backward would allow; flexdemo's replicators post it after the "
-                     "optimizer step, so `run` does not train this schedule")
-    elif syncing:
-        lines.append(f"outer sync of {', '.join(syncing)}: posted after the optimizer step, as "
-                     "the replicator does (sync_in_backward=true starts it unit by unit in the "
-                     "backward)")
+    lines += _sync_lines(plans, in_backward)
     for p in plans:
         knob = settings[p.method]
         knob_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knob).items())

@@ -329,32 +329,39 @@ def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape
     frames = []
     for locals_ in alike.values():
         rank = _Rank(locals_[0], shape, backend)
-        in_flight: dict[object, list[dict]] = {}
-        for step in steps_run:
-            begin = rank.begin(step)
-            early = (in_backward(exchange, step, rank.local)
-                     if sync_in_backward and shape.nodes > 1 else {})
-            _fsdp2_step(rank, sizes, compute, record.inter_all_reduce,
-                        functools.partial(_post_in_backward, rank, early, in_flight))
-            rank.compute(compute.optimizer_s / 2)
-            # The method's exchange belongs to no FSDP2 unit (as recordings tag it): tagged
-            # with the root's, the fsdp2 overlap would stream it as the root's reduction and
-            # make the optimizer step wait for it, a carried exchange included.
-            rank.unit = -1
-            if shape.nodes > 1:
-                _exchange_step(rank, exchange, step, in_flight,
-                               posted={key for unit in early.values() for key, *_ in unit})
-            rank.compute(compute.optimizer_s / 2)
-            rank.end(begin)
-        for rows in in_flight.values():  # the run's drain: waited on after its last step
-            for row in rows:
-                row["wait_s"] = row["end_s"] = rank.t + _DECODE_S
+        _sharded_steps(rank, record, exchange, sizes, compute, steps_run,
+                       sync_in_backward and shape.nodes > 1)
         template = pd.DataFrame(rank.rows, columns=list(TRACE_COLUMNS))
         frames.append(_relabelled(template, shape,
                                   [(node, local) for node in range(shape.nodes)
                                    for local in locals_]))
     trace = pd.concat(frames, ignore_index=True).astype(TRACE_COLUMNS)
     return trace.sort_values(["rank", "seq"], kind="stable", ignore_index=True)
+
+
+def _sharded_steps(rank: _Rank, record: Method, exchange: Exchange, sizes: _Sizes,
+                   compute: StepCompute, steps: range, sync_in_backward: bool) -> None:
+    """One rank's steps: FSDP2's forward and backward, the optimizer step around the method's
+    exchange (none on one node), and the drain of what is still in flight."""
+    in_flight: dict[object, list[dict]] = {}
+    for step in steps:
+        begin = rank.begin(step)
+        early = in_backward(exchange, step, rank.local) if sync_in_backward else {}
+        _fsdp2_step(rank, sizes, compute, record.inter_all_reduce,
+                    functools.partial(_post_in_backward, rank, early, in_flight))
+        rank.compute(compute.optimizer_s / 2)
+        # The method's exchange belongs to no FSDP2 unit (as recordings tag it): tagged
+        # with the root's, the fsdp2 overlap would stream it as the root's reduction and
+        # make the optimizer step wait for it, a carried exchange included.
+        rank.unit = -1
+        if rank.shape.nodes > 1:
+            _exchange_step(rank, exchange, step, in_flight,
+                           posted={key for unit in early.values() for key, *_ in unit})
+        rank.compute(compute.optimizer_s / 2)
+        rank.end(begin)
+    for rows in in_flight.values():  # the run's drain: waited on after its last step
+        for row in rows:
+            row["wait_s"] = row["end_s"] = rank.t + _DECODE_S
 
 
 def _relabelled(template: pd.DataFrame, shape: Shape,
