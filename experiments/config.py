@@ -124,6 +124,7 @@ KNOB_KINDS: dict[str, Kind] = {
     "topk": POSITIVE_INT, "chunk": POSITIVE_INT, "delay": COUNT, "beta1": FRACTION,
     "diloco_h": POSITIVE_INT, "outer_lr": POSITIVE, "outer_momentum": FRACTION,
     "sync_every": POSITIVE_INT, "num_fragments": POSITIVE_INT, "fragment_sync_delay": COUNT,
+    "fragment_runs": POSITIVE_INT,
     "fragment_update_alpha": UNIT_CLOSED, "rate": UNIT_OPEN_LOW, "ada_every": POSITIVE_INT,
     "ada_high": AT_LEAST_ZERO, "ada_low": AT_LEAST_ZERO, "ada_sample": POSITIVE_INT,
 }
