@@ -260,8 +260,11 @@ def _fsdp2_step(rank: _Rank, sizes: _Sizes, compute: StepCompute, inter_all_redu
         if reduced is not None:
             reduced(unit)
 
-    _prefetching(rank, sizes, backward, compute.backward_s,
-                 then=lambda unit: unit != root and reduce_unit(unit))
+    def reduce_block(unit: int) -> None:
+        if unit != root:  # the root's reduction waits for the backward's end
+            reduce_unit(unit)
+
+    _prefetching(rank, sizes, backward, compute.backward_s, then=reduce_block)
     reduce_unit(root)
     # After the root's reduction, as a recording marks it (the backward's end, FSDP2's last
     # reduce-scatter included): the optimizer step, and any exchange in it, waits for them all.
@@ -348,7 +351,8 @@ def _sharded_steps(rank: _Rank, record: Method, exchange: Exchange, sizes: _Size
         begin = rank.begin(step)
         early = in_backward(exchange, step, rank.local) if sync_in_backward else {}
         _fsdp2_step(rank, sizes, compute, record.inter_all_reduce,
-                    functools.partial(_post_in_backward, rank, early, in_flight))
+                    functools.partial(_post_in_backward, rank, early, in_flight) if early
+                    else None)
         rank.compute(compute.optimizer_s / 2)
         # The method's exchange belongs to no FSDP2 unit (as recordings tag it): tagged
         # with the root's, the fsdp2 overlap would stream it as the root's reduction and
