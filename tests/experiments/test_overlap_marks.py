@@ -38,14 +38,19 @@ def test_a_real_run_marks_every_unit_and_attributes_every_reduce_scatter(tmp_pat
         backward = rows.loc[rows["op"] == "backward", "seq"].iloc[0]
         # The method's own exchange in opt.step belongs to no unit: it stays serial on replay.
         assert (rows.loc[rows["seq"] > backward, "unit"] == -1).all()
-    args = dict(inter_bw="10Mbit", inter_lat="1ms", compute_scale=0.1, intra="model")
+    # A network where overlap has something to hide: slow links inside and between nodes, and a
+    # declared compute per phase, so the recording's own CPU times (load-dependent) do not set it.
+    # There the reduce-scatters (and hsdp-adamw's all-reduce) run behind the next unit's backward.
+    # No exact <= is asserted: both positions of a node reach their marks at their own recorded
+    # times and share the node's links, so on a network where overlap hides next to nothing
+    # the fsdp2 replay can end a few us after the serial one.
+    args = dict(inter_bw="300Mbit", inter_lat="1ms", intra="model", intra_bw="300Mbit",
+                phase_seconds=(0.1, 0.01))
     serial = simulate_run(run, overlap="recorded", **args).frame["time_s"].iloc[-1]
     overlapped = simulate_run(run, overlap="fsdp2", **args).frame["time_s"].iloc[-1]
-    # Not a strict <=: the two positions of a node reach their marks at their own recorded
-    # times, so in fsdp2 mode one position's streamed all-reduce can run alone on the node's NIC
-    # and then share it, and the order of that sharing moved the last op's end by 25 us of
-    # 388 ms in one of three runs of a real recording. Overlap must never cost more than that.
-    assert 0 < overlapped <= serial * (1 + 1e-3)
+    # Over 60 flexdemo and 5 hsdp-adamw recordings the ratio was at most 0.87 and 0.75; a replay
+    # that ignored the marks gives exactly 1.
+    assert 0 < overlapped <= 0.95 * serial
 
 
 def test_fsdp2_overlap_on_a_recording_without_marks_is_one_sentence(tmp_path, capsys):
