@@ -1,11 +1,13 @@
-"""Print Table 4 of arXiv 2501.18512 beside the plans of its inputs (run.sh's CSVs).
+"""Print Tables 4 and 1 of arXiv 2501.18512 beside the plans of their inputs (run.sh's CSVs).
 
 Run from the repository root: python results/plan-published/compare.py
-Per model size, method and compute-utilization target: the paper's Gbit/s, the plan's lowest
-grid point reaching the target (and its interpolated figure), and how many grid steps apart
-they are on the 50-point log grid from 0.1 to 1000 Gbit/s that both use. The variants
+Table 4, per model size, method and compute-utilization target: the paper's Gbit/s, the plan's
+lowest grid point reaching the target (and its interpolated figure), and how many grid steps
+apart they are on the 50-point log grid from 0.1 to 1000 Gbit/s that both use. The variants
 (*-after-step: the outer sync posted after the optimizer step; streaming-contiguous: each
-fragment one run) are set against the paper's row they vary.
+fragment one run) are set against the paper's row they vary. Table 1 (the 1B model, hours of
+training with unlimited bandwidth and with 1 Gbit/s): the paper's ratio of the two, which is
+the compute utilization at 1 Gbit/s, beside the plan's at 1 Gbit/s.
 """
 
 from __future__ import annotations
@@ -46,7 +48,13 @@ def first_reaching(frame: pd.DataFrame, target: float) -> tuple[float | None, fl
 
 
 def main() -> None:
-    """Print one markdown table per model size."""
+    """Print one markdown table per model size of Table 4, then Table 1's."""
+    table4()
+    table1()
+
+
+def table4() -> None:
+    """One markdown table per model size: Gbit/s needed, the paper's beside the plan's."""
     paper = pd.read_csv(HERE / "paper_table4.csv")
     for size, rows in paper.groupby("size", sort=False):
         first = rows.iloc[0]
@@ -74,6 +82,21 @@ def _cells(row: pd.Series, size: str, name: str) -> list[str]:
         cells.append(f"{theirs} / {point:.3g} ({interpolated:.3g}) [{steps:+d}]")
     return cells
 
+
+def table1() -> None:
+    """The 1B model at 1 Gbit/s: compute utilization, the paper's (from its hours) and ours."""
+    paper = pd.read_csv(HERE / "paper_table1.csv")
+    print("\n1B at 1 Gbit/s (Table 1): compute utilization = hours with unlimited bandwidth / "
+          "hours with 1 Gbit/s; paper per token budget / plan\n")
+    print("| method | compute utilization: paper (25B, 100B, 250B tokens) / plan | "
+          "time over compute: paper / plan |")
+    print("| --- | --- | --- |")
+    for method, rows in paper.groupby("method", sort=False):
+        ratio = rows["hours_1gbit"] / rows["hours_unlimited"]
+        ours = pd.read_csv(HERE / f"1b-{method}-1gbit.csv").iloc[0]
+        print(f"| {method} | {', '.join(f'{1 / r:.1%}' for r in ratio)} / "
+              f"{ours['compute_utilization']:.1%} | {', '.join(f'{r:.4g}' for r in ratio)} / "
+              f"{ours['step_time_s'] / ours['compute_s']:.4g} |")
 
 if __name__ == "__main__":
     main()
