@@ -94,7 +94,8 @@ class StreamingDiLoCoReplicator(Replicator):
         super().setup(params, group, ranks)
         if self.fragment_cut == "elements":
             self.pieces = _element_pieces(params, self.num_fragments, self.fragment_runs)
-            self.fragments = [range(f[0][0], f[-1][0] + 1) for f in self.pieces]
+            # The parameters a fragment touches, whole or in part (strided runs skip some).
+            self.fragments = [sorted({i for i, _, _ in f}) for f in self.pieces]
         else:
             self.fragments = _parameter_runs(len(params), self.num_fragments)
             self.pieces = [[(i, 0, params[i].numel()) for i in r] for r in self.fragments]

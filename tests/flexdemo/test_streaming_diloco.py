@@ -270,6 +270,7 @@ def test_strided_runs_spread_each_fragment_over_the_model():
     assert rep.pieces == [[(0, 0, 7), (1, 2, 3), (2, 0, 6)],
                           [(0, 7, 12), (1, 0, 2), (3, 0, 2), (4, 0, 4), (5, 0, 2)]]
     assert fragment_numels([p.numel() for p in params], 2, "elements", 2) == [14, 15]
+    assert rep.fragments == [[0, 1, 2], [0, 1, 3, 4, 5]]  # the parameters each one touches
 
 
 @pytest.mark.parametrize(("runs", "first"), [(1, range(0, 7)), (2, [*range(0, 3), *range(7, 10)])])
