@@ -66,3 +66,17 @@ def test_the_table_1_figures_of_the_docs_come_from_the_committed_plans():
         utilization, ratio = row.strip("|").split("|")[1:3]
         assert utilization.strip().endswith(f"/ {ours['compute_utilization']:.1%}")
         assert ratio.strip().endswith(f"/ {ours['step_time_s'] / ours['compute_s']:.4g}")
+
+
+def test_the_counts_and_fits_the_docs_give_for_both_readings_come_from_compare():
+    compare = _compare()
+    text = " ".join((ROOT / "docs/planning.md").read_text().split())
+    assert f"in {compare.within_one_step(0)} of the 75 figures" in text
+    assert f"within one grid step in {compare.within_one_step(1)} of the 75" in text
+    printed, lower = compare.equal_layer_factors(0), compare.equal_layer_factors(1)
+    assert printed[:2] == lower[:2] == (29, 30)
+    assert printed[4] == lower[4] == ["10b data-parallel 99%"]
+    assert f"read as printed, {printed[2]:.3f}-{printed[3]:.3f};" in text
+    assert f"read one grid step lower, {lower[2]:.3f}-{lower[3]:.3f}." in text
+    low, high = compare.table1_factors()
+    assert f"put {low:.3f}-{high:.3f} times the plan's bytes" in text
