@@ -80,3 +80,10 @@ def test_the_counts_and_fits_the_docs_give_for_both_readings_come_from_compare()
     assert f"read one grid step lower, {lower[2]:.3f}-{lower[3]:.3f}." in text
     low, high = compare.table1_factors()
     assert f"put {low:.3f}-{high:.3f} times the plan's bytes" in text
+
+
+def test_the_readme_gives_the_same_counts():
+    compare = _compare()
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"in {compare.within_one_step(0)} of its 75 figures as printed and in "
+            f"{compare.within_one_step(1)} of 75 read one grid step lower") in text
