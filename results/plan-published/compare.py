@@ -27,6 +27,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
 GRID = (0.1, 1000.0, 50)  # Gbit/s: lowest, highest, points (log-spaced)
+BACKWARD = 2 / 3  # the backward's share of a step, as the plans take it (run.sh's --step-time)
 # A plan's variant, and the paper's row it is set against.
 VARIANTS = {"diloco": ["diloco-after-step"],
             "streaming": ["streaming-after-step", "streaming-contiguous"]}
@@ -52,6 +53,12 @@ def first_reaching(frame: pd.DataFrame, target: float) -> tuple[float | None, fl
     share = (target - cu[i - 1]) / (cu[i] - cu[i - 1])
     lo, hi = math.log(gbit[i - 1]), math.log(gbit[i])
     return gbit[i], math.exp(lo + share * (hi - lo))
+
+
+def paper_index(row: pd.Series, target: float, shift: int) -> int:
+    """The grid index of Table 4's lowest point reaching `target` in `row`: its figure's
+    (`shift` 0, as printed) or the next one up (`shift` 1, the figure read one step lower)."""
+    return round(grid_index(row[f"cu{round(target * 100)}"])) + shift
 
 
 def grid_point(index: int) -> float:
@@ -108,7 +115,7 @@ def steps_apart(shift: int) -> list[tuple[str, str, float, int | None]]:
         ours = pd.read_csv(HERE / f"{row['size']}-{row['method']}.csv")
         for target in TARGETS:
             point, _ = first_reaching(ours, target)
-            theirs = round(grid_index(row[f"cu{round(target * 100)}"])) + shift
+            theirs = paper_index(row, target, shift)
             steps = None if point is None else round(grid_index(point)) - theirs
             out.append((row["size"], row["method"], target, steps))
     return out
@@ -135,9 +142,9 @@ def agreement() -> None:
 def equal_layer_cu(gbit: np.ndarray, rate: float, layers: int, step_s: float,
                    period: int) -> np.ndarray:
     """Compute utilization of `period` steps whose one sync of `gbit` is cut into `layers`
-    equal shares, each sent on one link after its layer's backward (two thirds of the step,
+    equal shares, each sent on one link after its layer's backward (`BACKWARD` of the step,
     in equal parts), the shares one after another."""
-    backward = step_s * 2 / 3 / layers
+    backward = step_s * BACKWARD / layers
     share = gbit / layers / rate
     exposed = np.maximum(share, layers * share - (layers - 1) * backward)
     return period * step_s / (period * step_s + exposed)
@@ -155,7 +162,7 @@ def equal_layer_factors(shift: int) -> tuple[int, int, float, float, list[str]]:
         gbit = factors * ours["bytes_per_node_round"] * 8 / 1e9
         period = int(ours["period_steps"])
         for target in TARGETS:
-            index = round(grid_index(row[f"cu{round(target * 100)}"])) + shift
+            index = paper_index(row, target, shift)
             cu = [equal_layer_cu(gbit, grid_point(i), row["layers"], row["step_time_s"], period)
                   for i in (index, index - 1)]
             fits.append((cu[0] >= target) & (cu[1] < target))
@@ -178,7 +185,7 @@ def table1_factors() -> tuple[float, float]:
     exposed = (hours["hours_1gbit"] / hours["hours_unlimited"] - 1) * row["step_time_s"]
     # Network-bound: every layer's share queues behind the one before, so the exposed time
     # is the whole sync less all but one layer's backward.
-    gbit = exposed + (row["layers"] - 1) * row["step_time_s"] * 2 / 3 / row["layers"]
+    gbit = exposed + (row["layers"] - 1) * row["step_time_s"] * BACKWARD / row["layers"]
     fitted = gbit / (ours["bytes_per_node_round"] * 8 / 1e9)
     return float(fitted.min()), float(fitted.max())
 
