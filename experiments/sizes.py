@@ -2,11 +2,12 @@
 
 Every count a user gives (layers, nodes, GPUs per node, grid points, steps, replicas, units)
 multiplies some of a command's work. A command writes that work as terms, each a product of
-counts times what one item costs at least (`Cost`: bytes held, seconds taken, measured on a
-2-core machine and rounded down, so that only work that cannot fit is refused), and `check_work`
-refuses it before it starts when the estimate passes what this machine has available (memory)
-or what the command may take (its --timeout; without one, `UNATTENDED_S`), in one sentence
-naming the count, the estimate and the most that fits. Torch-free.
+counts times what one item costs (`Cost`: bytes held, seconds taken, as measured on a 2-core
+machine), and `check_work` refuses it before it starts when the estimate passes what this
+machine has available (memory) or what the command may take (its --timeout; without one,
+`UNATTENDED_S`), in one sentence naming the count, the estimate and the most that fits. The
+figures are estimates: a count well inside a bound is never refused, one near it may be.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from experiments.errors import ConfigError
 __all__ = ["UNATTENDED_S", "Cost", "Count", "Term", "available_bytes", "check_work",
            "format_bytes", "format_seconds"]
 
-UNATTENDED_S = 86_400.0
-"""The longest a command without a --timeout is let start: work estimated past a day is a
-mistyped count, not a plan (a command with --timeout is held to that instead)."""
+UNATTENDED_S = 600.0
+"""The longest a piece of work without a --timeout of its own (one replay, one listing of a
+sweep's units) is let start: such work takes seconds, and ten minutes of it is a count gone
+wrong (a command with --timeout is held to that instead)."""
 
 
 @dataclass(frozen=True)
 class Cost:
-    """What one item of work costs at least: the bytes it holds and the seconds it takes."""
+    """What one item of work costs, about: the bytes it holds and the seconds it takes."""
 
     item: str
     """The item, in words: "a node's entries in a topology"."""
@@ -99,7 +101,7 @@ def check_work(what: str, terms: list[Term], *, budget_s: float | None = None,
     longer than `budget_s` (named `budget`, e.g. "--timeout 600 s"; None: `UNATTENDED_S`)."""
     if budget_s is None:
         budget_s = UNATTENDED_S
-        budget = "a day, the longest a command without a --timeout is let start"
+        budget = f"{format_seconds(UNATTENDED_S)}, the most work without a --timeout may take"
     memory = available_bytes() if memory is None else memory
     limits = (("bytes", memory, f"the {format_bytes(memory)} this machine has available"),
               ("seconds", budget_s, budget))
@@ -112,7 +114,7 @@ def check_work(what: str, terms: list[Term], *, budget_s: float | None = None,
         most = _most(terms, count, limit, resource)
         amount = format_bytes(total) if resource == "bytes" else format_seconds(total)
         verb = "hold" if resource == "bytes" else "take"
-        raise ConfigError(f"{count.head}: {what} would {verb} at least {amount} "
+        raise ConfigError(f"{count.head}: {what} would {verb} about {amount} "
                           f"({worst.describe(resource)}), more than {limit_text}; at most "
                           f"{most:,} {count.noun} fit.")
 

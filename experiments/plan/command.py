@@ -29,7 +29,7 @@ from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rul
 from experiments.plan.models import PRESETS, DeclaredModel, declare_model, parse_gpt
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
 from experiments.plan.replicas import check_nodes_per_replica, replica_line, replica_topology
-from experiments.plan.synth import PLANNED_METHODS, Precision
+from experiments.plan.synth import PLANNED_METHODS, Precision, schedule
 from experiments.plan.target import MISSING, StepsSource, steps_source
 from experiments.replay.compute_profile import load_profile
 from experiments.sizes import Cost, Count, Term, check_work
@@ -54,18 +54,21 @@ _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|TB)\s*$")
 # minutes is a plan that lost its way (or a factory that never returns).
 DEFAULT_TIMEOUT_S = 600.0
 
-# What a plan's work costs at least per item (measured on 2 cores, rounded down): the bound on
-# every count it takes (experiments.sizes).
-_BUILD = Cost("to build and lay out a unit on the meta device", seconds=1e-3)
-_REPLAY = Cost("to replay a unit of a method at a bandwidth", seconds=2e-4)
+# What a plan's work costs per item (measured on 2 cores: 4,000 layers built and laid out in
+# 8 s, 1,000 layers replayed at 20 bandwidths in 15 s, 8,192 GPUs a node in 16 GB and 150 s for
+# 3 units and 2 methods, 10^7 nodes in 8 s and 140 MB, Ada's ladder of 10^4 replicas in 11 s):
+# the bound on every count it takes (experiments.sizes).
+_BUILD = Cost("to build and lay out a unit on the meta device", seconds=2e-3)
+_REPLAY = Cost("to replay a unit of a method at a bandwidth", seconds=7e-4)
 _RANK_PAIR_BYTES = Cost("a pair of a node's GPUs in a unit's synthesized trace (each row names "
-                        "its group's GPUs)", bytes=30)
+                        "its group's GPUs)", bytes=64)
 _RANK_PAIR = Cost("to synthesize a pair of a node's GPUs in a unit's trace, per method",
                   seconds=3e-7)
 _NODE_BYTES = Cost("a node in the topology of a bandwidth", bytes=16)
-_NODE = Cost("to replay a node of a method at a bandwidth", seconds=2e-7)
+_NODE = Cost("to replay a node of a method at a bandwidth", seconds=8e-7)
 _ROW = Cost("a method's row at a bandwidth", bytes=512)
-_REPLICA_PAIR = Cost("to weigh a pair of replicas in Ada's graph ladder", seconds=5e-8)
+_REPLICA_PAIR = Cost("to weigh a pair of replicas in Ada's graph ladder", seconds=1e-7)
+_PERIOD_STEP = Cost("to walk a step of the method's schedule", seconds=5e-7)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -242,9 +245,11 @@ def _known_units(spec: str) -> int | None:
     return None
 
 
-def check_work_size(args: argparse.Namespace, units: int | None, *, built: bool = False) -> None:
+def check_work_size(args: argparse.Namespace, units: int | None, *, built: bool = False,
+                    periods: dict[str, int] | None = None) -> None:
     """Refuse a plan whose work passes this machine's memory or --timeout (experiments.sizes):
-    its layers, methods, bandwidths, nodes and GPUs per node, each times what it costs."""
+    its layers, methods, bandwidths, nodes, GPUs per node and each method's period in steps
+    (where known: `periods`), each times what it costs."""
     layers = Count("--model", units or 1, "FSDP2 units",
                    said=f"--model {args.model!r} with {units or 1:,} FSDP2 units")
     methods = Count("--method", len(args.method), "methods")
@@ -263,6 +268,10 @@ def check_work_size(args: argparse.Namespace, units: int | None, *, built: bool 
     if "ada" in args.method:
         replicas = Count("--nodes", max(1, args.nodes // args.nodes_per_replica), "replicas")
         terms.append(Term(_REPLICA_PAIR, (replicas, replicas)))
+    for method, period in (periods or {}).items():
+        terms.append(Term(_PERIOD_STEP, (Count("--set", period, f"steps of {method}'s period",
+                                               said=f"{method}'s period of {period:,} steps "
+                                               "(its --set knobs)"),)))
     check_work("the plan", terms, budget_s=args.timeout, budget=f"--timeout {args.timeout:g} s")
 
 
@@ -341,12 +350,14 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
     in_backward = _sync_in_backward(own.get("sync_in_backward", "false"), args.method)
     settings = {m: method_record(m).settings(knobs[m])[0] for m in args.method}
+    periods = {m: schedule(method_record(m), settings[m])[0] for m in args.method if m != "ada"}
+    check_work_size(args, _known_units(args.model), periods=periods)
     memory_cap, memory_source = _gpu_memory(args)
     source = steps_source(args.steps_to_target, args.steps_from, args.target, args.model,
                           args.method)
-    schedule = (graph_schedule(args.ada_graphs, args.nodes // args.nodes_per_replica,
-                               args.model) if "ada" in args.method else None)
-    model = _declared(args)
+    graphs = (graph_schedule(args.ada_graphs, args.nodes // args.nodes_per_replica,
+                             args.model) if "ada" in args.method else None)
+    model = _declared(args, periods)
     unit_params = [model.unit_params(u) for u in range(len(model.units))]
     if args.gpu is not None:
         compute = rule_compute(unit_params, gpu(args.gpu),
@@ -365,7 +376,7 @@ def _plan(args: argparse.Namespace) -> int:
                            args.algorithm, backend=backend, nodes_per_replica=k,
                            sync_in_backward=in_backward and record.replicator in IN_BACKWARD)
 
-    plans = [plan_ada(settings[m], schedule, lambda on_graph: plan_of("ada", on_graph))
+    plans = [plan_ada(settings[m], graphs, lambda on_graph: plan_of("ada", on_graph))
              if m == "ada" else plan_of(m, settings[m]) for m in args.method]
     frame = pd.concat([p.frame() for p in plans], ignore_index=True)
     frame["memory_over"] = (frame["memory_per_gpu_bytes"] > memory_cap
@@ -382,12 +393,12 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _declared(args: argparse.Namespace) -> DeclaredModel:
+def _declared(args: argparse.Namespace, periods: dict[str, int]) -> DeclaredModel:
     """The --model, built; one known only once built (a factory's, a config's) is held to the
     plan's size bound then."""
     model = declare_model(args.model)
     if _known_units(args.model) is None:
-        check_work_size(args, len(model.units), built=True)
+        check_work_size(args, len(model.units), built=True, periods=periods)
     return model
 
 

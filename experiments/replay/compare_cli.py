@@ -24,7 +24,7 @@ from experiments.replay.compare import (
     record,
     table_text,
 )
-from experiments.replay.simulate import add_replay_arguments
+from experiments.replay.simulate import add_replay_arguments, replay_inputs
 from experiments.values import POSITIVE
 
 __all__ = ["configure", "main"]
@@ -66,8 +66,7 @@ def _check_outs(args: argparse.Namespace, is_map: bool) -> list[Path]:
             raise ConfigError(f"--out {out!r} must end in {', '.join(allowed)}"
                               + ("" if is_map else " (a figure is drawn for a map: several "
                                  "--nodes or --inter-bw)") + ".")
-        outs.append(check_output_file(out, what="--out",
-                                      reads=[*args.runs, *(args.loss_from or ())]))
+        outs.append(check_output_file(out, what="--out", reads=replay_inputs(args, args.runs)))
     return outs
 
 

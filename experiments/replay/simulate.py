@@ -73,6 +73,7 @@ from experiments.replay.loss_curve import (
 )
 from experiments.replay.reshard import MISSING_INTRA, reshard_trace, run_layout
 from experiments.report.metrics import time_to_target
+from experiments.sizes import Cost, Count, Term, check_work
 from experiments.values import POSITIVE, POSITIVE_INT
 from flexdemo.graphs import (
     averages_exactly,
@@ -97,10 +98,17 @@ log = logging.getLogger(__name__)
 MAX_STEPS = 1_000_000  # a replayed step costs ~0.1-1 ms of model time: this is minutes already
 
 __all__ = ["RecordedRun", "ReplaySettings", "add_replay_arguments", "check_replay_arguments",
-           "configure", "declared_compute_scale", "gossip_degrees", "gossip_site_rounds",
-           "loss_on_time_axis", "main", "read_loss_run", "read_run",
-           "replay_settings", "replay_with",
-           "simulate_run"]
+           "check_replay_size", "configure", "declared_compute_scale", "gossip_degrees",
+           "gossip_site_rounds", "loss_on_time_axis", "main", "read_loss_run", "read_run",
+           "replay_inputs", "replay_settings", "replay_with", "simulate_run"]
+
+# What a replay costs per item (measured on 2 cores: 10^7 nodes in 8 s and 140 MB, 10^7 ranks
+# a node x 100 steps in 9 s): the bound on the nodes, ranks and steps it is asked for
+# (experiments.sizes).
+_NODE_BYTES = Cost("a node in the replayed topology", bytes=16)
+_NODE = Cost("to replay a node", seconds=8e-7)
+_RANK_STEP = Cost("to replay a rank of a node at a step", seconds=9e-9)
+_NODE_PAIR = Cost("to rebuild a pair of nodes of the gossip graph", seconds=1e-7)
 
 # The intra-node link a declared accelerator profile is modeled on when the run set none: the
 # RunConfig default, an NVLink-class link (per-GPU bus bandwidth of ~100 GB/s, a few us a message).
@@ -509,9 +517,7 @@ def main(args: argparse.Namespace) -> int:
     if args.topology is not None and args.nodes is None:
         args.nodes = load_site_file(args.topology).nodes
     curve = _loss_curve(args, run, settings.rule)
-    sidecar = check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar",
-                                reads=[args.run_dir, *(args.loss_from or ())]) \
-        if curve.stated else None
+    sidecar = out.with_suffix(".loss.json") if curve.stated else None  # checked with --out
     replay, basis = replay_with(
         args, run, settings,
         steps=args.steps if args.steps is not None else curve.steps_needed(), progress=True)
@@ -554,6 +560,7 @@ def replay_with(args: argparse.Namespace, run: RecordedRun, settings: ReplaySett
     profile = settings.profile
     if profile is not None:
         profile.check_fits(run.config, args.compute_profile)
+    check_replay_size(args, run, steps)
     declared = declared_compute_scale(args, run.steps)
     scale = declared
     if compute_s is not None:
@@ -577,6 +584,30 @@ def replay_with(args: argparse.Namespace, run: RecordedRun, settings: ReplaySett
     return replay, _basis_lines(args, run, replay, intra, declared, profile)
 
 
+def check_replay_size(args: argparse.Namespace, run: RecordedRun, steps: int | None) -> None:
+    """Refuse a replay whose nodes, ranks and steps pass this machine's memory or a day
+    (experiments.sizes), before the replay starts."""
+    nodes = args.nodes or run.config.nodes
+    if args.topology is not None:
+        nodes = load_site_file(args.topology).nodes
+    nodes_count = Count("--nodes", nodes, "nodes")
+    per_node = Count("--gpus-per-node", args.gpus_per_node or run.config.gpus_per_node,
+                     "GPUs per node")
+    replayed = Count("--steps", steps or len(run.steps), "steps")
+    terms = [Term(_NODE_BYTES, (nodes_count,)), Term(_NODE, (nodes_count,)),
+             Term(_RANK_STEP, (per_node, replayed))]
+    if run.config.record.gossips:
+        terms.append(Term(_NODE_PAIR, (nodes_count, nodes_count)))
+    check_work(f"the replay of {run.path}", terms)
+
+
+def replay_inputs(args: argparse.Namespace, runs: list[str]) -> list[str]:
+    """Every file and folder a replay reads: the `runs`, --loss-from, and the files its flags
+    name (an output may be none of them, nor inside one)."""
+    return [*runs, *(args.loss_from or ()), *(path for path in (
+        args.topology, args.compute_profile, args.calibration) if path is not None)]
+
+
 def _loss_curve(args: argparse.Namespace, run: RecordedRun, rule: LossScaling) -> LossCurve:
     """The loss curve the replay uses among RUN_DIR and the --loss-from recordings."""
     runs = [run, *(read_loss_run(path) for path in args.loss_from or ())]
@@ -589,7 +620,10 @@ def _loss_curve(args: argparse.Namespace, run: RecordedRun, rule: LossScaling) -
 
 def _check_arguments(args: argparse.Namespace) -> Path:
     """The --out file, after checking the numeric flags (ConfigError, one sentence)."""
-    out = check_output_file(args.out, what="--out", reads=[args.run_dir, *(args.loss_from or ())])
+    reads = replay_inputs(args, [args.run_dir])
+    out = check_output_file(args.out, what="--out", reads=reads)
+    # Written beside --out when the loss curve is carried to another shape: checked now too.
+    check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar", reads=reads)
     check_replay_arguments(args)
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}.")
