@@ -147,6 +147,9 @@ def check_output_folder(out: Path | str, *, what: str = "output folder",
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{what} {str(out)!r} is a file; choose a folder.")
     _check_not_read(out, what, reads, folder=True)
+    if (out / "run.json").is_file():  # a run's files are never written over by another's
+        raise ConfigError(f"{what} {str(out)!r} is the folder of a run (it holds run.json); "
+                          "choose another.")
     if must_be_empty and out.is_dir() and any(out.iterdir()):
         raise ConfigError(f"{what} {str(out)!r} already holds files; choose a new one.")
     if out.is_dir():

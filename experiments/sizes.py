@@ -39,7 +39,7 @@ class Cost:
 
 
 @dataclass(frozen=True)
-class Count:
+class Count:  # equal counts are one count: GPUs per node twice in a term is their square
     """A count the user gave: its flag or key, its value and what it counts."""
 
     flag: str
@@ -77,10 +77,10 @@ class Term:
         counts = [f"{c.value:,} {c.noun}" for c in self.counts if c.value != 1]
         return " x ".join([*counts, f"{per} {self.cost.item}"])
 
-    def amount_at(self, flag: str, value: int, resource: str) -> float:
-        """`amount` with every count of `flag` at `value` instead (a count that appears k
-        times, as GPUs per node in pairs of them, scales as its k-th power)."""
-        items = math.prod(value if c.flag == flag else c.value for c in self.counts)
+    def amount_at(self, count: Count, value: int, resource: str) -> float:
+        """`amount` with `count` at `value` instead (a count that appears k times, as GPUs per
+        node in pairs of them, scales as its k-th power)."""
+        items = math.prod(value if c == count else c.value for c in self.counts)
         return items * getattr(self.cost, resource)
 
 
@@ -110,8 +110,12 @@ def check_work(what: str, terms: list[Term], *, budget_s: float | None = None,
         if total <= limit:
             continue
         worst = max(terms, key=lambda t: t.amount(resource))
-        count = max(worst.counts, key=lambda c: c.value)
-        most = _most(terms, count, limit, resource)
+        # The count to lower: of the worst term's, the one furthest above the most of it that
+        # fits both the memory and the time (the other counts as given), among those that can.
+        mosts = {c: min(_most(terms, c, bound, kind) for kind, bound, _ in limits)
+                 for c in worst.counts}
+        count = max(worst.counts, key=lambda c: (mosts[c] > 0, c.value / max(mosts[c], 1)))
+        most = mosts[count]
         amount = format_bytes(total) if resource == "bytes" else format_seconds(total)
         verb = "hold" if resource == "bytes" else "take"
         raise ConfigError(f"{count.head}: {what} would {verb} about {amount} "
@@ -120,11 +124,13 @@ def check_work(what: str, terms: list[Term], *, budget_s: float | None = None,
 
 
 def _most(terms: list[Term], count: Count, limit: float, resource: str) -> int:
-    """The largest value of `count` (below its own) whose work fits in `limit`, the other
+    """The largest value of `count` (up to its own) whose work fits in `limit`, the other
     counts as given: a bisection, as the work grows with it in every term it is part of."""
     def fits(value: int) -> bool:
-        return sum(t.amount_at(count.flag, value, resource) for t in terms) <= limit
+        return sum(t.amount_at(count, value, resource) for t in terms) <= limit
 
+    if fits(count.value):
+        return count.value
     low, high = 0, count.value  # fits(low) is taken as true; fits(high) is known false
     while high - low > 1:
         middle = (low + high) // 2

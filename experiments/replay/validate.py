@@ -51,10 +51,11 @@ from tqdm import tqdm
 
 from experiments.config import RunConfig, parse_overrides, shared_for
 from experiments.errors import ConfigError, RunFailed
-from experiments.io import check_output_file
+from experiments.io import check_output_file, check_output_folder, write_atomic
 from experiments.replay.simulate import RecordedRun, read_run, simulate_run
 from experiments.report.metrics import markdown_table
-from experiments.run.launch import launch
+from experiments.run.launch import check_spawnable, launch
+from experiments.sizes import Cost, Count, Term, check_work
 from experiments.values import COUNT, POSITIVE, POSITIVE_INT
 from netsim.calibration import Calibration, load_calibration
 
@@ -312,9 +313,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench validate-sim`."""
-    settings, pairs = _check_arguments(args)
+    reads = [args.calibration] if args.calibration not in (None, "none") else []
     if args.out:
-        check_output_file(args.out, what="--out")
+        check_output_file(args.out, what="--out", reads=reads)
+    if args.keep:
+        check_output_folder(args.keep, what="--keep", reads=reads)
+    settings, pairs = _check_arguments(args)
     calibration = _calibration(args.calibration, args.shaping)
     with tempfile.TemporaryDirectory(prefix="validate-sim-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
@@ -330,7 +334,7 @@ def main(args: argparse.Namespace) -> int:
     table = result.table
     _print_table(result)
     if args.out:
-        table.to_csv(args.out, index=False)
+        write_atomic(Path(args.out), table.to_csv(index=False))
     bad = table[~table["within_bound"]]
     if len(bad):
         print(f"{len(bad)} of {len(table)} points are outside ±{args.bound:.0%}.")
@@ -397,7 +401,29 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
                     shaped = base.replace(inter_bw=bw, inter_lat=lat, shaping=args.shaping,
                                           nodes=shape[0], gpus_per_node=shape[1])
                     _check_launchable(shaped, wall)
+    _check_size(args, pairs)
     return settings, pairs
+
+
+# A validation is real runs: each starts its ranks (seconds: imports, rendezvous) and trains
+# its steps (an lm-tiny step takes tens of ms on 2 cores). It runs for an hour or more on
+# purpose, so it is held to a day rather than to experiments.sizes' default.
+_RUN = Cost("to start a run's ranks", seconds=2.0)
+_RUN_STEP = Cost("to train a step of a run", seconds=0.01)
+_DAY_S = 86_400.0
+
+
+def _check_size(args: argparse.Namespace, pairs: list[tuple[Shape, Shape]]) -> None:
+    """Refuse a grid of runs that would take more than a day (experiments.sizes)."""
+    sources = len(dict.fromkeys(source for source, _ in pairs))
+    count = len(args.methods) * (sources * args.recordings
+                                 + len(pairs) * len(args.inter_bw) * len(args.inter_lat))
+    runs = Count("--recordings", count, "runs", said=f"--recordings {args.recordings} with "
+                 f"{len(args.methods)} methods, {len(pairs)} shapes and "
+                 f"{len(args.inter_bw) * len(args.inter_lat)} network points ({count:,} runs)")
+    steps = Count("--steps", args.steps, "steps")
+    check_work("the validation", [Term(_RUN, (runs,)), Term(_RUN_STEP, (runs, steps))],
+               budget_s=_DAY_S, budget="a day, the longest a validation is let start")
 
 
 def _fill_network(args: argparse.Namespace) -> None:
@@ -413,6 +439,7 @@ def _fill_network(args: argparse.Namespace) -> None:
 def _check_launchable(cfg: RunConfig, wall: bool) -> None:
     """ConfigError (one sentence) if `cfg` cannot run here; kernel: privileges, before any run."""
     topology = cfg.validate().topology()
+    check_spawnable(cfg.world_size)
     if not wall:
         from experiments.run.kernel import kernel_settings
 

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from experiments.errors import RunFailed, Stopped
 from experiments.io import check_output_folder
 from experiments.report import metrics
 from experiments.sweep.estimate import estimate_text
@@ -44,7 +45,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench sweep`."""
-    cfg = load_config(args.config, args.overrides)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except Stopped:
+        raise  # SIGTERM: said by the command line, exit 143
+    except RunFailed as err:  # a workload's code did not return within timeout_s
+        print(f"flexbench sweep: failed: {err}", file=sys.stderr)
+        return 1
     out = args.out or Path("results") / cfg.name
     check_output_folder(out, what="sweep folder", must_be_empty=False)  # a sweep resumes in it
     units = units_of(cfg)
