@@ -139,6 +139,8 @@ KNOB_KINDS: dict[str, Kind] = {
 _NODE_BYTES = Cost("a node's entries in the run's topology", bytes=16)
 _STEP_RECORD = Cost("a rank's row of a step, kept until the run ends", bytes=100)
 _NODE_PAIR = Cost("to check a pair of nodes of the gossip graphs", seconds=1e-7)
+# A torch thread's stack (glibc's default for a new thread), for every thread of a node's ranks.
+_THREAD = Cost("a thread's stack", bytes=8 * 2**20)
 
 
 def _knob_fields() -> list[tuple[str, str, Any]]:
@@ -260,13 +262,16 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
                 f.metadata["kind"].check(f.name, value)
 
     def _check_size(self) -> None:
-        """Refuse nodes, ranks and steps whose records pass this machine's memory, or a graph
-        too large to check (experiments.sizes), before any of it is built."""
+        """Refuse nodes, ranks, steps and threads whose records or stacks pass this machine's
+        memory, or a graph too large to check (experiments.sizes), before any is made."""
         nodes = Count("nodes", self.nodes, "nodes")
         ranks = Count("gpus_per_node", self.gpus_per_node, "ranks a node")
-        steps = self.steps or BUILTIN_BUDGETS.get(self.workload, (1,))[0]
+        steps = Count("steps", self.steps or BUILTIN_BUDGETS.get(self.workload, (1,))[0], "steps",
+                      given=self.steps is not None)
+        threads = Count("threads_per_rank", self.threads_per_rank, "threads a rank")
         terms = [Term(_NODE_BYTES, (nodes,)),
-                 Term(_STEP_RECORD, (Count("steps", steps, "steps"), nodes, ranks))]
+                 Term(_STEP_RECORD, (steps, nodes, ranks)),
+                 Term(_THREAD, (ranks, threads))]
         if self.record.gossips:
             terms.append(Term(_NODE_PAIR, (nodes, nodes)))
         check_work("the run", terms)

@@ -47,6 +47,9 @@ class Count:  # equal counts are one count: GPUs per node twice in a term is the
     noun: str
     said: str = ""
     """How the refusal names it when it is the one to lower (default: "FLAG VALUE")."""
+    given: bool = True
+    """Whether the user gave it (else a default or a recording's): the refusal names a given
+    count before one that is not."""
 
     @property
     def head(self) -> str:
@@ -110,11 +113,13 @@ def check_work(what: str, terms: list[Term], *, budget_s: float | None = None,
         if total <= limit:
             continue
         worst = max(terms, key=lambda t: t.amount(resource))
-        # The count to lower: of the worst term's, the one furthest above the most of it that
-        # fits both the memory and the time (the other counts as given), among those that can.
+        # The count to lower: of the worst term's, one the user gave, furthest above the most of
+        # it that fits both the memory and the time (the other counts as given), among those
+        # that can be lowered to fit.
         mosts = {c: min(_most(terms, c, bound, kind) for kind, bound, _ in limits)
                  for c in worst.counts}
-        count = max(worst.counts, key=lambda c: (mosts[c] > 0, c.value / max(mosts[c], 1)))
+        count = max(worst.counts, key=lambda c: (mosts[c] > 0, c.given,
+                                                 c.value / max(mosts[c], 1)))
         most = mosts[count]
         amount = format_bytes(total) if resource == "bytes" else format_seconds(total)
         verb = "hold" if resource == "bytes" else "take"

@@ -590,10 +590,11 @@ def check_replay_size(args: argparse.Namespace, run: RecordedRun, steps: int | N
     nodes = args.nodes or run.config.nodes
     if args.topology is not None:
         nodes = load_site_file(args.topology).nodes
-    nodes_count = Count("--nodes", nodes, "nodes")
+    nodes_count = Count("--nodes", nodes, "nodes", given=args.nodes is not None)
     per_node = Count("--gpus-per-node", args.gpus_per_node or run.config.gpus_per_node,
-                     "GPUs per node")
-    replayed = Count("--steps", steps or len(run.steps), "steps")
+                     "GPUs per node", given=args.gpus_per_node is not None)
+    replayed = Count("--steps", steps or len(run.steps), "steps",
+                     given=getattr(args, "steps", None) is not None)
     terms = [Term(_NODE_BYTES, (nodes_count,)), Term(_NODE, (nodes_count,)),
              Term(_RANK_STEP, (per_node, replayed))]
     if run.config.record.gossips:
