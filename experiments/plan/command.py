@@ -349,9 +349,7 @@ def _plan(args: argparse.Namespace) -> int:
     if backend not in ("nccl", "gloo"):
         raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
     in_backward = _sync_in_backward(own.get("sync_in_backward", "false"), args.method)
-    settings = {m: method_record(m).settings(knobs[m])[0] for m in args.method}
-    periods = {m: schedule(method_record(m), settings[m])[0] for m in args.method if m != "ada"}
-    check_work_size(args, _known_units(args.model), periods=periods)
+    settings, periods = _method_settings(args, knobs)
     memory_cap, memory_source = _gpu_memory(args)
     source = steps_source(args.steps_to_target, args.steps_from, args.target, args.model,
                           args.method)
@@ -391,6 +389,16 @@ def _plan(args: argparse.Namespace) -> int:
     _write(Path(args.out), frame, needed, assumptions)
     print(f"wrote {args.out}")
     return 0
+
+
+def _method_settings(args: argparse.Namespace,
+                     knobs: dict[str, dict]) -> tuple[dict[str, object], dict[str, int]]:
+    """Each method's knobs and its period in steps (Ada's is its graphs'), the plan's size
+    checked with the periods (a schedule of 10^12 steps is a count like any other)."""
+    settings = {m: method_record(m).settings(knobs[m])[0] for m in args.method}
+    periods = {m: schedule(method_record(m), settings[m])[0] for m in args.method if m != "ada"}
+    check_work_size(args, _known_units(args.model), periods=periods)
+    return settings, periods
 
 
 def _declared(args: argparse.Namespace, periods: dict[str, int]) -> DeclaredModel:
