@@ -19,13 +19,17 @@ from pathlib import Path
 
 from experiments.errors import ConfigError
 
-__all__ = ["UNATTENDED_S", "Cost", "Count", "Term", "available_bytes", "check_work",
+__all__ = ["LONG_S", "UNATTENDED_S", "Cost", "Count", "Term", "available_bytes", "check_work",
            "format_bytes", "format_seconds"]
 
 UNATTENDED_S = 600.0
 """The longest a piece of work without a --timeout of its own (one replay, one listing of a
 sweep's units) is let start: such work takes seconds, and ten minutes of it is a count gone
 wrong (a command with --timeout is held to that instead)."""
+
+LONG_S = 86_400.0
+"""The longest a command that runs for hours on purpose (a sweep, a validation) is let start:
+a day; past it the count is a mistyped one."""
 
 
 @dataclass(frozen=True)

@@ -313,7 +313,7 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[float | None, str]:
     """Bytes of memory per GPU and where the figure comes from (None: not known)."""
     if args.gpu_memory is not None:
         match = _MEMORY.match(args.gpu_memory)
-        if match is None or not float(match.group(1)) > 0:
+        if match is None or not 0 < float(match.group(1)) < math.inf:
             raise ConfigError(f"--gpu-memory {args.gpu_memory!r} is not a size above zero; "
                               "give GB, GiB or TB, such as 80GB.")
         scale = {"GB": 1e9, "GiB": 2**30, "TB": 1e12}[match.group(2)]

@@ -55,7 +55,7 @@ from experiments.io import check_output_file, check_output_folder, write_atomic
 from experiments.replay.simulate import RecordedRun, read_run, simulate_run
 from experiments.report.metrics import markdown_table
 from experiments.run.launch import check_spawnable, launch
-from experiments.sizes import Cost, Count, Term, check_work
+from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.values import COUNT, POSITIVE, POSITIVE_INT
 from netsim.calibration import Calibration, load_calibration
 
@@ -407,10 +407,9 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
 
 # A validation is real runs: each starts its ranks (seconds: imports, rendezvous) and trains
 # its steps (an lm-tiny step takes tens of ms on 2 cores). It runs for an hour or more on
-# purpose, so it is held to a day rather than to experiments.sizes' default.
+# purpose, so it is held to a day (LONG_S) rather than to experiments.sizes' default.
 _RUN = Cost("to start a run's ranks", seconds=2.0)
 _RUN_STEP = Cost("to train a step of a run", seconds=0.01)
-_DAY_S = 86_400.0
 
 
 def _check_size(args: argparse.Namespace, pairs: list[tuple[Shape, Shape]]) -> None:
@@ -423,7 +422,7 @@ def _check_size(args: argparse.Namespace, pairs: list[tuple[Shape, Shape]]) -> N
                  f"{len(args.inter_bw) * len(args.inter_lat)} network points ({count:,} runs)")
     steps = Count("--steps", args.steps, "steps")
     check_work("the validation", [Term(_RUN, (runs,)), Term(_RUN_STEP, (runs, steps))],
-               budget_s=_DAY_S, budget="a day, the longest a validation is let start")
+               budget_s=LONG_S, budget="a day, the longest a validation is let start")
 
 
 def _fill_network(args: argparse.Namespace) -> None:

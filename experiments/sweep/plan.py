@@ -24,8 +24,9 @@ from typing import Any
 from experiments.config import RunConfig, shared_for
 from experiments.deadline import run_deadline
 from experiments.errors import ConfigError
-from experiments.sizes import Cost, Count, Term, check_work
+from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.sweep.spec import (
+    SCORE,
     NetworkPoint,
     SweepConfig,
     network_point,
@@ -77,24 +78,33 @@ def load_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
 
 
 # What listing a unit costs (measured on 2 cores: 10^4 units of quick.toml built and checked in
-# 10 s, 2.2 kB each): the bound on how many units a grid makes (experiments.sizes).
+# 10 s, 2.2 kB each), with scoring each training unit at every network point (spec.SCORE): the
+# bound on how many units a grid makes (experiments.sizes).
 _UNIT = Cost("to build and check a unit's settings", bytes=2200, seconds=1e-3)
 
 
-def unit_count(cfg: SweepConfig) -> int:
-    """How many units `units_of` makes, counted from the grid's lists without making any."""
+def unit_count(cfg: SweepConfig, *, training: bool = False) -> int:
+    """How many units `units_of` makes (`training`: of those that record, each scored on every
+    network point), counted from the grid's lists without making any."""
     train = sum((math.prod(len(v) for v in cfg.knobs.get(method, {}).values())
                  + sum(1 for m, _ in cfg.variants if m == method)) * len(cfg.seeds)
                 for method in cfg.methods)
-    return train * (1 + len(cfg.emulate_nodes)) + len(cfg.validate)
+    return train if training else train * (1 + len(cfg.emulate_nodes)) + len(cfg.validate)
 
 
 def check_unit_count(cfg: SweepConfig) -> None:
-    """Refuse a grid of more units than can be listed and checked here (experiments.sizes)."""
+    """Refuse a grid of more units, or network points to score them at, than can be listed,
+    checked and scored here (experiments.sizes)."""
     count = unit_count(cfg)
-    check_work("listing the sweep's units", [Term(_UNIT, (Count(
-        "grid", count, "units", said=f"the grid's {count:,} units (methods x knob values x "
-        "seeds, with [emulate] and [[validate]])"),))])
+    units = Count("grid", count, "units", said=f"the grid's {count:,} units (methods x knob "
+                  "values x seeds, with [emulate] and [[validate]])")
+    training = Count("grid", unit_count(cfg, training=True), "training units")
+    points = Count("grid", len(cfg.networks), "network points",
+                   said=f"the grid's {len(cfg.networks):,} network points (inter_bw x "
+                   "inter_lat)")
+    check_work("the sweep's listing and scoring", [Term(_UNIT, (units,)),
+                                                    Term(SCORE, (training, points))],
+               budget_s=LONG_S, budget="a day, the longest a sweep is let start")
 
 
 def units_of(cfg: SweepConfig) -> list[Unit]:

@@ -74,6 +74,16 @@ def test_plan_refuses_sizes_past_the_machine(flags, words, tmp_path, capsys):
     assert re.search(r"at most [\d,]+ ", err) or "builds layouts up to" in err, err
 
 
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--steps-to-target", str(10**30)], "--steps-to-target must be at most 9223372036854775807"),
+    (["--method", "ada", "--ada-graphs", f"complete={10**30}"],
+     "--ada-graphs complete must be at most 9223372036854775807"),
+    (["--gpu-memory", "1" + "0" * 400 + "GB"], "is not a size above zero"),
+])
+def test_plan_refuses_a_count_no_number_holds(extra, words, tmp_path, capsys):
+    assert words in _refused(_plan(tmp_path) + extra, capsys, tmp_path)
+
+
 def test_plan_refuses_a_period_it_cannot_walk(tmp_path, capsys):
     err = _refused(_plan(tmp_path) + ["--method", "diloco", "--set", f"diloco_h={TERA}"],
                    capsys, tmp_path)
@@ -152,6 +162,9 @@ SWEEP = {"run": {"steps": 5}, "grid": {"methods": ["hsdp-adamw", "flexdemo"],
         "topk": list(range(1, 101)), "chunk": list(range(1, 101)),
         "decay": [i / 1000 for i in range(100)], "replicate_every": list(range(1, 101))}}}},
      ["the grid's 100,000,001 units", "units fit"]),
+    ({"grid": {**SWEEP["grid"], "inter_bw": [f"{i}Mbit" for i in range(1, 2001)],
+               "inter_lat": [f"{i}ms" for i in range(1, 2001)]}},
+     ["the grid's 4,000,000 network points", "network points fit"]),
     ({"run": {"steps": 5, "nodes": 10**12}}, ["nodes 1,000,000,000,000"]),
     ({"run": {"steps": 10**15}}, ["steps 1,000,000,000,000,000"]),
 ])
