@@ -215,8 +215,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--ada-graphs gives ada's graphs, but --method does not plan ada.")
     _check_network(args)
     _check_compute(args)
-    check_work_size(args, _known_units(args.model))
     check_nodes_per_replica(args.nodes_per_replica, args.nodes)
+    check_work_size(args, _known_units(args.model))
     if args.nodes_per_replica > 1:
         for method in args.method:
             if not method_record(method).shards:

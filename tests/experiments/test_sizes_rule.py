@@ -99,7 +99,10 @@ def test_nodes_per_replica_lists_a_large_counts_divisors_from_its_root(tmp_path,
     assert divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36] and divisors(7) == [1, 7]
     err_line = _refused(_plan(tmp_path, nodes=TERA) + ["--nodes-per-replica", "7"], capsys,
                         tmp_path)
-    assert "--nodes 1,000,000,000,000" in err_line, err_line
+    assert "does not divide --nodes 1000000000000" in err_line, err_line
+    err_line = _refused(_plan(tmp_path, nodes=TERA) + ["--nodes-per-replica", "8"], capsys,
+                        tmp_path)
+    assert "--nodes 1,000,000,000,000: the plan would hold about" in err_line, err_line
 
 
 @pytest.mark.skipif(not UNIT.is_dir(), reason="needs the committed results/quick")
