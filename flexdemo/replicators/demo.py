@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ..chunking import BlockLayout
-from ..codec import clamp_topk, topk_encode
+from ..codec import clamp_topk
 from ..formats import make_format
 from ..knobs import DeMoKnobs
 from ..wire import (
@@ -25,6 +25,7 @@ from ..wire import (
 )
 from .base import Group, Replicator, copy_state
 from .blocks import BlockGroup
+from .reference_blocks import ReferenceBlockGroup
 
 Picked = list[tuple[torch.Tensor, torch.Tensor]]  # per block group: (int64 indices, values)
 Wire = list[tuple[list[torch.Tensor], torch.Tensor | None]]  # per group: (segments, what's read)
@@ -231,11 +232,14 @@ class DeMoReplicator(Replicator):
         self.empty_like = [(p.shape, p.dtype, p.device) for p in params]
         plan = plan_exchange([tuple(p.shape) for p in params], [p.dtype for p in params],
                              self.knobs, ranks)
+        group_type = ReferenceBlockGroup if self.knobs.arithmetic_used == "reference" \
+            else BlockGroup
         self.groups = []
         for (c1, c2, dtype), members in plan.groups:
-            g = BlockGroup(c1, c2, self.topk, dtype, params[members[0][0]].device)
+            g = group_type(c1, c2, self.topk, dtype, params[members[0][0]].device)
             for index, layout in members:
-                g.add(index, layout)
+                # The package transforms a 1-D tensor (and FSDP1's flat shard) along one axis.
+                g.add(index, layout, one_dim=self.chunking == "flat" or params[index].dim() < 2)
             g.allocate()
             self.groups.append(g)
         self.spans, self.segments, self.bucket_bytes = list(plan.spans), plan.segments, \
@@ -251,7 +255,7 @@ class DeMoReplicator(Replicator):
 
     def dct_topk(self) -> Picked:
         """The top-k coefficients per chunk of DCT(delta): (indices, values) per block group."""
-        return [topk_encode(g.delta, g.k) for g in self.groups]
+        return [g.topk() for g in self.groups]
 
     def to_wire(self, picked: Picked) -> Wire:
         """Every group's segments in ``value_format``, and the values receivers will read."""
@@ -262,10 +266,7 @@ class DeMoReplicator(Replicator):
         """delta -= what receivers read (rounding or quantization error stays: error feedback)."""
         for ((idx, vals), g), (_, read) in zip(zip(picked, self.groups, strict=True), wire,
                                                strict=True):
-            if read is None:
-                g.delta.scatter_(1, idx, 0.0)
-            else:
-                g.delta.scatter_(1, idx, vals - read.to(g.delta.dtype))
+            g.remove_sent(idx, vals, read)
 
     def to_dense_wire(self, picked: Picked, wire: Wire) -> Wire:
         """The dense exchange's values: what receivers would read, rounded to bf16."""
@@ -463,8 +464,7 @@ class DeMoReplicator(Replicator):
         # Nobody to exchange with: like the reference, the whole momentum becomes the update.
         out = self._placeholders()
         for g in self.groups:
-            g.inverse_into(g.delta.clone(), out, self.shapes)
-            g.delta.zero_()
+            g.take_all(out, self.shapes)
         return out
 
     def _placeholders(self) -> list[torch.Tensor]:
