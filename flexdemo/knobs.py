@@ -234,12 +234,12 @@ class DeMoKnobs(MomentumKnobs):
     ties go to allgather; decided once at setup from N and the sizes, which every replica
     computes alike, so no communication)."""
     arithmetic: str | None = None
-    """fast (momentum kept in the DCT domain, one batched transform per block shape, a two-stage
-    top-k) or reference (DeToNATION 0.5.2's operations in its order: parameter-space momentum,
-    FFT-built bases, one transform per tensor; with the fp32 value format, the package's step
-    bit for bit, at a few times fast's CPU time); the two agree up to float rounding, which
-    sign-SGD amplifies into different trajectories within a few steps. None: reference with
-    value_format fp32, fast with the others."""
+    """How the step is computed: fast (momentum kept in the DCT domain, one batched transform
+    per block shape, a two-stage top-k) or reference (DeToNATION 0.5.2's operations in its
+    order: momentum in parameter space, FFT-built bases, one transform per tensor; with fp32
+    values the package's step bit for bit, at about twice fast's CPU time). The two agree to
+    float rounding, which the sign step amplifies: their trajectories part within a few steps.
+    Not given: reference with value_format fp32 (the exact mode), fast with the others."""
 
     aliases: ClassVar[dict[str, str]] = {
         "value_dtype": "Alias kept for value_format: bf16 or fp32, the float of the method's "

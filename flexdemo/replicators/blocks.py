@@ -13,7 +13,8 @@ class BlockGroup:
     """The decoupled momentum of every (c1 × c2) block of several shards, in the DCT domain.
 
     Momentum lives in the DCT domain: the transform is orthonormal and linear, so this equals
-    DeMo's parameter-space delta up to rounding and saves one inverse transform per step.
+    DeMo's parameter-space delta up to rounding and saves one inverse transform per step. This
+    is the fast arithmetic; :class:`~.reference_blocks.ReferenceBlockGroup` is the package's.
     """
 
     def __init__(self, c1: int, c2: int, topk: int, dtype: torch.dtype,

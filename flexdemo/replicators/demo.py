@@ -155,7 +155,7 @@ class DeMoReplicator(Replicator):
     One step, as in the paper, with batched kernels behind each name (:meth:`start` and
     :meth:`finish` split it around the collective so the wait can overlap other work)::
 
-        decay_and_add     delta <- decay * delta + lr * grad     (kept in the DCT domain)
+        decay_and_add     delta <- decay * delta + lr * grad     (fast: in the DCT domain)
         dct_topk          the top-k coefficients of every chunk of DCT(delta)
         to_wire, remove_sent   round them for the wire; delta -= what leaves this rank
         all_gather        one bucketed all-gather of every replica's coefficients
@@ -199,12 +199,19 @@ class DeMoReplicator(Replicator):
     amplifies, since every replica then applies the bit-equal mean). :meth:`drain` applies the
     last correction, so they end equal up to that rounding.
 
+    Arithmetic (``arithmetic``): the steps above run on a :class:`~.blocks.BlockGroup` (fast:
+    momentum in the DCT domain, batched transforms) or a
+    :class:`~.reference_blocks.ReferenceBlockGroup` (DeToNATION 0.5.2's operations in its
+    order); the same step up to float rounding, which the sign step amplifies. With fp32 values
+    the reference one is the default and the package's step bit for bit
+    (``tests/flexdemo/test_demo_reference.py``).
+
     Knobs: :class:`flexdemo.knobs.DeMoKnobs` (``topk``, ``chunk``, ``decay``, ``chunking``,
-    ``value_format`` or its alias ``value_dtype``, ``exchange``, the schedule,
+    ``value_format`` or its alias ``value_dtype``, ``exchange``, ``arithmetic``, the schedule,
     ``fold_skipped``). Block chunking clamps ``topk`` to a block's elements; flat chunking
     refuses a ``topk`` above ``chunk`` and, like the reference, clamps it where a tensor's chunk
     (the largest divisor of its size not above ``chunk``) is shorter. ``value_format`` "fp32"
-    and "bf16" are today's layout (int16 indices; fp32 reproduces DeMo's figures); the compact
+    and "bf16" are today's layout (int16 indices; fp32 is the exact mode); the compact
     formats bit-pack the indices, and what a format loses stays in the momentum (error
     feedback). Off-schedule steps apply the local gradient and, as in the reference, leave the
     momentum alone.
@@ -249,7 +256,7 @@ class DeMoReplicator(Replicator):
 
     # -- the paper's steps ---------------------------------------------------------------------
     def decay_and_add(self, grads: list[torch.Tensor], lrs: list[float]) -> None:
-        """delta <- decay * delta + lr * grad (in the DCT domain)."""
+        """delta <- decay * delta + lr * grad (fast: DCT domain; reference: parameter space)."""
         for g in self.groups:
             g.decay_and_add(grads, lrs, self.decay)
 
