@@ -7,11 +7,11 @@ equal bit for bit, on every rank.
 
 How many steps are exact, and why: all of them. The reference arithmetic runs the package's
 operations in its order on the same inputs, so each step is the same bits, and so is the next
-one's input; 10 steps are checked here (60 on the 2.1M-parameter MLP of
+one's input; 10 steps are checked here (100 on the 2.1M-parameter MLP of
 ``benchmarks/bench_demo_agreement.py``). Anything less than the same bits parts for good
 within a few steps: the sign step turns a one-ulp difference in a decoded update into a whole
-2 x lr where that update is near zero, or into another coefficient where two tie for the k-th
-place, and the next gradients then differ everywhere. The fast arithmetic (momentum in the DCT
+2 x lr where that update is near zero, or into another coefficient where two nearly tie for the
+k-th place, and the next gradients then differ everywhere. The fast arithmetic (momentum in the DCT
 domain, correctly rounded bases, batched products) is such a difference: on that MLP it leaves
 0.03-6% of the parameters apart after 4 steps and 42-64% after 10, depending on the data, so no
 tolerance holds a longer run together and none is tried. With the sign, a rounding difference
