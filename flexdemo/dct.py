@@ -65,7 +65,8 @@ def idct_chunked(x: torch.Tensor, c1: int, c2: int, scratch: torch.Tensor | None
     return _chunked(x, c1, c2, True, scratch, out)
 
 
-_FFT_BASES: dict[tuple[int, torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+_FFT_BASES: dict[tuple[int, torch.dtype, torch.dtype, torch.device],
+                 tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _fft_forward(n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -100,19 +101,21 @@ def _fft_inverse(n: int, dtype: torch.dtype) -> torch.Tensor:
 
 def fft_dct_bases(n: int, dtype: torch.dtype = torch.float32,
                   device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """The cached (n x n) DCT-II bases (F, B) as DeToNATION 0.5.2 builds them, by FFT in ``dtype``.
+    """The cached (n x n) DCT-II bases (F, B) in ``dtype`` as DeToNATION 0.5.2 builds them.
 
     ``x @ F`` is the orthonormal DCT of the rows of ``x`` and ``X @ B`` its inverse. They hold
-    the same matrix as :func:`dct_matrix` (transposed) but rounded the way ``dtype`` FFTs round
-    (up to a few ulps off the true cosines, and B is not exactly F's transpose): only the
-    reference arithmetic (``DeMoKnobs.arithmetic``) uses them, to reproduce the package bit
-    for bit.
+    the same matrix as :func:`dct_matrix` (transposed) but rounded the way an FFT in torch's
+    default dtype (float32) rounds, then cast to ``dtype``: up to 3e-8 off the true cosines,
+    and B is not exactly F's transpose. Only the reference arithmetic
+    (``DeMoKnobs.arithmetic``) uses them, to reproduce the package bit for bit.
     """
-    key = (n, dtype, torch.device(device))
+    built_in = torch.get_default_dtype()  # the package's torch.eye(n)
+    key = (n, built_in, dtype, torch.device(device))
     bases = _FFT_BASES.get(key)
     if bases is None:
         # Each operation above in the package's order and dtype: a reordered one rounds
         # differently, and one ulp in a basis entry decides a top-k tie a few steps later.
-        bases = (_fft_forward(n, dtype).to(key[2]), _fft_inverse(n, dtype).to(key[2]))
+        bases = (_fft_forward(n, built_in).to(dtype).to(key[3]),
+                 _fft_inverse(n, built_in).to(dtype).to(key[3]))
         _FFT_BASES[key] = bases
     return bases
