@@ -1,9 +1,10 @@
 """The exact mode (fp32 values, reference arithmetic) against the reference DeMo, bit for bit.
 
 The reference is the package itself: DeToNATION 0.5.2's ``DeToSGD`` with its
-``DeMoReplicator`` (``detonation``, in the dev extra), on 2 nodes x 1 gloo rank, each rank with
-its own data, both optimizers on the same model and batches. Every step's parameters must be
-equal bit for bit, on every rank.
+``DeMoReplicator`` (``detonation``, in the dev extra), on 3 nodes x 1 gloo rank, each rank with
+its own data, both optimizers on the same model and batches (three replicas, so that a
+coefficient can arrive from three senders, where the order of the mean's sum and division
+shows). Every step's parameters must be equal bit for bit, on every rank.
 
 How many steps are exact, and why: all of them. The reference arithmetic runs the package's
 operations in its order on the same inputs, so each step is the same bits, and so is the next
@@ -122,7 +123,7 @@ def _cases(rank, world):
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_exact_mode_equals_the_package_bit_for_bit():
-    run_ranks(_cases, 2)
+    run_ranks(_cases, 3)
 
 
 def test_the_fft_bases_are_the_packages():
