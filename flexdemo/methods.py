@@ -91,6 +91,8 @@ class Method:
         """Every knob this method reads with its value: as given, else this method's default."""
         knobs, step = self.settings(given)
         values = {**dataclasses.asdict(knobs), **dataclasses.asdict(step)}
+        if isinstance(knobs, DeMoKnobs):  # recorded as the arithmetic the run computes in
+            values["arithmetic"] = knobs.arithmetic_used
         # An alias (value_dtype) has no value of its own: it stays as given.
         return {name: values.get(name, given.get(name)) for name in self.takes}
 
