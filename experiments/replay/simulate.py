@@ -59,7 +59,7 @@ import pandas as pd
 
 from experiments.config import RunConfig, load_site_file
 from experiments.errors import ConfigError
-from experiments.io import check_output_file, is_emulated, write_atomic
+from experiments.io import check_output_file, is_emulated, read_json, write_atomic
 from experiments.replay.compute_profile import ComputeProfile, load_profile
 from experiments.replay.compute_rules import ShapeCompute, shape_compute
 from experiments.replay.fsdp2_traffic import add_fsdp2_traffic, fsdp2_note
@@ -129,7 +129,7 @@ class RecordedRun:
 def read_run(run_dir: Path | str) -> RecordedRun:
     """A finished run's run.json, steps.parquet and trace.parquet (ConfigError if one is bad)."""
     run_dir = Path(run_dir)
-    meta = _read(run_dir, "run.json", lambda path: json.loads(path.read_text()))
+    meta = _read(run_dir, "run.json", _read_meta)
     if isinstance(meta, dict) and is_emulated(meta):
         raise ConfigError(f"{str(run_dir)!r} is an emulated run, which measured no step times "
                           "and has no trace to replay; use it as a loss curve (--loss-from) "
@@ -144,19 +144,26 @@ def read_run(run_dir: Path | str) -> RecordedRun:
 def read_loss_run(run_dir: Path | str) -> RecordedRun:
     """A finished run's run.json and steps.parquet, real or emulated (trace None): a loss curve."""
     run_dir = Path(run_dir)
-    meta = _read(run_dir, "run.json", lambda path: json.loads(path.read_text()))
+    meta = _read(run_dir, "run.json", _read_meta)
     steps = _read(run_dir, "steps.parquet", pd.read_parquet)
     return RecordedRun(run_dir, meta, _recorded_config(run_dir, meta), steps, None)
 
 
 def _read(run_dir: Path, name: str, reader: Callable[[Path], Any]) -> Any:
     """`reader(run_dir / name)`, a missing or unreadable file as one ConfigError sentence."""
+    if not (run_dir / name).is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a finished run: {name} is missing.")
     try:
         return reader(run_dir / name)
-    except FileNotFoundError:
-        raise ConfigError(f"{str(run_dir)!r} is not a finished run: {name} is missing.") from None
+    except ConfigError:
+        raise
     except (OSError, ValueError) as err:  # pyarrow's errors derive from these two
-        raise ConfigError(f"cannot read the run in {str(run_dir)!r}: {err}") from None
+        raise ConfigError(f"cannot read {str(run_dir / name)!r}: {err}") from None
+
+
+def _read_meta(path: Path) -> Any:
+    """A run.json (a JSON error, or a key given twice, named with the file)."""
+    return read_json(path, "run record")
 
 
 def _recorded_config(run_dir: Path, meta: Any) -> RunConfig:
@@ -166,7 +173,11 @@ def _recorded_config(run_dir: Path, meta: Any) -> RunConfig:
     if not isinstance(recorded, dict):
         raise ConfigError(f"{str(run_dir / 'run.json')!r} has no config table; is it a run?")
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    return RunConfig.from_stored({k: v for k, v in recorded.items() if k in names})
+    try:
+        return RunConfig.from_stored({k: v for k, v in recorded.items()
+                                      if k in names}).check_numbers()
+    except ConfigError as err:  # among several runs, which one
+        raise ConfigError(f"{str(run_dir / 'run.json')!r}: {err}") from None
 
 
 @lru_cache(maxsize=4096)
