@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
-from experiments.values import POSITIVE_INT
+from experiments.values import BANDWIDTH, POSITIVE_INT
 from netsim import parse_bandwidth
 from netsim.calibration import Calibration, Sample, fit_calibration, load_calibration
 from netsim.costs import collective_volume
@@ -294,7 +294,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench calibrate`."""
     parser.add_argument("--shaping", choices=("wall", "kernel"), default="wall",
                         help="the links to calibrate: netsim's wall-clock shaper or Linux tc")
-    parser.add_argument("--rates", nargs="+", default=list(DEFAULT_RATES),
+    parser.add_argument("--rates", nargs="+", default=list(DEFAULT_RATES), type=BANDWIDTH.arg,
                         help=f"link rates to time at (default {' '.join(DEFAULT_RATES)})")
     parser.add_argument("--payloads", nargs="+", type=POSITIVE_INT.arg,
                         default=list(DEFAULT_PAYLOADS), metavar="BYTES",
