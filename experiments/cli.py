@@ -67,6 +67,20 @@ class _StoreOnce(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class _SwitchOnce(argparse.BooleanOptionalAction):
+    """`--flag`/`--no-flag`, refusing both in one command line (argparse keeps the last)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        """Store the switch, unless its opposite was given before in this parse."""
+        given = vars(namespace).setdefault(_GIVEN, {})
+        value = not str(option_string).startswith("--no-")
+        if given.get(self.dest, value) != value:
+            raise argparse.ArgumentError(self, f"given both ways, {self.option_strings[0]} and "
+                                               f"{self.option_strings[1]}; give one.")
+        given[self.dest] = value
+        super().__call__(parser, namespace, values, option_string)
+
+
 def _shown(values: object) -> str:
     return " ".join(map(str, values)) if isinstance(values, list) else str(values)
 
@@ -79,6 +93,12 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         for name in (None, "store"):
             self.register("action", name, _StoreOnce)
+
+    def add_argument(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """argparse's, a switch (`BooleanOptionalAction`) refusing to be given both ways."""
+        if kwargs.get("action") is argparse.BooleanOptionalAction:
+            kwargs["action"] = _SwitchOnce
+        return super().add_argument(*args, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
         """argparse's, without the record of the flags given."""

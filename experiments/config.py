@@ -42,7 +42,7 @@ from flexdemo.methods import METHODS, RECORDS, Method, method_record
 __all__ = ["KNOBS", "METHODS", "BACKENDS", "SCHEDULES", "SHAPING_MODES", "WORKLOADS",
            "ConfigError", "KnobSettings", "RunConfig", "RunSettings",
            "add_run_arguments", "field_help", "load_site_file", "parse_overrides",
-           "run_arguments", "run_flag", "shared_for"]
+           "run_arguments", "run_flag", "shared_for", "check_algorithm_on_sites"]
 
 if TYPE_CHECKING:
     from netsim.sites import Sites
@@ -386,6 +386,18 @@ def load_site_file(path: str) -> Sites:
         return load_sites(path)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_algorithm_on_sites(algorithm: str, path: str | None) -> None:
+    """ConfigError for an --algorithm other than auto beside a site file of several sites,
+    whose collectives across sites are hierarchical (netsim.sites): it would apply to nothing."""
+    if algorithm == "auto" or path is None:
+        return
+    count = len(load_site_file(path).sites)
+    if count > 1:
+        raise ConfigError(f"--algorithm {algorithm} picks the collectives across nodes, and "
+                          f"across the {count} sites of --topology {path} they are hierarchical "
+                          "whatever it says; leave --algorithm out (auto).")
 
 
 def site_graph_mismatch(graph: str, sites: Sites, path: str) -> str | None:

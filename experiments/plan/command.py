@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.config import load_site_file
+from experiments.config import check_algorithm_on_sites, load_site_file
 from experiments.errors import ConfigError
 from experiments.plan.ada import graph_schedule, plan_ada
 from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
@@ -217,6 +217,7 @@ def _check_network(args: argparse.Namespace) -> None:
     if args.topology is not None and (args.inter_bw is not None or args.inter_lat is not None):
         raise ConfigError(f"--topology {args.topology} sets the links between nodes; leave out "
                           "--inter-bw and --inter-lat.")
+    check_algorithm_on_sites(args.algorithm, args.topology)
     if args.inter_bw is not None and len(set(args.inter_bw)) < len(args.inter_bw):
         raise ConfigError(f"--inter-bw lists a value twice ({' '.join(args.inter_bw)}); give "
                           "each once.")

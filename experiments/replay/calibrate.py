@@ -312,6 +312,10 @@ def main(args: argparse.Namespace) -> int:
     out = check_output_file(args.out, what="--out")
     for rate in args.rates:
         parse_bandwidth(rate)  # one sentence on a bad rate, before anything runs
+    for flag, values in (("--rates", args.rates), ("--payloads", args.payloads)):
+        if len(set(values)) < len(values):  # a point timed twice; two equal sizes fit nothing
+            raise ConfigError(f"{flag} lists a value twice ({' '.join(map(str, values))}); "
+                              "give each once.")
     if len(args.payloads) < 2 or min(args.payloads) < 4:
         raise ConfigError(f"--payloads needs at least two sizes of 4 bytes or more, got "
                           f"{args.payloads}.")

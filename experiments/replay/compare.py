@@ -65,6 +65,7 @@ from experiments.replay.loss_curve import Recording, choose_loss_curve
 from experiments.replay.simulate import (
     RecordedRun,
     ReplaySettings,
+    check_loss_from,
     check_replay_arguments,
     declared_compute_scale,
     read_loss_run,
@@ -487,6 +488,7 @@ def _loss_curves(paths: list[str], candidates: list[Candidate],
 
     ConfigError, one sentence, for a run no compared run shares a variant and seed with: its
     curve would be used by no one, and a typo should not pass for a rule-free answer."""
+    check_loss_from(paths, [c.path for c in candidates])
     compared = {(c.variant, c.seed) for c in candidates}
     found: dict[tuple[str, int], list[Recording]] = {}
     for path in map(Path, paths):

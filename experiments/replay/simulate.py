@@ -57,7 +57,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.config import RunConfig, load_site_file
+from experiments.config import RunConfig, check_algorithm_on_sites, load_site_file
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, is_emulated, read_json, write_atomic
 from experiments.replay.compute_profile import ComputeProfile, load_profile
@@ -97,7 +97,8 @@ log = logging.getLogger(__name__)
 MAX_STEPS = 1_000_000  # a replayed step costs ~0.1-1 ms of model time: this is minutes already
 
 __all__ = ["RecordedRun", "ReplaySettings", "add_replay_arguments", "check_replay_arguments",
-           "configure", "declared_compute_scale", "gossip_degrees", "gossip_site_rounds",
+           "check_loss_from", "configure", "declared_compute_scale", "gossip_degrees",
+           "gossip_site_rounds",
            "loss_on_time_axis", "main", "read_loss_run", "read_run",
            "replay_settings", "replay_with",
            "simulate_run"]
@@ -602,6 +603,7 @@ def _check_arguments(args: argparse.Namespace) -> Path:
     """The --out file, after checking the numeric flags (ConfigError, one sentence)."""
     out = check_output_file(args.out, what="--out", reads=[args.run_dir, *(args.loss_from or ())])
     check_replay_arguments(args)
+    check_loss_from(args.loss_from or [], [args.run_dir])
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}.")
     if args.steps is not None and args.steps > MAX_STEPS:
@@ -609,6 +611,18 @@ def _check_arguments(args: argparse.Namespace) -> Path:
                           f"{MAX_STEPS:,}: hours of model time); replay fewer steps, the time "
                           "axis grows linearly beyond the recording.")
     return out
+
+
+def check_loss_from(paths: list[str], replayed: list[Path | str]) -> None:
+    """ConfigError for a --loss-from run given twice, or one already replayed (its own curve
+    is among the candidates already): a second copy of a curve is no second recording."""
+    seen = {Path(p).resolve(): "a run replayed" for p in replayed}
+    for path in paths:
+        if Path(path).resolve() in seen:
+            raise ConfigError(f"--loss-from {path!r} is given already, as "
+                              f"{seen[Path(path).resolve()]}; its loss curve is a candidate "
+                              "once.")
+        seen[Path(path).resolve()] = "--loss-from"
 
 
 def check_replay_arguments(args: argparse.Namespace) -> None:
@@ -645,6 +659,7 @@ def _check_network(args: argparse.Namespace) -> None:
         flag = "--inter-lat" if args.inter_lat is not None else "--node-link"
         raise ConfigError(f"--topology sets every link between nodes; {flag} has no place "
                           "beside it (drop one of them).")
+    check_algorithm_on_sites(args.algorithm, args.topology)
 
 
 def _declares_hardware(args: argparse.Namespace, profile: ComputeProfile | None = None) -> bool:

@@ -103,6 +103,13 @@ def test_run_refuses_one_setting_given_two_values_on_its_command_line(tmp_path, 
 
 
 @pytest.mark.timeout(60)
+def test_a_switch_given_both_ways_is_refused(tmp_path, capsys):
+    _refused(capsys, ["run", "--out", str(tmp_path / "r"), "--pin-cores", "--no-pin-cores"],
+             "--pin-cores/--no-pin-cores", "given both ways")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
 def test_any_flag_given_twice_with_two_values_is_refused(tmp_path, capsys):
     _refused(capsys, ["compare", str(RECORDED), "--inter-bw", "1Gbit", "--inter-bw", "2Gbit"],
              "argument --inter-bw: given twice, 1Gbit and 2Gbit")
@@ -156,9 +163,16 @@ def test_a_json_file_giving_a_key_twice_is_refused_naming_file_and_key(tmp_path,
     (["validate-sim", "--extrapolate", "2x2:4x1", "2x2:4x1"],
      ("--extrapolate lists a pair twice",)),
     (["check-comm", "--methods", "flexdemo", "flexdemo"], ("--methods lists a method twice",)),
+    (["calibrate", "--payloads", "4096", "4096"], ("--payloads lists a value twice",)),
+    (["simulate", str(RECORDED), "--inter-bw", "1Gbit", "--loss-from", str(RECORDED)],
+     ("--loss-from", "given already, as a run replayed")),
+    (["compare", str(UNITS / "hsdp-adamw-s0"), str(RECORDED), "--inter-bw", "1Gbit",
+      "--loss-from", str(RECORDED)], ("--loss-from", "given already, as a run replayed")),
 ])
 def test_a_list_flag_giving_one_thing_twice_is_refused(tmp_path, capsys, flags, words):
     argv = _plan(tmp_path, *flags[1:]) if flags[0] == "plan" else flags
+    if flags[0] in ("calibrate", "simulate", "compare"):
+        argv = [*argv, "--out", str(tmp_path / "out.json")]
     _refused(capsys, argv, *words)
     assert list(tmp_path.iterdir()) == []
 
@@ -285,6 +299,17 @@ def test_a_flag_that_applies_to_nothing_is_refused(tmp_path, capsys, argv, words
         where = "--out" if argv[0] == "sweep" else "--baseline"
         argv = [*argv, where, str(tmp_path / "out")]
     _refused(capsys, argv, *words)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", ["simulate", "plan"])
+def test_an_algorithm_across_sites_that_are_hierarchical_is_refused(tmp_path, capsys, command):
+    sites = ROOT / "experiments" / "topologies" / "sites.toml"  # 2 sites
+    argv = {"simulate": ["simulate", str(RECORDED), "--out", str(tmp_path / "s.csv")],
+            "plan": _plan(tmp_path, "--method", "hsdp-adamw", "--nodes", "16")}[command]
+    _refused(capsys, [*argv, "--topology", str(sites), "--algorithm", "ring"],
+             "--algorithm ring", "hierarchical")
     assert list(tmp_path.iterdir()) == []
 
 
