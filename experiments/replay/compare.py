@@ -302,6 +302,11 @@ def _target(args: argparse.Namespace, sweep_target: float | None,
     try:
         target = metrics.default_target(finals)
     except ValueError:
+        baseline = [str(c.path) for c, _ in runs if c.method == metrics.BASELINE]
+        if baseline:  # there, but diverged or with a run.json that holds no final val_loss
+            raise ConfigError(f"no --target, and no {metrics.BASELINE} run records a final "
+                              f"val_loss to derive one from ({', '.join(baseline)}); give "
+                              "--target.") from None
         raise ConfigError(f"no --target and no {metrics.BASELINE} run to derive one from; give "
                           f"--target or a {metrics.BASELINE} run.") from None
     count = int((finals["method"] == metrics.BASELINE).sum())

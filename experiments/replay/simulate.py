@@ -829,9 +829,12 @@ def _print_time_to_target(target: float | None, curve: LossCurve, replay: Replay
     if curve.stated:
         print(f"  {curve.summary()}")
     ttt = None
-    if target is not None and curve.refusal is not None:
+    if target is None:
+        print(f"no time to target: {str(curve.recording.path / 'run.json')!r} records no final "
+              "val_loss to take as the target; give --target")
+    elif curve.refusal is not None:
         print(f"no time to val_loss <= {target:.4f}: {curve.refusal}")
-    elif target is not None:
+    else:
         points = curve.on_time_axis(replay.frame)
         ttt = time_to_target(points["time_s"], points["val_loss"], float(target))
         when = "not reached" if math.isinf(ttt) else f"{ttt:.2f} s"

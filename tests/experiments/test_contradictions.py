@@ -265,6 +265,21 @@ def test_plan_refuses_a_recording_missing_its_steps(tmp_path, capsys):
     assert not (tmp_path / "p.csv").exists()
 
 
+@pytest.mark.timeout(120)
+def test_a_run_record_without_its_final_loss_is_named_not_read_as_no_baseline(tmp_path, capsys):
+    runs = _copy(tmp_path, "hsdp-adamw-s0", "hsdp-adamw-s1", "flexdemo-s0")
+    for run in runs[:2]:
+        meta = json.loads((run / "run.json").read_text())
+        del meta["final_val_loss"]
+        (run / "run.json").write_text(json.dumps(meta))
+    _refused(capsys, ["compare", *map(str, runs), "--inter-bw", "1Gbit"],
+             "no hsdp-adamw run records a final val_loss", str(runs[0]), str(runs[1]))
+    assert main(["simulate", str(runs[0]), "--inter-bw", "1Gbit", "--out",
+                 str(tmp_path / "s.csv")]) == 0
+    assert (f"no time to target: {str(runs[0] / 'run.json')!r} records no final val_loss"
+            in capsys.readouterr().out)
+
+
 # -- flags that apply to nothing -----------------------------------------------------------
 
 
