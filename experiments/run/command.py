@@ -85,6 +85,21 @@ def check_against_model(cfg: RunConfig) -> None:
                           f"so use num_fragments <= {tensors} (or fragment_cut='elements').")
 
 
+def _check_warmup_read(cfg: RunConfig) -> None:
+    """ConfigError for a warm-up given to a run whose constant schedule reads none.
+
+    RunConfig lets it pass, so that a sweep's shared warm-up stays valid for a method whose own
+    schedule is constant; a single run given one asked for a warm-up it would not get."""
+    default = RunConfig()
+    given = [run_flag(name) for name in ("warmup", "warmup_steps")
+             if getattr(cfg, name) != getattr(default, name)]
+    if given and cfg.schedule == "constant":
+        verb, them = ("sets", "it") if len(given) == 1 else ("set", "them")
+        raise ConfigError(f"{' and '.join(given)} {verb} the warm-up of the warmup and cosine "
+                          "schedules, and this run's schedule is constant; give --schedule "
+                          f"warmup or cosine, or leave {them} out.")
+
+
 def _run_table(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     """The run settings of a TOML file: its [run] table, or its top level when it has none.
 
@@ -172,6 +187,7 @@ def main(args: argparse.Namespace) -> int:
             cfg = load_config(args.config, run_arguments(args), args.set,
                               {"gpus_per_node": 1} if args.emulate else None)
         check_against_model(cfg)
+        _check_warmup_read(cfg)
         if args.emulate:
             return _emulated(cfg, args)
         out = launch(cfg, args.out, timeout_s=args.timeout)

@@ -301,6 +301,15 @@ def test_an_emulated_run_refuses_settings_it_would_record_without_using(tmp_path
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("flags", [["--warmup-steps", "3"], ["--set", "warmup=0.2", "--emulate"]])
+def test_a_warm_up_given_to_a_constant_schedule_is_refused(tmp_path, capsys, flags):
+    flag = "--warmup-steps" if "--warmup-steps" in flags else "--warmup"
+    _refused(capsys, ["run", "--out", str(tmp_path / "r"), *flags], f"{flag} sets the warm-up",
+             "schedule is constant")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize(("argv", "words"), [
     (["sweep", str(QUICK_TOML), "--estimate-from", str(QUICK)], ("--estimate-from", "--dry-run")),
     (["check-comm", "--update", "--tolerance", "0.05"], ("--tolerance 0.05", "--update")),
