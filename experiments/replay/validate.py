@@ -391,15 +391,7 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
     if args.compute_from is None:
         args.compute_from = "recordings" if args.extrapolate is not None else "run"
     _check_lists(args)
-    settings = parse_overrides(args.set)
-    for key in ("nodes", "gpus_per_node"):
-        if key in settings:
-            raise ConfigError(f"--set {key} is taken from the shapes; give --shape NODESxRANKS "
-                              "or --extrapolate FROM:TO instead.")
-    for key, flag in _OWN_FLAGS.items():
-        if key in settings:
-            raise ConfigError(f"--set {key} is validate-sim's own {flag}, which sets it for "
-                              f"every run; give {flag} instead.")
+    settings = _settings(args.set)
     for method in args.methods:
         base = _for_method(RunConfig(workload=args.workload).replace(**settings), method)
         for shape in dict.fromkeys(s for pair in pairs for s in pair):
@@ -416,6 +408,20 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
 # checked against.
 _OWN_FLAGS = {"method": "--methods", "workload": "--workload", "steps": "--steps",
               "shaping": "--shaping", "inter_bw": "--inter-bw", "inter_lat": "--inter-lat"}
+
+
+def _settings(given: list[str]) -> dict[str, str]:
+    """The --set run settings, none of which the shapes or validate-sim's own flags set."""
+    settings = parse_overrides(given)
+    for key in ("nodes", "gpus_per_node"):
+        if key in settings:
+            raise ConfigError(f"--set {key} is taken from the shapes; give --shape NODESxRANKS "
+                              "or --extrapolate FROM:TO instead.")
+    for key, flag in _OWN_FLAGS.items():
+        if key in settings:
+            raise ConfigError(f"--set {key} is validate-sim's own {flag}, which sets it for "
+                              f"every run; give {flag} instead.")
+    return settings
 
 
 def _check_lists(args: argparse.Namespace) -> None:
