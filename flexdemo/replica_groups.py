@@ -5,11 +5,17 @@ DTensors the parameters say which ranks those are: the mesh dims a parameter is 
 other shards (its shard group), the dims it is replicated on hold copies. The world group, the
 natural default for unsharded parameters, mixes shards as soon as a parameter is split over more
 than one rank, and training still runs (the loss falls), so the mistake must be caught here.
+
+Layouts are compared by their ranks, never by mesh object: DTensor's sharding propagation caches
+its output specs by value, so a parameter of a model built on a fresh mesh can carry an earlier
+model's value-equal mesh (torch 2.13: ``nn.Parameter`` detaches the DTensor, and the detach's
+cached spec holds the mesh first seen with that shape), and one model's parameters then carry
+two mesh objects for one layout.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -22,10 +28,13 @@ class ShardLayout:
     """A rank's sharded parameters: their shard group and the mesh dims that hold copies."""
 
     shard_ranks: frozenset[int]
+    # This rank's copies along each replicate dim: what makes two layouts the same.
+    copies: tuple[frozenset[int], ...]
     # (mesh, dim) pairs along which the parameters are replicated: a dim of their own mesh with a
     # Replicate placement, or a dim of the root mesh their (sub)mesh leaves out (FSDP2 on the
-    # "shard" submesh of an HSDP mesh, as flexdemo.parallelize wraps the FlexDeMo family).
-    replicate: tuple[tuple[object, int], ...]
+    # "shard" submesh of an HSDP mesh, as flexdemo.parallelize wraps the FlexDeMo family). Kept
+    # for names and groups, left out of equality (see the module docstring).
+    replicate: tuple[tuple[object, int], ...] = field(compare=False)
 
     def names(self) -> str:
         """The replicate dims by name, for a sentence."""
@@ -62,7 +71,8 @@ def _layout_of(param: torch.Tensor) -> ShardLayout | None:
     root, own = _root(mesh), set(getattr(mesh, "mesh_dim_names", None) or ())
     if root is not mesh and root.mesh_dim_names:
         replicate += [(root, d) for d, name in enumerate(root.mesh_dim_names) if name not in own]
-    return ShardLayout(_ranks_along(mesh, sharded), tuple(replicate))
+    copies = tuple(_ranks_along(m, (d,)) for m, d in replicate)
+    return ShardLayout(_ranks_along(mesh, sharded), copies, tuple(replicate))
 
 
 def shard_layout(params: list[torch.Tensor]) -> ShardLayout | None:
@@ -71,15 +81,16 @@ def shard_layout(params: list[torch.Tensor]) -> ShardLayout | None:
     ValueError (one sentence) when sharded parameters are laid out differently: then no one
     group holds copies of every shard.
     """
-    layouts = {(layout.shard_ranks, tuple((id(m), d) for m, d in layout.replicate)): layout
-               for p in params if (layout := _layout_of(p)) is not None}
+    # Equal layouts (equal ranks) collapse to the first seen, whichever mesh objects they hold.
+    layouts = list(dict.fromkeys(layout for p in params
+                                 if (layout := _layout_of(p)) is not None))
     if not layouts:
         return None
     if len(layouts) > 1:
         raise ValueError("the parameters are sharded on different meshes or placements, so no "
                          "one replication group holds copies of every shard; give each set of "
                          "parameters an optimizer of its own with its replication_group.")
-    return next(iter(layouts.values()))
+    return layouts[0]
 
 
 def replication_group_for(params: list[torch.Tensor],
@@ -106,6 +117,8 @@ def replication_group_for(params: list[torch.Tensor],
                 "would average different shards; pass replication_group= the group of ranks "
                 "that hold copies of this rank's shard (for HSDP: "
                 "flexdemo.replicate_group(mesh)).")
+        # Possibly an earlier model's value-equal mesh (see the module docstring): its group
+        # has the same ranks, and the backend that mesh was built with.
         mesh, dim = layout.replicate[0]
         return mesh.get_group(dim)
     members = frozenset(dist.get_process_group_ranks(given))

@@ -58,12 +58,14 @@ from tqdm import tqdm
 
 from experiments.config import METHODS, RunConfig, shared_for
 from experiments.errors import ConfigError
+from experiments.io import read_json
 from experiments.logs import progress
 from experiments.replay import step_noise
 from experiments.replay.loss_curve import Recording, choose_loss_curve
 from experiments.replay.simulate import (
     RecordedRun,
     ReplaySettings,
+    check_loss_from,
     check_replay_arguments,
     declared_compute_scale,
     read_loss_run,
@@ -246,13 +248,17 @@ def _run_candidate(path: Path) -> Candidate:
     """A run folder as a candidate: its variant is its method labelled with the knobs it set
     away from the method's defaults, as a sweep labels its variants (`flexdemo[decay=0.9]`);
     its config's seed is its seed."""
+    meta = read_json(path / "run.json", "run record")
     try:
-        config = json.loads((path / "run.json").read_text())["config"]
+        config = meta["config"]
         method, seed = str(config["method"]), int(config.get("seed", 0))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         raise ConfigError(f"{str(path / 'run.json')!r} is not a run's record (no config with a "
                           "method).") from None
-    return Candidate(path, _variant(config, method), method, seed)
+    try:
+        return Candidate(path, _variant(config, method), method, seed)
+    except ConfigError as err:  # among several runs, which one
+        raise ConfigError(f"{str(path / 'run.json')!r}: {err}") from None
 
 
 def _variant(config: dict, method: str) -> str:
@@ -261,7 +267,7 @@ def _variant(config: dict, method: str) -> str:
         return method  # read_run refuses it with its own sentence
     # Stored configs hold resolved knob values (older ones None where a knob came later); a
     # config relabelled with another method keeps knobs that method does not read.
-    stored = RunConfig.from_dict(shared_for(method, config)).knob_values()
+    stored = RunConfig.from_dict(shared_for(method, config)).check_numbers().knob_values()
     defaults = RunConfig(method=method).knob_values()
     # A None default is decided when the optimizer is built (sign, value_dtype): not comparable.
     return variant_label(method, {k: v for k, v in stored.items()
@@ -296,6 +302,11 @@ def _target(args: argparse.Namespace, sweep_target: float | None,
     try:
         target = metrics.default_target(finals)
     except ValueError:
+        baseline = [str(c.path) for c, _ in runs if c.method == metrics.BASELINE]
+        if baseline:  # there, but diverged or with a run.json that holds no final val_loss
+            raise ConfigError(f"no --target, and no {metrics.BASELINE} run records a final "
+                              f"val_loss to derive one from ({', '.join(baseline)}); give "
+                              "--target.") from None
         raise ConfigError(f"no --target and no {metrics.BASELINE} run to derive one from; give "
                           f"--target or a {metrics.BASELINE} run.") from None
     count = int((finals["method"] == metrics.BASELINE).sum())
@@ -482,6 +493,7 @@ def _loss_curves(paths: list[str], candidates: list[Candidate],
 
     ConfigError, one sentence, for a run no compared run shares a variant and seed with: its
     curve would be used by no one, and a typo should not pass for a rule-free answer."""
+    check_loss_from(paths, [c.path for c in candidates])
     compared = {(c.variant, c.seed) for c in candidates}
     found: dict[tuple[str, int], list[Recording]] = {}
     for path in map(Path, paths):

@@ -57,9 +57,9 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.config import RunConfig, load_site_file
+from experiments.config import RunConfig, check_algorithm_on_sites, load_site_file
 from experiments.errors import ConfigError
-from experiments.io import check_output_file, is_emulated, write_atomic
+from experiments.io import check_output_file, is_emulated, read_json, write_atomic
 from experiments.replay.compute_profile import ComputeProfile, load_profile
 from experiments.replay.compute_rules import ShapeCompute, shape_compute
 from experiments.replay.fsdp2_traffic import add_fsdp2_traffic, fsdp2_note
@@ -98,9 +98,9 @@ log = logging.getLogger(__name__)
 MAX_STEPS = 1_000_000  # a replayed step costs ~0.1-1 ms of model time: this is minutes already
 
 __all__ = ["RecordedRun", "ReplaySettings", "add_replay_arguments", "check_replay_arguments",
-           "check_replay_size", "configure", "declared_compute_scale", "gossip_degrees",
-           "gossip_site_rounds", "loss_on_time_axis", "main", "read_loss_run", "read_run",
-           "replay_inputs", "replay_settings", "replay_with", "simulate_run"]
+           "check_loss_from", "check_replay_size", "configure", "declared_compute_scale",
+           "gossip_degrees", "gossip_site_rounds", "loss_on_time_axis", "main", "read_loss_run",
+           "read_run", "replay_inputs", "replay_settings", "replay_with", "simulate_run"]
 
 # What a replay costs per item (measured on 2 cores: 10^7 nodes in 8 s and 140 MB, 10^7 ranks
 # a node x 100 steps in 9 s): the bound on the nodes, ranks and steps it is asked for
@@ -137,7 +137,7 @@ class RecordedRun:
 def read_run(run_dir: Path | str) -> RecordedRun:
     """A finished run's run.json, steps.parquet and trace.parquet (ConfigError if one is bad)."""
     run_dir = Path(run_dir)
-    meta = _read(run_dir, "run.json", lambda path: json.loads(path.read_text()))
+    meta = _read(run_dir, "run.json", _read_meta)
     if isinstance(meta, dict) and is_emulated(meta):
         raise ConfigError(f"{str(run_dir)!r} is an emulated run, which measured no step times "
                           "and has no trace to replay; use it as a loss curve (--loss-from) "
@@ -152,19 +152,26 @@ def read_run(run_dir: Path | str) -> RecordedRun:
 def read_loss_run(run_dir: Path | str) -> RecordedRun:
     """A finished run's run.json and steps.parquet, real or emulated (trace None): a loss curve."""
     run_dir = Path(run_dir)
-    meta = _read(run_dir, "run.json", lambda path: json.loads(path.read_text()))
+    meta = _read(run_dir, "run.json", _read_meta)
     steps = _read(run_dir, "steps.parquet", pd.read_parquet)
     return RecordedRun(run_dir, meta, _recorded_config(run_dir, meta), steps, None)
 
 
 def _read(run_dir: Path, name: str, reader: Callable[[Path], Any]) -> Any:
     """`reader(run_dir / name)`, a missing or unreadable file as one ConfigError sentence."""
+    if not (run_dir / name).is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a finished run: {name} is missing.")
     try:
         return reader(run_dir / name)
-    except FileNotFoundError:
-        raise ConfigError(f"{str(run_dir)!r} is not a finished run: {name} is missing.") from None
+    except ConfigError:
+        raise
     except (OSError, ValueError) as err:  # pyarrow's errors derive from these two
-        raise ConfigError(f"cannot read the run in {str(run_dir)!r}: {err}") from None
+        raise ConfigError(f"cannot read {str(run_dir / name)!r}: {err}") from None
+
+
+def _read_meta(path: Path) -> Any:
+    """A run.json (a JSON error, or a key given twice, named with the file)."""
+    return read_json(path, "run record")
 
 
 def _recorded_config(run_dir: Path, meta: Any) -> RunConfig:
@@ -174,7 +181,11 @@ def _recorded_config(run_dir: Path, meta: Any) -> RunConfig:
     if not isinstance(recorded, dict):
         raise ConfigError(f"{str(run_dir / 'run.json')!r} has no config table; is it a run?")
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    return RunConfig.from_stored({k: v for k, v in recorded.items() if k in names})
+    try:
+        return RunConfig.from_stored({k: v for k, v in recorded.items()
+                                      if k in names}).check_numbers()
+    except ConfigError as err:  # among several runs, which one
+        raise ConfigError(f"{str(run_dir / 'run.json')!r}: {err}") from None
 
 
 @lru_cache(maxsize=4096)
@@ -626,6 +637,7 @@ def _check_arguments(args: argparse.Namespace) -> Path:
     # Written beside --out when the loss curve is carried to another shape: checked now too.
     check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar", reads=reads)
     check_replay_arguments(args)
+    check_loss_from(args.loss_from or [], [args.run_dir])
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}.")
     if args.steps is not None and args.steps > MAX_STEPS:
@@ -633,6 +645,18 @@ def _check_arguments(args: argparse.Namespace) -> Path:
                           f"{MAX_STEPS:,}: hours of model time); replay fewer steps, the time "
                           "axis grows linearly beyond the recording.")
     return out
+
+
+def check_loss_from(paths: list[str], replayed: list[Path | str]) -> None:
+    """ConfigError for a --loss-from run given twice, or one already replayed (its own curve
+    is among the candidates already): a second copy of a curve is no second recording."""
+    seen = {Path(p).resolve(): "a run replayed" for p in replayed}
+    for path in paths:
+        if Path(path).resolve() in seen:
+            raise ConfigError(f"--loss-from {path!r} is given already, as "
+                              f"{seen[Path(path).resolve()]}; its loss curve is a candidate "
+                              "once.")
+        seen[Path(path).resolve()] = "--loss-from"
 
 
 def check_replay_arguments(args: argparse.Namespace) -> None:
@@ -669,6 +693,7 @@ def _check_network(args: argparse.Namespace) -> None:
         flag = "--inter-lat" if args.inter_lat is not None else "--node-link"
         raise ConfigError(f"--topology sets every link between nodes; {flag} has no place "
                           "beside it (drop one of them).")
+    check_algorithm_on_sites(args.algorithm, args.topology)
 
 
 def _declares_hardware(args: argparse.Namespace, profile: ComputeProfile | None = None) -> bool:
@@ -838,9 +863,12 @@ def _print_time_to_target(target: float | None, curve: LossCurve, replay: Replay
     if curve.stated:
         print(f"  {curve.summary()}")
     ttt = None
-    if target is not None and curve.refusal is not None:
+    if target is None:
+        print(f"no time to target: {str(curve.recording.path / 'run.json')!r} records no final "
+              "val_loss to take as the target; give --target")
+    elif curve.refusal is not None:
         print(f"no time to val_loss <= {target:.4f}: {curve.refusal}")
-    elif target is not None:
+    else:
         points = curve.on_time_axis(replay.frame)
         ttt = time_to_target(points["time_s"], points["val_loss"], float(target))
         when = "not reached" if math.isinf(ttt) else f"{ttt:.2f} s"

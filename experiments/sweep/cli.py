@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from experiments.errors import RunFailed, Stopped
+from experiments.errors import ConfigError, RunFailed, Stopped
 from experiments.io import check_output_folder
 from experiments.report import metrics
 from experiments.sweep.estimate import estimate_text
@@ -45,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench sweep`."""
+    if args.estimate_from is not None and not args.dry_run:
+        raise ConfigError("--estimate-from times --dry-run's estimate, and without --dry-run "
+                          "nothing is estimated; add --dry-run or leave it out.")
     try:
         cfg = load_config(args.config, args.overrides)
     except Stopped:

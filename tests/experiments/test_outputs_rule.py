@@ -61,7 +61,7 @@ CLOBBERS = [
     [*PLAN[:2], "{config.json}", *PLAN[3:], "--out", "{config.json}"],  # a Hugging Face config
     [*PLAN[:-6], "--compute-profile", "{profile.json}", "--inter-bw", "1Gbit", "--inter-lat",
      "1ms", "--out", "{profile.json}"],
-    PLAN + ["--method", "ada", "--ada-graphs", "{run}", "--out", "{run}/ada.json"],
+    [*PLAN[:4], "ada", *PLAN[5:], "--ada-graphs", "{run}", "--out", "{run}/ada.json"],
     ["simulate", "{run}", "--inter-bw", "1Gbit", "--out", "{run}/trace.parquet"],
     ["simulate", "{run}", "--inter-bw", "1Gbit", "--out", "{run}/sim.csv"],
     ["simulate", "{run}", "--inter-bw", "1Gbit", "--calibration", "{cal.json}", "--out",

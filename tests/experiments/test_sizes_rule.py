@@ -26,7 +26,7 @@ from experiments.values import INT64_MAX, kind_of
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "results" / "quick" / "units" / "flexdemo-s0"
 MODEL = "gpt:dim=64,layers=2,heads=4,vocab=128,ffn=128,tied=true"
-PLAN = ["--method", "hsdp-adamw", "--step-time", "0.1", "--inter-lat", "1ms"]
+PLAN = ["--step-time", "0.1", "--inter-lat", "1ms"]
 TERA = str(10**12)
 
 
@@ -39,9 +39,9 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture, tmp_path: Path) -> 
 
 
 def _plan(tmp_path: Path, model: str = MODEL, nodes: str = "4", per_node: str = "2",
-          bw: str = "1Gbit", *extra: str) -> list[str]:
-    return ["plan", "--model", model, "--nodes", nodes, "--gpus-per-node", per_node,
-            "--inter-bw", bw, *PLAN, *extra, "--out", str(tmp_path / "p.csv")]
+          bw: str = "1Gbit", method: str = "hsdp-adamw") -> list[str]:
+    return ["plan", "--model", model, "--method", method, "--nodes", nodes, "--gpus-per-node",
+            per_node, "--inter-bw", bw, *PLAN, "--out", str(tmp_path / "p.csv")]
 
 
 # The cases: (argv, words the refusal holds).
@@ -74,19 +74,20 @@ def test_plan_refuses_sizes_past_the_machine(flags, words, tmp_path, capsys):
     assert re.search(r"at most [\d,]+ ", err) or "builds layouts up to" in err, err
 
 
-@pytest.mark.parametrize(("extra", "words"), [
-    (["--steps-to-target", str(10**30)], "--steps-to-target must be at most 9223372036854775807"),
-    (["--method", "ada", "--ada-graphs", f"complete={10**30}"],
+@pytest.mark.parametrize(("method", "extra", "words"), [
+    ("hsdp-adamw", ["--steps-to-target", str(10**30)],
+     "--steps-to-target must be at most 9223372036854775807"),
+    ("ada", ["--ada-graphs", f"complete={10**30}"],
      "--ada-graphs complete must be at most 9223372036854775807"),
-    (["--gpu-memory", "1" + "0" * 400 + "GB"], "is not a size above zero"),
+    ("hsdp-adamw", ["--gpu-memory", "1" + "0" * 400 + "GB"], "is not a size above zero"),
 ])
-def test_plan_refuses_a_count_no_number_holds(extra, words, tmp_path, capsys):
-    assert words in _refused(_plan(tmp_path) + extra, capsys, tmp_path)
+def test_plan_refuses_a_count_no_number_holds(method, extra, words, tmp_path, capsys):
+    assert words in _refused(_plan(tmp_path, method=method) + extra, capsys, tmp_path)
 
 
 def test_plan_refuses_a_period_it_cannot_walk(tmp_path, capsys):
-    err = _refused(_plan(tmp_path) + ["--method", "diloco", "--set", f"diloco_h={TERA}"],
-                   capsys, tmp_path)
+    err = _refused(_plan(tmp_path, method="diloco") + ["--set", f"diloco_h={TERA}"], capsys,
+                   tmp_path)
     assert "diloco's period of 1,000,000,000,000 steps" in err and "fit" in err, err
 
 
