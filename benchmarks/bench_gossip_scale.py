@@ -37,7 +37,7 @@ import torch
 from experiments.replay.loss_curve import LossScaling, Recording, choose_loss_curve
 from experiments.replay.simulate import RecordedRun, loss_on_time_axis, read_run, simulate_run
 from experiments.report.graphs import permutation_p, spearman
-from experiments.report.metrics import baseline_target_at, time_to_target
+from experiments.scoring.targets import baseline_target_at, time_to_target
 from flexdemo.graphs import busiest_degree, mean_degree, mixing_matrix, peers, period
 from netsim.model import Replay
 from netsim.sites import gossip_round, load_sites

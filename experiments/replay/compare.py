@@ -9,7 +9,7 @@ Every recorded run (or every training unit of a sweep folder) is replayed on the
 cluster the flags describe, with `flexbench simulate`'s flags and replay (`simulate.replay_with`);
 each run's loss curve on its replayed time axis gives its time to target. Runs of one method are
 its seeds; methods are ranked by their median time to target with a bracket over seeds
-(`experiments.report.intervals`: a bootstrap interval from 3 seeds, the range with 2), speed-ups
+(`experiments.scoring.intervals`: a bootstrap interval from 3 seeds, the range with 2), speed-ups
 are paired by seed against hsdp-adamw, and the verdict between the first two says "tie" where
 their brackets do not separate them. Every assumption a replay printed is printed once below the
 table.
@@ -59,7 +59,6 @@ from tqdm import tqdm
 from experiments.config import METHODS, RunConfig, shared_for
 from experiments.errors import ConfigError
 from experiments.logs import progress
-from experiments.replay import step_noise
 from experiments.replay.loss_curve import Recording, choose_loss_curve
 from experiments.replay.simulate import (
     RecordedRun,
@@ -71,8 +70,8 @@ from experiments.replay.simulate import (
     replay_settings,
     replay_with,
 )
-from experiments.report import intervals, metrics, ranking
-from experiments.sweep.plan import variant_label
+from experiments.scoring import formats, intervals, ranking, speedups, step_noise, targets
+from experiments.scoring.variants import variant_label
 
 __all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "Inputs", "LossCurveRefused",
            "NothingToRank", "Scored", "cells", "compare", "compute_basis", "find_candidates",
@@ -127,7 +126,7 @@ class Comparison:
     runs: pd.DataFrame
     """One row per replayed run: variant, method, seed, time_to_target_s, reached, diverged."""
     table: pd.DataFrame
-    """`metrics.speedups` of `runs`, ranked fastest first (a miss last)."""
+    """`speedups.speedups` of `runs`, ranked fastest first (a miss last)."""
     first: pd.Series
     """`ranking.winners` of `runs`: first, runner-up, margin, verdict."""
     sentence: str
@@ -294,13 +293,13 @@ def _target(args: argparse.Namespace, sweep_target: float | None,
          for c, r in runs if r.meta.get("status", "done") != "diverged"],
         columns=["method", "final_val_loss"]).astype({"final_val_loss": float})
     try:
-        target = metrics.default_target(finals)
+        target = targets.default_target(finals)
     except ValueError:
-        raise ConfigError(f"no --target and no {metrics.BASELINE} run to derive one from; give "
-                          f"--target or a {metrics.BASELINE} run.") from None
-    count = int((finals["method"] == metrics.BASELINE).sum())
-    return target, (f"derived: {metrics.BASELINE}'s median final val_loss over its {count} "
-                    f"run(s) + {metrics.TARGET_MARGIN:.0%} (the sweeps' default rule)")
+        raise ConfigError(f"no --target and no {targets.BASELINE} run to derive one from; give "
+                          f"--target or a {targets.BASELINE} run.") from None
+    count = int((finals["method"] == targets.BASELINE).sum())
+    return target, (f"derived: {targets.BASELINE}'s median final val_loss over its {count} "
+                    f"run(s) + {targets.TARGET_MARGIN:.0%} (the sweeps' default rule)")
 
 
 def _grouped(notes: dict[str, list[str]]) -> list[str]:
@@ -337,7 +336,7 @@ def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: Replay
               curve.summary() if curve.stated else LOSS_AS_RECORDED]
     notes += [f"model: {replay.note}"] if replay.note else []
     points = curve.on_time_axis(replay.frame)
-    ttt = metrics.time_to_target(points["time_s"], points["val_loss"], target)
+    ttt = targets.time_to_target(points["time_s"], points["val_loss"], target)
     if not getattr(args, "step_noise", False):
         return ttt, None, replay.frame
     recorded = run.steps.sort_values("step")["compute_s"].to_numpy(dtype=float)
@@ -547,7 +546,7 @@ def rank(args: argparse.Namespace, given: Inputs, *,
                             + "; ".join(f"{v}: {why}" for v, why in skipped.items()))
     if not getattr(args, "step_noise", False):  # brackets over seeds alone
         frame = frame.drop(columns=intervals.SAMPLES_COLUMN)
-    table = metrics.speedups(frame, by=("network",))
+    table = speedups.speedups(frame, by=("network",))
     order = intervals.ranked({v: intervals.Interval(m, m, m, 1, "single")
                               for v, m in zip(table["variant"], table["ttt_median_s"],
                                               strict=True)})
@@ -652,10 +651,10 @@ def _sentence(table: pd.DataFrame, first: pd.Series) -> str:
     if math.isinf(rows.loc[lead, "ttt_median_s"]):
         return "no method reaches the target on this network (median over seeds)."
     text = f"{lead} first"
-    base = rows[rows["method"] == metrics.BASELINE]
-    if rows.loc[lead, "method"] != metrics.BASELINE and len(base):
+    base = rows[rows["method"] == targets.BASELINE]
+    if rows.loc[lead, "method"] != targets.BASELINE and len(base):
         speed = _speed_interval(rows.loc[lead])
-        text += f", {metrics.format_speedup_interval(speed)} ahead of {base.index[0]}"
+        text += f", {formats.format_speedup_interval(speed)} ahead of {base.index[0]}"
         if speed.includes(1.0):
             text += " (no clear winner: the bracket includes 1)"
     lead_ttt = _ttt_interval(rows.loc[lead])
@@ -685,12 +684,12 @@ def _speed_interval(row: pd.Series) -> intervals.Interval:
 
 def table_text(result: Comparison) -> str:
     """The ranked table as aligned text: time to target and speed-up, each with its bracket."""
-    speed_head = f"speed-up vs {metrics.BASELINE}"
+    speed_head = f"speed-up vs {targets.BASELINE}"
     width = max([32, *(len(v) + 2 for v in result.table["variant"])])  # long knob lists fit
     lines = [f"{'rank':<5}{'method':<{width}}{'time to target':<26}{speed_head:<30}seeds reached"]
     for i, (_, row) in enumerate(result.table.iterrows(), start=1):
-        time_text = metrics.format_time_interval(_ttt_interval(row))
-        speed_text = metrics.format_speedup_interval(_speed_interval(row))
+        time_text = formats.format_time_interval(_ttt_interval(row))
+        speed_text = formats.format_speedup_interval(_speed_interval(row))
         lines.append(f"{i:<5}{row['variant']:<{width}}{time_text:<26}{speed_text:<30}"
                      f"{row['reached']}/{row['seeds']}")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ that cell, and the reason is printed beside the map (never a guess).
 Per bandwidth, each method against hsdp-adamw: the node count from which it is faster (or
 slower), per seed pair (method seed s, hsdp-adamw seed s), between the grid node counts where
 the pair changes order, by bisection over whole node counts with both runs replayed there
-(`crossover.crossover_nodes`); its median over the pairs that cross, with its bracket.
+(`crossings.crossover_nodes`); its median over the pairs that cross, with its bracket.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import pandas as pd
 from experiments.io import write_atomic
 from experiments.logs import progress
 from experiments.replay import compare
-from experiments.report import crossover, intervals, metrics, ranking
+from experiments.report import crossover
+from experiments.scoring import crossings, intervals, ranking, targets
 from netsim.units import parse_bandwidth
 
 __all__ = ["FIGURE_SUFFIXES", "NodeMap", "main", "map_text", "node_map", "plot_node_map"]
@@ -139,9 +140,9 @@ def _crossovers(args: argparse.Namespace, given: compare.Inputs,
                 strict=True)}
     rows = []
     for (bw, variant), mine in runs.groupby(["inter_bw", "variant"], sort=False):
-        if mine["method"].iloc[0] == metrics.BASELINE:
+        if mine["method"].iloc[0] == targets.BASELINE:
             continue
-        base = runs[(runs["inter_bw"] == bw) & (runs["method"] == metrics.BASELINE)]
+        base = runs[(runs["inter_bw"] == bw) & (runs["method"] == targets.BASELINE)]
         found, pairs = [], 0
         for seed in sorted(set(mine["seed"]) & set(base["seed"])):
             pairs += 1
@@ -175,7 +176,7 @@ def _pair_crossing(nodes: list[int], mine: list[float], theirs: list[float],
             continue  # a miss at either end: no time to compare
         if (mine[i] < theirs[i]) == (mine[i + 1] < theirs[i + 1]):
             continue
-        swap = crossover.crossover_nodes(mine_at, theirs_at, nodes[i], nodes[i + 1])
+        swap = crossings.crossover_nodes(mine_at, theirs_at, nodes[i], nodes[i + 1])
         side = "above" if mine[i + 1] < theirs[i + 1] else "below"
         return [(swap, side)]
     return []
@@ -246,7 +247,7 @@ def _legend(result: NodeMap) -> list[str]:
         where = f"{span.median:g} nodes{span.bracket(lambda v: f'{v:g}')}"
         side = {"below": f"faster below {where}", "above": f"faster from {where} on"}.get(
             row.faster, f"changes order at {where} (the seed pairs disagree on the side)")
-        lines.append(f"{row.variant} against {metrics.BASELINE} at {row.inter_bw}: {side} "
+        lines.append(f"{row.variant} against {targets.BASELINE} at {row.inter_bw}: {side} "
                      f"({row.crossing}/{row.pairs} seed pairs cross between the grid's node "
                      "counts; per pair the first node count of the new order, by bisection)")
     return lines

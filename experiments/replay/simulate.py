@@ -72,7 +72,7 @@ from experiments.replay.loss_curve import (
     parse_loss_scaling,
 )
 from experiments.replay.reshard import MISSING_INTRA, reshard_trace, run_layout
-from experiments.report.metrics import time_to_target
+from experiments.scoring.targets import time_to_target
 from experiments.values import POSITIVE, POSITIVE_INT
 from flexdemo.graphs import (
     averages_exactly,

@@ -53,8 +53,8 @@ from experiments.config import RunConfig, parse_overrides, shared_for
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import check_output_file
 from experiments.replay.simulate import RecordedRun, read_run, simulate_run
-from experiments.report.metrics import markdown_table
 from experiments.run.launch import launch
+from experiments.scoring.formats import markdown_table
 from experiments.values import COUNT, POSITIVE, POSITIVE_INT
 from netsim.calibration import Calibration, load_calibration
 

@@ -32,8 +32,10 @@ from typing import Any
 import pandas as pd
 
 from experiments.io import run_digest, write_atomic
-from experiments.report import crossover, graphs, intervals, metrics, step_times, validation
+from experiments.report import crossover, graphs, metrics, step_times, validation
 from experiments.report import same_compute as same_compute_basis
+from experiments.scoring import intervals, targets
+from experiments.scoring.speedups import speedups, sweep_speedups
 
 __all__ = [
     "Results",
@@ -214,7 +216,7 @@ def plot_time_to_target(res: Results):
 
     _, lats = _networks(res.runs)
     sim = res.runs[(res.runs["source"] == "sim") & res.runs["on_grid"]]
-    table = metrics.speedups(sim, by=("network", "inter_bw_bps", "inter_lat"))
+    table = speedups(sim, by=("network", "inter_bw_bps", "inter_lat"))
     fig, axes = plt.subplots(2, len(lats), figsize=(4.5 * len(lats), 6.5), sharex=True,
                              squeeze=False)
     palette = res.palette()
@@ -241,7 +243,7 @@ def plot_time_to_target(res: Results):
         axes[0][j].set(title=f"latency {lat}", ylabel="time to target (s)" if j == 0 else "")
         axes[1][j].axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
         axes[1][j].set(xlabel="inter-node bandwidth (bit/s)",
-                       ylabel=f"speed-up vs {metrics.BASELINE}" if j == 0 else "")
+                       ylabel=f"speed-up vs {targets.BASELINE}" if j == 0 else "")
         for ax in (axes[0][j], axes[1][j]):
             _log_x(ax)
             _log_y_plain(ax)
@@ -424,7 +426,7 @@ def write_report(path: Path | str, *, step_noise: bool = False,
     table_text = metrics.summary_markdown(res.runs, basis=basis_line,
                                           recorded=None if on_basis is None else recorded)
     text = f"## Sweep `{res.name}`\n\n{table_text}"
-    text += (f"\n### Where each method overtakes {metrics.BASELINE} (crossover bandwidth)\n\n"
+    text += (f"\n### Where each method overtakes {targets.BASELINE} (crossover bandwidth)\n\n"
              f"{basis_line}\n\n{crossover.crossover_markdown(crossings)}\n")
     if has_graphs:
         text += "\n" + graphs.graphs_markdown(res.runs)
@@ -432,13 +434,13 @@ def write_report(path: Path | str, *, step_noise: bool = False,
     written.append(summary)
     # speedups.parquet is derived from runs.parquet alone: rewritten so that an older sweep's
     # file carries the current columns (paired speed-ups with their brackets).
-    table = io.BytesIO()
+    buffer = io.BytesIO()
     seeds_only = res.runs.drop(columns=intervals.SAMPLES_COLUMN, errors="ignore")
-    speedups = metrics.sweep_speedups(seeds_only)
+    table = sweep_speedups(seeds_only)
     if on_basis is not None:  # the table says which basis its times stand on
-        speedups = speedups.assign(same_compute=on_basis.mode)
-    speedups.to_parquet(table, index=False)
-    write_atomic(res.path / "speedups.parquet", table.getvalue())
+        table = table.assign(same_compute=on_basis.mode)
+    table.to_parquet(buffer, index=False)
+    write_atomic(res.path / "speedups.parquet", buffer.getvalue())
     written.append(res.path / "speedups.parquet")
     basis_file = res.path / same_compute_basis.BASIS_FILE
     if on_basis is not None:

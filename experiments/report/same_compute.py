@@ -34,7 +34,7 @@ import pandas as pd
 
 from experiments.errors import ConfigError
 from experiments.logs import progress
-from experiments.report import intervals
+from experiments.scoring import intervals
 
 __all__ = ["BASIS_FILE", "OnBasis", "replay_on_basis"]
 
@@ -183,7 +183,7 @@ def replay_on_basis(path: str, runs: pd.DataFrame, steps: pd.DataFrame, mode: st
 
 def _resamples() -> int:
     """How many step-time resamples a row carries (compare's count)."""
-    from experiments.replay import step_noise
+    from experiments.scoring import step_noise
 
     return step_noise.RESAMPLES
 

@@ -9,7 +9,7 @@
                           the unit's cluster, graph, graph degree and replica spread (`describe`);
                           a measured row also its own-compute replay (`report.validation`)
     speedups.parquet      per variant, network point and source: time-to-target and speed-up
-                          over hsdp-adamw, paired by seed, with brackets (`metrics.speedups`;
+                          over hsdp-adamw, paired by seed, with brackets (`speedups.speedups`;
                           `flexbench report` rewrites it from runs.parquet)
     steps.parquet         every unit's per-step rows with their keys and time axes
 
@@ -42,7 +42,9 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments.io import run_digest, write_atomic
-from experiments.report import metrics, validation
+from experiments.report import validation
+from experiments.scoring import speedups
+from experiments.scoring.targets import time_to_target
 from experiments.sweep.describe import run_columns, unit_columns
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.spec import NetworkPoint, SweepConfig
@@ -102,7 +104,7 @@ def collect(
     write_atomic(out / "runs.parquet", parquet_bytes(runs))
     all_steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame()
     write_atomic(out / "steps.parquet", parquet_bytes(all_steps))
-    write_atomic(out / "speedups.parquet", parquet_bytes(metrics.sweep_speedups(runs)))
+    write_atomic(out / "speedups.parquet", parquet_bytes(speedups.sweep_speedups(runs)))
     return runs
 
 def _warn_unreached(runs: pd.DataFrame) -> None:
@@ -174,7 +176,7 @@ def _time_unit(
         steps = steps.assign(time_s=steps["wall_time_s"],
                              step_time_s=steps["wall_time_s"].diff().fillna(steps["wall_time_s"]))
     diverged = _run_status(run_dir) == "diverged"
-    ttt = metrics.time_to_target(steps["time_s"], steps["val_loss"], target) \
+    ttt = time_to_target(steps["time_s"], steps["val_loss"], target) \
         if not (math.isnan(target) or diverged) else math.inf
     evals = steps.dropna(subset=["val_loss"])
     row.update(

@@ -9,7 +9,7 @@ It reads units/ only (whatever shapes are there) and prints, per workload and no
   or after 20% of the steps: vision-tiny's val loss is flat from about step 80 on, where the
   model starts to overfit, so its final one separates nothing) and the final val loss (each the
   median over seeds, with the 95% percentile-bootstrap interval of that median,
-  `experiments.report.intervals`);
+  `experiments.scoring.intervals`);
 - DBench's findings over the fixed-graph units of the graphs run on every seed of the shape (a
   graph on fewer seeds would move those seeds' centring), for the early and the final val loss:
   Spearman rho of the loss with degree (finding 1 holds where rho < 0: more peers, lower loss) and
@@ -43,8 +43,9 @@ from experiments.replay.simulate import (
     simulate_run,
 )
 from experiments.report.graphs import permutation_p, spearman
-from experiments.report.intervals import CONFIDENCE, RESAMPLES, median_interval
-from experiments.report.metrics import baseline_target_at, format_seconds, time_to_target
+from experiments.scoring.formats import format_seconds
+from experiments.scoring.intervals import CONFIDENCE, RESAMPLES, median_interval
+from experiments.scoring.targets import baseline_target_at, time_to_target
 from flexdemo.graphs import mean_degree
 
 HERE = Path(__file__).resolve().parent

@@ -17,6 +17,7 @@ import pytest
 from experiments import cli
 from experiments.replay import compare
 from experiments.report import metrics
+from experiments.scoring import speedups
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "results" / "quick"
@@ -89,7 +90,7 @@ def test_report_on_one_basis_equals_compare_and_without_it_is_unchanged(
     assert not (sweep / "compute_basis.json").exists()
     runs = pd.read_parquet(sweep / "runs.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(sweep / "speedups.parquet"),
-                                  metrics.sweep_speedups(runs))
+                                  speedups.sweep_speedups(runs))
 
 
 @pytest.mark.timeout(60)

@@ -13,6 +13,7 @@ from experiments import sweep
 from experiments.errors import ConfigError
 from experiments.replay.simulate import simulate_run
 from experiments.report import metrics
+from experiments.scoring import targets
 
 CONFIG = """
 name = "emulate"
@@ -77,7 +78,7 @@ def test_emulated_units_join_a_finished_sweep_timed_by_their_recorded_traces(
     base = json.loads((out / "units" / "hsdp-adamw-nodes=4-s0-emulated" / "run.json").read_text())
     finals = pd.DataFrame([{"method": "hsdp-adamw", "final_val_loss": base["final_val_loss"]}])
     assert emulated["baseline_cluster"] == "4x1"
-    assert emulated["target_val_loss"] == pytest.approx(metrics.default_target(finals))
+    assert emulated["target_val_loss"] == pytest.approx(targets.default_target(finals))
     assert rows.loc["gossip-s0", "baseline_cluster"] == "2x1"
     assert "Emulated units" in metrics.summary_markdown(runs)  # the report says what they are
 
