@@ -16,46 +16,27 @@ to `RTOL` (`experiments.scoring.crossings`). Its bracket over seed pairs is
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from experiments import winner_cells
 from experiments.logs import progress
 from experiments.report import metrics
 from experiments.scoring import formats, intervals, ranking, targets
 from experiments.scoring.crossings import RTOL, Crossing, TimeAt, crossings
 
-__all__ = ["crossover_markdown", "crossover_table", "draw_cells", "plot_crossover_map"]
+__all__ = ["crossover_markdown", "crossover_table", "plot_crossover_map"]
 
 
-def _unit_time(run_dir: Path, latency: str, target: float) -> TimeAt:
-    """A sweep unit's time to target at any bandwidth, by replaying it (memoised per bandwidth)."""
-    from experiments.replay.simulate import read_run, simulate_run
-    from netsim.units import format_bandwidth
-
-    run = read_run(run_dir)
-    evals = run.steps.loc[run.steps["val_loss"].notna(), ["step", "val_loss"]]
-    memo: dict[float, float] = {}
-
-    def time_at(bw: float) -> float:
-        if bw not in memo:
-            frame = simulate_run(run, inter_bw=format_bandwidth(bw), inter_lat=latency).frame
-            points = evals.merge(frame[["step", "time_s"]], on="step")
-            memo[bw] = targets.time_to_target(points["time_s"], points["val_loss"], target)
-        return memo[bw]
-
-    return time_at
-
-
-def crossover_table(res: Any, unit_time: Callable[[str, str, float], TimeAt] | None = None,
+def crossover_table(res: Any, unit_time: Callable[[str, str, float], TimeAt],
                     ) -> pd.DataFrame:  # res: figures.Results (it imports this)
     """Per variant and grid latency: the bandwidth where it overtakes the baseline, over seeds.
 
-    `unit_time(unit, latency, target)` replays a unit between grid points (default: at its
-    recorded compute; `same_compute.OnBasis.unit_time` on a --same-compute basis).
+    `unit_time(unit, latency, target)` replays a unit between grid points (at its recorded
+    compute: `experiments.replay.on_basis.recorded_unit_time`; on a --same-compute basis:
+    `OnBasis.unit_time`).
 
     One row per (variant, latency) with a crossing on any seed pair: `faster` (below, above, or
     mixed when seed pairs disagree), the median crossover (bytes/s) with its bracket over the
@@ -98,7 +79,7 @@ def _baseline_of(sim: pd.DataFrame, here: pd.DataFrame) -> pd.DataFrame:
 
 
 def _seed_crossings(res: Any, mine: pd.DataFrame, theirs: pd.DataFrame,
-                    unit_time: Callable[[str, str, float], TimeAt] | None) -> list[Crossing]:
+                    unit_time: Callable[[str, str, float], TimeAt]) -> list[Crossing]:
     """The first crossing of one seed pair at one latency (none when they never swap)."""
     mine, theirs = mine.sort_values("inter_bw_bps"), theirs.sort_values("inter_bw_bps")
     if list(mine["inter_bw_bps"]) != list(theirs["inter_bw_bps"]) or len(mine) < 2:
@@ -107,10 +88,7 @@ def _seed_crossings(res: Any, mine: pd.DataFrame, theirs: pd.DataFrame,
     if math.isnan(target) or (mine["status"] != "done").any() or (theirs["status"] != "done").any():
         return []
     lat = str(mine["inter_lat"].iloc[0])
-    def recorded(unit: str, lat: str, target: float) -> TimeAt:
-        return _unit_time(res.path / "units" / unit, lat, target)
-
-    times = [(unit_time or recorded)(str(u), lat, target)
+    times = [unit_time(str(u), lat, target)
              for u in (mine["unit"].iloc[0], theirs["unit"].iloc[0])]
     found = crossings(list(mine["inter_bw_bps"]), *times,
                       known=(list(mine["time_to_target_s"]), list(theirs["time_to_target_s"])))
@@ -211,37 +189,7 @@ def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
 def _draw_cells(ax, first: pd.DataFrame, bws: list[float], lats: list[float],
                 palette: dict) -> None:
     """One panel of the map: a coloured cell per (bandwidth, latency) with its winner's text."""
-    draw_cells(ax, first, ("inter_bw_bps", bws), ("inter_lat_s", lats), palette)
+    winner_cells.draw_cells(ax, first, ("inter_bw_bps", bws), ("inter_lat_s", lats), palette)
     ax.set(xlabel="inter-node bandwidth", ylabel="inter-node latency")
     ax.set_xticks([i + 0.5 for i in range(len(bws))], [_bits(b) for b in bws])
     ax.set_yticks([i + 0.5 for i in range(len(lats))], [f"{v * 1e3:g}ms" for v in lats])
-
-
-def draw_cells(ax, first: pd.DataFrame, x: tuple[str, list], y: tuple[str, list],
-               palette: dict) -> None:
-    """A coloured cell per `ranking.winners` row at (x column's value, y column's value), with
-    the winner, its margin over the runner-up and the verdict; a tie hatched. `x` and `y` are
-    (column, the values in axis order); a row without a first (nothing timed) stays blank."""
-    from matplotlib.patches import Rectangle
-
-    (x_key, xs), (y_key, ys) = x, y
-    for _, row in first.iterrows():
-        i, j = xs.index(row[x_key]), ys.index(row[y_key])
-        if not isinstance(row["first"], str):
-            ax.text(i + 0.5, j + 0.5, "no method\ntimed", ha="center", va="center",
-                    fontsize=6.5, color="grey")
-            continue
-        tie = row["verdict"] == "tie"
-        ax.add_patch(Rectangle((i, j), 1, 1, facecolor=palette.get(row["first"], "white"),
-                               alpha=0.55, hatch="//" if tie else None, edgecolor="white"))
-        runner_up = (f"\nvs {_short(row['runner_up'])}" if isinstance(row["runner_up"], str)
-                     else "")
-        ax.text(i + 0.5, j + 0.5, f"{_short(row['first'])}\n{ranking.margin_text(row)}"
-                f"{runner_up}\n{row['verdict']}", ha="center", va="center", fontsize=6.5,
-                wrap=True)
-    ax.set(xlim=(0, len(xs)), ylim=(0, len(ys)))
-
-
-def _short(variant: str) -> str:
-    """'demo[chunking=flat,topk=4]' -> 'demo[flat,4]': a cell has little room."""
-    return re.sub(r"\w+=", "", variant)

@@ -9,13 +9,13 @@ unit on a shape without a baseline then has no target (and no speed-up); the swe
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
 
 import pandas as pd
 
+from experiments.run_record import RunRecord
 from experiments.scoring.targets import BASELINE, baseline_target_at, default_target
 from experiments.sweep.plan import Unit, unit_dir, unit_state
 from experiments.sweep.spec import SweepConfig
@@ -63,10 +63,7 @@ def _not_diverged(out: Path, done: list[Unit]) -> list[Unit]:
 
 def diverged(run_dir: Path) -> bool:
     """Whether run.json says the run diverged (its loss stopped being finite)."""
-    try:
-        return json.loads((run_dir / "run.json").read_text()).get("status") == "diverged"
-    except (OSError, ValueError):
-        return False
+    return RunRecord.load(run_dir).diverged
 
 
 def _derived(cfg: SweepConfig, out: Path, done: list[Unit], cluster: str | None) -> float:
@@ -89,14 +86,11 @@ def _derived(cfg: SweepConfig, out: Path, done: list[Unit], cluster: str | None)
 
 def final_val_loss(run_dir: Path) -> float:
     """run.json's final_val_loss, else the last evaluated val_loss; NaN for a diverged run."""
-    if diverged(run_dir):
+    record = RunRecord.load(run_dir)
+    if record.diverged:
         return math.nan
-    try:
-        value = json.loads((run_dir / "run.json").read_text()).get("final_val_loss")
-        if value is not None and math.isfinite(float(value)):
-            return float(value)
-    except (OSError, ValueError, TypeError):
-        pass
-    steps = pd.read_parquet(run_dir / "steps.parquet")
+    if record.final_val_loss is not None:
+        return record.final_val_loss
+    steps = record.steps()
     evals = steps["val_loss"].dropna()
     return float(evals.iloc[-1]) if len(evals) else math.nan
