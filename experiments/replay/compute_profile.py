@@ -31,8 +31,7 @@ from pathlib import Path
 
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.io import check_output_file, write_atomic
-from experiments.replay.calibrate import cpu_model
+from experiments.io import check_output_file, cpu_model, write_atomic
 from experiments.values import COUNT, POSITIVE_INT
 from flexdemo.devices import backend_for, visible_cuda_devices
 from flexdemo.methods import METHODS, method_record
@@ -153,7 +152,8 @@ def measure_profile(workload: str, method: str, *, nodes: int = 2, gpus_per_node
     # The launcher's own choice (it refused nccl without a GPU before the run started).
     backend_used = backend_for(backend, visible_cuda_devices(), nodes * gpus_per_node)
     device = "cuda" if "nccl" in backend_used else "cpu"
-    device_name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_model()
+    device_name = (torch.cuda.get_device_name(0) if device == "cuda"
+                   else cpu_model() or "unknown CPU")
     return ComputeProfile(
         workload=workload, method=method, batch_size=int(resolved["batch_size"]), nodes=nodes,
         gpus_per_node=gpus_per_node, device=device, device_name=device_name,

@@ -18,10 +18,8 @@ from typing import Any
 # (or one of its modules) loads nothing else.
 _WHERE = {
     "Results": "figures",
-    "configure": "figures",
     "frontier_table": "figures",
     "load_results": "figures",
-    "main": "figures",
     "plot_bytes_per_step": "figures",
     "plot_frontier": "figures",
     "plot_loss_vs_time": "figures",

@@ -34,8 +34,6 @@ from typing import Any
 # Name -> the module that defines it, imported on first use (PEP 562): importing the package
 # (or one of its modules) loads nothing else.
 _WHERE = {
-    "configure": "cli",
-    "main": "cli",
     "Unit": "plan",
     "load_config": "plan",
     "units_of": "plan",

@@ -384,10 +384,7 @@ def simulate_each(
     The programs depend on the trace and its recorded shape alone, so a grid of networks (a
     planner's bandwidths) pays for them once. Arguments as `simulate`'s.
     """
-    options = ReplayOptions() if options is None else options
-    if not isinstance(options, ReplayOptions):
-        raise ValueError(f"options {options!r} must be a netsim.model.ReplayOptions.")
-    o = options
+    o = _checked_options(options)
     topologies = list(topologies)
     if not topologies:
         raise ValueError("topologies is empty; give at least one netsim.Topology.")
@@ -395,12 +392,7 @@ def simulate_each(
         if not isinstance(topology, Topology):
             raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
     df = _training_rows(trace)
-    _check_compute_scale(o.compute_scale)
     _check_overlap(o.overlap, df)
-    if o.algorithm not in ALGORITHM_CHOICES:
-        raise ValueError(
-            f"algorithm {o.algorithm!r} is not known; use one of {', '.join(ALGORITHM_CHOICES)}."
-        )
     nodes, per_node = _layout(df)
     carries = _check_waits_in_their_step(df)
     _check_phase_seconds(o.phase_seconds, o.compute_scale, df)
@@ -445,6 +437,18 @@ def simulate_each(
             node_egress_bytes=cluster.node_egress_bytes, overlap=o.overlap, phases=phases,
         ))  # fmt: skip
     return replays
+
+
+def _checked_options(options: ReplayOptions | None) -> ReplayOptions:
+    """The options (None: the defaults), their trace-free values checked (ValueError)."""
+    options = ReplayOptions() if options is None else options
+    if not isinstance(options, ReplayOptions):
+        raise ValueError(f"options {options!r} must be a netsim.model.ReplayOptions.")
+    _check_compute_scale(options.compute_scale)
+    if options.algorithm not in ALGORITHM_CHOICES:
+        raise ValueError(f"algorithm {options.algorithm!r} is not known; use one of "
+                         f"{', '.join(ALGORITHM_CHOICES)}.")
+    return options
 
 
 def _check_peers(p2p: bool, degrees: Degrees | None, nodes: int, topology: Topology) -> None:

@@ -14,8 +14,8 @@ import pytest
 
 from experiments import cli
 from experiments.errors import ConfigError
-from experiments.replay import compare, step_noise
-from experiments.scoring import speedups
+from experiments.replay import compare, compare_cli
+from experiments.scoring import speedups, step_noise
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "results" / "quick"
@@ -24,8 +24,10 @@ pytestmark = pytest.mark.skipif(not (QUICK / "runs.parquet").exists(),
 
 
 def _compare(*argv: str) -> compare.Comparison:
+    """The comparison `flexbench compare ARGV` prints (one network)."""
     args = cli.build_parser(["compare", *argv]).parse_args(["compare", *argv])
-    return compare.compare(args)
+    (target,) = compare_cli.grid_targets(args)
+    return compare.compare(compare_cli.question_of(args), target)
 
 
 @pytest.mark.timeout(120)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 
 import pytest
 
+from experiments.replay import on_basis
 from experiments.report import crossover
 from experiments.scoring import crossings
 
@@ -60,7 +62,8 @@ def test_the_quick_sweeps_crossover_is_where_the_replayed_times_meet() -> None:
     res = load_results(QUICK)
     runs = res.runs[res.runs["variant"].isin(["hsdp-adamw", "flexdemo"])
                     & (res.runs["inter_lat"] == "1ms")]
-    table = crossover.crossover_table(dataclasses.replace(res, runs=runs))
+    unit_time = functools.partial(on_basis.recorded_unit_time, QUICK)
+    table = crossover.crossover_table(dataclasses.replace(res, runs=runs), unit_time)
     row = table.set_index("variant").loc["flexdemo"]
     # flexdemo is faster at 100Mbit and slower at 10Gbit on both seeds (the sweep's table; at
     # 1Gbit one seed pair is within 1% of even and crosses just above it).
@@ -69,7 +72,7 @@ def test_the_quick_sweeps_crossover_is_where_the_replayed_times_meet() -> None:
     # At seed 0's crossover, replaying both units gives the same time to target.
     seed0 = runs[(runs["seed"] == 0) & (runs["source"] == "sim")]
     target = float(seed0["target_val_loss"].iloc[0])
-    times = [crossover._unit_time(QUICK / "units" / unit, "1ms", target)
+    times = [unit_time(unit, "1ms", target)
              for unit in ("flexdemo-s0", "hsdp-adamw-s0")]
     grid = sorted(set(seed0["inter_bw_bps"]))
     (crossing,) = crossings.crossings(grid, *times)

@@ -17,8 +17,8 @@ from tests.experiments.test_sweep import CONFIG
 ensure_units_module()
 
 from experiments import cli, sweep  # noqa: E402
-from experiments.report import intervals, metrics, ranking, step_times  # noqa: E402
-from experiments.scoring import speedups, targets  # noqa: E402
+from experiments.report import metrics, step_times  # noqa: E402
+from experiments.scoring import intervals, ranking, speedups, targets  # noqa: E402  # noqa: E402
 
 STEPS = 100
 TARGET_STEP = 50  # the evaluation at step 50 is the first at or below the target
@@ -156,11 +156,13 @@ QUICK = Path(__file__).resolve().parents[2] / "results" / "quick"
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(not (QUICK / "runs.parquet").exists(), reason="needs results/quick")
 def test_at_a_grid_point_the_reports_widened_brackets_are_compares() -> None:
-    from experiments.replay import compare
+    from experiments.replay import compare, compare_cli
 
     argv = ["compare", str(QUICK), "--inter-bw", "100Mbit", "--inter-lat", "20ms",
             "--step-noise"]
-    result = compare.compare(cli.build_parser(argv).parse_args(argv))
+    args = cli.build_parser(argv).parse_args(argv)
+    (target,) = compare_cli.grid_targets(args)
+    result = compare.compare(compare_cli.question_of(args), target)
     runs = pd.read_parquet(QUICK / "runs.parquet")
     steps = pd.read_parquet(QUICK / "steps.parquet")
     sim = runs[(runs["source"] == "sim") & (runs["network"] == "100Mbit / 20ms")]

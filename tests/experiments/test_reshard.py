@@ -105,7 +105,7 @@ def _user_workload_run(tmp_path: Path) -> Path:
 def test_unknown_layout_refuses_in_one_sentence(tmp_path, capsys):
     run = _user_workload_run(tmp_path)
     with pytest.raises(ConfigError, match="no parameter layout"):
-        replay(run, ReplayTarget(inter_bw="1Gbit", gpus_per_node=8))
+        replay(read_run(run), ReplayTarget(inter_bw="1Gbit", gpus_per_node=8))
     out = tmp_path / "s.csv"
     argv = ["simulate", str(run), "--inter-bw", "1Gbit", "--gpus-per-node", "8", "--out", str(out)]
     assert main(argv) == 2
