@@ -8,7 +8,8 @@ Spawns 2 gloo ranks (2 nodes × 1 rank, one CPU thread each) on a 2.1M-parameter
 (4 × [Linear(256, 1024), GELU, Linear(1024, 256)], 16 tensors), topk 32, chunk 64, and prints
 per method: bytes sent per step per node, collective calls per step and the median optimizer-step
 time (collectives included, forward/backward excluded), one row per wire format
-(``value_format``: fp32 and bf16 are today's layout, the others bit-pack the indices), then the
+(``value_format``: fp32 and bf16 are today's layout, the others bit-pack the indices; fp32 runs
+the reference arithmetic, the package's step bit for bit, the others the fast one), then the
 ratios against the targets: bytes <= 0.5× (bf16) or <= 0.25× (a compact format) and step time
 <= 1/3 of the reference. Without the reference installed, its bytes come from its formula
 (every chunk sends top-k int32 indices and float32 values) and its time is not shown.
@@ -193,6 +194,9 @@ def _report(rows: list[dict], steps: int, formula_bytes: int) -> None:
         t = f"{r['ms'] / ref['ms']:>7.3f}" if ref["ms"] else f"{'':>7}"
         print(f"{r['name']:<24}{int(r['bytes']):>17,}{r['bytes'] / ref['bytes']:>7.3f}"
               f"{r['calls']:>12g}{r['ms']:>10.1f}{t}{r['cpu_ms']:>9.1f}")
+    if any(r["name"] == "flexdemo fp32" for r in rows):
+        print("flexdemo fp32 runs the reference arithmetic (the package's operations in its order, "
+              "its step bit for bit); the other formats the fast one (DeMoKnobs.arithmetic).")
     for r in rows:
         if not r["name"].startswith("flexdemo"):
             continue

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import METHODS, RunConfig, shared_for
-from experiments.io import write_atomic
+from experiments.io import read_json, write_atomic
 from experiments.values import AT_LEAST_ZERO
 
 log = logging.getLogger(__name__)
@@ -142,11 +142,7 @@ def _method_order(method: str) -> tuple[int, str]:
 def _read_baseline(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"no baseline at {str(path)!r}; record one with --update.")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        raise ValueError(f"baseline {str(path)!r} is not valid JSON; re-record it with --update.")\
-            from None
+    data = read_json(path, "baseline")
     if not isinstance(data, dict) or not isinstance(data.get("methods"), dict):
         raise ValueError(f"baseline {str(path)!r} has no 'methods' table; re-record it with "
                          "--update.")
@@ -160,8 +156,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--update", action="store_true",
                         help="measure and record instead of comparing; with --methods, only "
                         "their rows change")
-    parser.add_argument("--tolerance", type=AT_LEAST_ZERO.arg, default=TOLERANCE,
-                        help="allowed relative change per figure (default 0.01 = 1%%)")
+    parser.add_argument("--tolerance", type=AT_LEAST_ZERO.arg, default=None,
+                        help="allowed relative change per figure (default 0.01 = 1%%); not "
+                        "with --update, which compares nothing")
     parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                         help="check only these methods (default: all, and every one the "
                         "baseline knows must still run)")
@@ -177,7 +174,7 @@ def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
     expected = baseline["methods"]
     if args.methods is not None:  # an explicit subset is compared on that subset only
         expected = {m: v for m, v in expected.items() if m in methods}
-    return _report(expected, current, args.tolerance)
+    return _report(expected, current, TOLERANCE if args.tolerance is None else args.tolerance)
 
 
 def _checked_methods(args: argparse.Namespace) -> list[str]:
@@ -186,7 +183,12 @@ def _checked_methods(args: argparse.Namespace) -> list[str]:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}.")
-    if not 0 <= args.tolerance < 1:
+    if len(set(methods)) < len(methods):
+        raise ValueError(f"--methods lists a method twice ({' '.join(methods)}).")
+    if args.tolerance is not None and args.update:
+        raise ValueError(f"--tolerance {args.tolerance:g} judges a comparison, and --update "
+                         "records without comparing; leave one of them out.")
+    if args.tolerance is not None and not 0 <= args.tolerance < 1:
         raise ValueError(f"--tolerance must be in [0, 1), got {args.tolerance}.")
     return methods
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from typing import NoReturn
 
@@ -44,8 +45,73 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# A negative quantity with or without its unit ("-5ms", "-1e3", "-inf"): no flag starts so.
+_NEGATIVE = re.compile(r"^-(\.?\d|inf)", re.IGNORECASE)
+
+
+# The flags a parse has stored, with their values; removed from the namespace it returns.
+_GIVEN = "_flags_given"
+
+
+class _StoreOnce(argparse.Action):
+    """argparse's plain store, refusing a flag given twice with two values (argparse keeps
+    the last without a word)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        """Store `values`, unless this flag was given other values before in this parse."""
+        given = vars(namespace).setdefault(_GIVEN, {})
+        if given.get(self.dest, values) != values:
+            raise argparse.ArgumentError(self, f"given twice, {_shown(given[self.dest])} and "
+                                               f"{_shown(values)}; give it once.")
+        given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
+class _SwitchOnce(argparse.BooleanOptionalAction):
+    """`--flag`/`--no-flag`, refusing both in one command line (argparse keeps the last)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        """Store the switch, unless its opposite was given before in this parse."""
+        given = vars(namespace).setdefault(_GIVEN, {})
+        value = not str(option_string).startswith("--no-")
+        if given.get(self.dest, value) != value:
+            raise argparse.ArgumentError(self, f"given both ways, {self.option_strings[0]} and "
+                                               f"{self.option_strings[1]}; give one.")
+        given[self.dest] = value
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _shown(values: object) -> str:
+    return " ".join(map(str, values)) if isinstance(values, list) else str(values)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with a refusal of one line: the command, the flag, what it takes (exit 2)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        """argparse's parser, whose plain flags refuse being given twice (`_StoreOnce`)."""
+        super().__init__(*args, **kwargs)
+        for name in (None, "store"):
+            self.register("action", name, _StoreOnce)
+
+    def add_argument(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """argparse's, a switch (`BooleanOptionalAction`) refusing to be given both ways."""
+        if kwargs.get("action") is argparse.BooleanOptionalAction:
+            kwargs["action"] = _SwitchOnce
+        return super().add_argument(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        """argparse's, without the record of the flags given."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        vars(namespace).pop(_GIVEN, None)
+        return namespace, extras
+
+    def _parse_optional(self, arg_string: str):  # type: ignore[no-untyped-def]
+        """A negative value is a value (`--inter-lat -5ms`), refused by the flag's own check
+        rather than taken for an unknown flag (argparse reads only bare numbers so)."""
+        if _NEGATIVE.match(arg_string):
+            return None
+        return super()._parse_optional(arg_string)
 
     def error(self, message: str) -> NoReturn:
         """Print ``PROG: error: MESSAGE`` alone (the usage is one --help away) and exit 2."""

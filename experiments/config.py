@@ -42,7 +42,7 @@ from flexdemo.methods import METHODS, RECORDS, Method, method_record
 __all__ = ["KNOBS", "METHODS", "BACKENDS", "SCHEDULES", "SHAPING_MODES", "WORKLOADS",
            "ConfigError", "KnobSettings", "RunConfig", "RunSettings",
            "add_run_arguments", "field_help", "load_site_file", "parse_overrides",
-           "run_arguments", "shared_for"]
+           "run_arguments", "run_flag", "shared_for", "check_algorithm_on_sites"]
 
 if TYPE_CHECKING:
     from netsim.sites import Sites
@@ -239,6 +239,14 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
         self.topology()  # parses the unit strings and node links
         return self
 
+    def check_numbers(self) -> RunConfig:
+        """Every numeric setting and knob given is of its kind; return self. For a stored
+        run.json, which is not validated whole (its workload may be a module this machine
+        lacks) but whose numbers a replay divides by."""
+        self._check_kinds(knobs=False)
+        self._check_kinds(knobs=True)
+        return self
+
     def _check_kinds(self, *, knobs: bool) -> None:
         """Every numeric setting (or knob) given, not None, is of its kind (experiments.values)."""
         for f in dataclasses.fields(self):
@@ -265,12 +273,9 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
     def _check_knobs(self) -> None:
         """The knobs given are ones the method reads, each valid, and fit this many nodes."""
         try:
-            knobs, _ = self.record.settings(self.given_knobs())
+            self.record.settings_on(self.given_knobs(), self.nodes)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        problem = knobs.problem(self.nodes)
-        if problem is not None:
-            raise ConfigError(problem)
 
     def _check_shaping(self) -> None:
         """Shaping needs a bandwidth or sites; kernel shaping runs gloo ranks in namespaces."""
@@ -383,6 +388,18 @@ def load_site_file(path: str) -> Sites:
         raise ConfigError(str(err)) from None
 
 
+def check_algorithm_on_sites(algorithm: str, path: str | None) -> None:
+    """ConfigError for an --algorithm other than auto beside a site file of several sites,
+    whose collectives across sites are hierarchical (netsim.sites): it would apply to nothing."""
+    if algorithm == "auto" or path is None:
+        return
+    count = len(load_site_file(path).sites)
+    if count > 1:
+        raise ConfigError(f"--algorithm {algorithm} picks the collectives across nodes, and "
+                          f"across the {count} sites of --topology {path} they are hierarchical "
+                          "whatever it says; leave --algorithm out (auto).")
+
+
 def site_graph_mismatch(graph: str, sites: Sites, path: str) -> str | None:
     """Why the gossip graph ``graph`` does not fit the sites of file ``path``, or None.
 
@@ -447,6 +464,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (
                             metavar=base.upper(), type=typed, help=docs.get(f.name))
 
 
+def run_flag(name: str) -> str:
+    """The command-line flag of RunConfig field `name` (`--gpus-per-node`, `--node-link`)."""
+    found = next(f for f in dataclasses.fields(RunConfig) if f.name == name)
+    return found.metadata.get("flag", "--" + name.replace("_", "-"))
+
+
 def run_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The RunConfig fields given as flags (see `add_run_arguments`)."""
     names = [f.name for f in dataclasses.fields(RunConfig)]
@@ -457,13 +480,18 @@ _CLI_TYPES = {"int": int, "float": float, "str": str}
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:
-    """Turn ["key=value", ...] into a dict, rejecting items without '='."""
+    """Turn ["key=value", ...] into a dict, rejecting items without '=' and a key given twice
+    with two values (which one was meant cannot be told)."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set takes key=value, got {pair!r}.")
-        out[key.strip()] = value.strip()
+        key, value = key.strip(), value.strip()
+        if out.get(key, value) != value:
+            raise ConfigError(f"--set gives {key} twice, {key}={out[key]} and {key}={value}; "
+                              "give it once.")
+        out[key] = value
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import platform
 import socket
@@ -25,7 +26,7 @@ from netsim.processes import pid_alive
 
 __all__ = ["EMULATED", "is_emulated",
            "check_output_file", "check_output_folder", "cpu_model", "exclusive", "provenance",
-           "run_digest", "write_atomic"]
+           "read_json", "run_digest", "write_atomic"]
 
 # The umask can only be read by setting it: once, at import, before any worker thread runs.
 _UMASK = os.umask(0o022)
@@ -88,6 +89,37 @@ def _read_or_empty(path: Path) -> str:
         return path.read_text().strip()
     except OSError:
         return ""
+
+
+class _KeyTwice(ValueError):
+    """A JSON object that gives one key twice (json keeps the last without a word)."""
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _KeyTwice(key)
+        seen[key] = value
+    return seen
+
+
+def read_json(path: Path | str, what: str) -> Any:
+    """A JSON file's content; ConfigError naming `what` and the file when it is missing, is not
+    JSON (with the line and column) or gives a key of one object twice."""
+    where = f"{what} {str(path)!r}"
+    try:
+        return json.loads(Path(path).read_text(), object_pairs_hook=_once_each)
+    except FileNotFoundError:
+        raise ConfigError(f"{where} does not exist.") from None
+    except _KeyTwice as err:
+        raise ConfigError(f"{where} gives the key {err.args[0]!r} twice in one object; keep "
+                          "one.") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{where} is not readable JSON: {err.msg} at line {err.lineno}, "
+                          f"column {err.colno}.") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{where} cannot be read: {err}.") from None
 
 
 def run_digest(run_dir: Path) -> str:

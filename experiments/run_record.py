@@ -10,14 +10,13 @@ is refused with one sentence naming it, the same way everywhere.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from experiments.errors import ConfigError
-from experiments.io import is_emulated
+from experiments.io import is_emulated, read_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,13 +45,7 @@ class RunRecord:
                               "`flexbench run` or a sweep.")
         if not file.is_file():
             raise ConfigError(f"{str(path)!r} is not a finished run: run.json is missing.")
-        try:
-            meta = json.loads(file.read_text())
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{str(file)!r} is not valid JSON (line {err.lineno}, column "
-                              f"{err.colno}: {err.msg}).") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"cannot read {str(file)!r}: {err}") from None
+        meta = read_json(file, "run record")  # a JSON error or a key given twice, named
         if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
             raise ConfigError(f"{str(file)!r} has no config table; is it a run's record?")
         return cls(path, meta)
@@ -105,12 +98,28 @@ class RunRecord:
         return value if math.isfinite(value) else None
 
     def run_config(self) -> RunConfig:
-        """The stored config as a RunConfig: settings an older version had, and knobs the
-        method does not read (older runs listed every knob for every method), left out."""
+        """The stored config as a RunConfig, its numbers checked (a bad one named with this
+        run.json): settings an older version had, and knobs the method does not read (older
+        runs listed every knob for every method), left out."""
         from experiments.config import RunConfig
 
         names = {f.name for f in dataclasses.fields(RunConfig)}
-        return RunConfig.from_stored({k: v for k, v in self.config.items() if k in names})
+        try:
+            return RunConfig.from_stored({k: v for k, v in self.config.items()
+                                          if k in names}).check_numbers()
+        except ConfigError as err:  # among several runs, which one
+            raise ConfigError(f"{str(self.path / 'run.json')!r}: {err}") from None
+
+    @staticmethod
+    def missing_file(folder: Path | str) -> str | None:
+        """The first file a finished run folder lacks (an emulated run has no trace), or None."""
+        folder = Path(folder)
+        if not (folder / "run.json").is_file():
+            return "run.json"
+        emulated = RunRecord.load(folder).emulated
+        return next((name for name in ("steps.parquet", "trace.parquet")
+                     if not (folder / name).is_file()
+                     and not (emulated and name == "trace.parquet")), None)
 
     def steps(self, columns: list[str] | None = None) -> pd.DataFrame:
         """steps.parquet (ConfigError, one sentence, when it is missing or unreadable)."""

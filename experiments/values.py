@@ -17,7 +17,8 @@ from typing import Any
 from experiments.errors import ConfigError
 
 __all__ = ["AT_LEAST_ZERO", "COUNT", "FRACTION", "POSITIVE", "POSITIVE_INT",
-           "SEED", "UNIT_CLOSED", "UNIT_OPEN_LOW", "Kind", "kind_of"]
+           "SEED", "UNIT_CLOSED", "UNIT_OPEN_LOW", "Kind", "kind_of",
+           "BANDWIDTH", "LATENCY", "Quantity"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,31 @@ class Kind:
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A quantity written with its unit ("100Mbit", "20ms"): a flag keeps the text, and its
+    argparse type refuses one netsim's parser refuses, naming the flag."""
+
+    unit: str
+    """netsim.units' parser: "bandwidth" or "latency"."""
+
+    def arg(self, text: str) -> str:
+        """The argparse type of a flag of this quantity: the text, once it parses."""
+        from netsim import units
+
+        try:
+            getattr(units, f"parse_{self.unit}")(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return text
+
+
+BANDWIDTH = Quantity("bandwidth")
+"""A rate with its unit: "100Mbit", "25GB/s"."""
+LATENCY = Quantity("latency")
+"""A time with its unit: "20ms", "5us"."""
 
 
 POSITIVE = Kind(integer=False, low=0.0, low_open=True)

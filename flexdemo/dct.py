@@ -63,3 +63,59 @@ def idct_chunked(x: torch.Tensor, c1: int, c2: int, scratch: torch.Tensor | None
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """Inverse of :func:`dct_chunked` (same buffer arguments)."""
     return _chunked(x, c1, c2, True, scratch, out)
+
+
+_FFT_BASES: dict[tuple[int, torch.dtype, torch.dtype, torch.device],
+                 tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _fft_forward(n: int, dtype: torch.dtype) -> torch.Tensor:
+    # Makhoul's DCT-II by one FFT, applied to each unit vector: reorder the samples (evens,
+    # then odds reversed), FFT, rotate by exp(-i*pi*k/2n), keep the real part, normalize.
+    eye = torch.eye(n, dtype=dtype)
+    spectrum = torch.view_as_real(torch.fft.fft(torch.cat([eye[:, ::2], eye[:, 1::2].flip([1])],
+                                                          dim=1), dim=1))
+    angle = -torch.arange(n, dtype=dtype)[None, :] * math.pi / (2 * n)
+    out = spectrum[:, :, 0] * torch.cos(angle) - spectrum[:, :, 1] * torch.sin(angle)
+    out[:, 0] /= math.sqrt(n) * 2
+    out[:, 1:] /= math.sqrt(n / 2) * 2
+    return 2 * out
+
+
+def _fft_inverse(n: int, dtype: torch.dtype) -> torch.Tensor:
+    # The inverse (DCT-III) the same way backwards: un-normalize, rotate, inverse real FFT of
+    # the Hermitian half, undo the reordering.
+    half = torch.eye(n, dtype=dtype) / 2
+    half[:, 0] *= math.sqrt(n) * 2
+    half[:, 1:] *= math.sqrt(n / 2) * 2
+    angle = torch.arange(n, dtype=dtype)[None, :] * math.pi / (2 * n)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    imag = torch.cat([half[:, :1] * 0, -half.flip([1])[:, :-1]], dim=1)
+    rotated = torch.stack([half * cos - imag * sin, half * sin + imag * cos], dim=2)
+    samples = torch.fft.irfft(torch.view_as_complex(rotated), n=n, dim=1)
+    out = samples.new_zeros(samples.shape)
+    out[:, ::2] += samples[:, :n - n // 2]
+    out[:, 1::2] += samples.flip([1])[:, :n // 2]
+    return out
+
+
+def fft_dct_bases(n: int, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The cached (n x n) DCT-II bases (F, B) in ``dtype`` as DeToNATION 0.5.2 builds them.
+
+    ``x @ F`` is the orthonormal DCT of the rows of ``x`` and ``X @ B`` its inverse. They hold
+    the same matrix as :func:`dct_matrix` (transposed) but rounded the way an FFT in torch's
+    default dtype (float32) rounds, then cast to ``dtype``: up to 3e-8 off the true cosines,
+    and B is not exactly F's transpose. Only the reference arithmetic
+    (``DeMoKnobs.arithmetic``) uses them, to reproduce the package bit for bit.
+    """
+    built_in = torch.get_default_dtype()  # the package's torch.eye(n)
+    key = (n, built_in, dtype, torch.device(device))
+    bases = _FFT_BASES.get(key)
+    if bases is None:
+        # Each operation above in the package's order and dtype: a reordered one rounds
+        # differently, and one ulp in a basis entry decides a top-k tie a few steps later.
+        bases = (_fft_forward(n, built_in).to(dtype).to(key[3]),
+                 _fft_inverse(n, built_in).to(dtype).to(key[3]))
+        _FFT_BASES[key] = bases
+    return bases

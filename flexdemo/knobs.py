@@ -22,7 +22,7 @@ from ._checks import check, in_unit_interval, int_at_least
 from .chunking import CHUNKINGS
 from .graphs import graph_ladder, graph_name_problem, graph_problem
 
-__all__ = ["BASES", "EXCHANGES", "FRAGMENT_CUTS", "MAX_DCT_CHUNK", "VALUE_DTYPES",
+__all__ = ["ARITHMETICS", "BASES", "EXCHANGES", "FRAGMENT_CUTS", "MAX_DCT_CHUNK", "VALUE_DTYPES",
            "VALUE_FORMATS", "AdaKnobs", "DeMoKnobs", "DiLoCoKnobs", "EveryKnobs", "GossipKnobs",
            "Knobs", "MomentumKnobs", "PartialKnobs", "OUTER_FORMATS", "RandomKnobs",
            "ScheduleKnobs", "StepKnobs", "StreamingDiLoCoKnobs", "StridingKnobs",
@@ -36,6 +36,9 @@ VALUE_DTYPES = ("bf16", "fp32")
 # How DeMo's replicas exchange their top-k (replicators/demo.py): all-gather the sparse buckets,
 # all-reduce the dense coefficient vector in bf16, or the one of the two moving fewer bytes.
 EXCHANGES = ("allgather", "dense", "dense-mean", "auto")
+# How DeMo computes its step: its own batched kernels, or the reference package's operations in
+# the package's order (replicators/blocks.py, replicators/reference_blocks.py).
+ARITHMETICS = ("fast", "reference")
 # Streaming DiLoCo's wire formats of a fragment's pseudo-gradient (replicators/outer_wire.py).
 OUTER_FORMATS = ("fp32", "bf16", "int8", "4bit")
 # How streaming-diloco cuts its fragments: whole parameters (torchft) or equal element runs.
@@ -230,6 +233,13 @@ class DeMoKnobs(MomentumKnobs):
     2(N-1)/N x dense, moves fewer bytes than the all-gather, (N-1) x bucket, else allgather;
     ties go to allgather; decided once at setup from N and the sizes, which every replica
     computes alike, so no communication)."""
+    arithmetic: str | None = None
+    """How the step is computed: fast (momentum kept in the DCT domain, one batched transform
+    per block shape, a two-stage top-k) or reference (DeToNATION 0.5.2's operations in its
+    order: momentum in parameter space, FFT-built bases, one transform per tensor; with fp32
+    values the package's step bit for bit, at about twice fast's CPU time). The two agree to
+    float rounding, which the sign step amplifies: their trajectories part within a few steps.
+    Not given: reference with value_format fp32 (the exact mode), fast with the others."""
 
     aliases: ClassVar[dict[str, str]] = {
         "value_dtype": "Alias kept for value_format: bf16 or fp32, the float of the method's "
@@ -238,8 +248,8 @@ class DeMoKnobs(MomentumKnobs):
     }
 
     def check(self) -> None:
-        """Positive topk, a chunk whose basis fits, a known chunking, format and exchange, topk
-        <= chunk when flat, a delay of 0 or 1, and lookahead only with delay 1."""
+        """Positive topk, a chunk whose basis fits, a known chunking, format, exchange and
+        arithmetic, topk <= chunk when flat, a delay of 0 or 1, and lookahead only with delay 1."""
         super().check()
         int_at_least("topk", self.topk, 1)
         check_dct_chunk("chunk", self.chunk)
@@ -257,9 +267,20 @@ class DeMoKnobs(MomentumKnobs):
               f"delay={self.delay!r}.")
         check(self.exchange in EXCHANGES,
               f"exchange={self.exchange!r} is unknown; use one of {', '.join(EXCHANGES)}.")
+        check(self.arithmetic is None or self.arithmetic in ARITHMETICS,
+              f"arithmetic={self.arithmetic!r} is unknown; use one of {', '.join(ARITHMETICS)} "
+              "(or none: reference with value_format fp32, else fast).")
         check(self.chunking != "flat" or self.topk <= self.chunk,
               f"topk={self.topk} is larger than a flat chunk of chunk={self.chunk} elements; "
               f"use topk <= {self.chunk} or chunking='block'.")
+
+    @property
+    def arithmetic_used(self) -> str:
+        """The arithmetic the step runs: ``arithmetic``, or by default reference with the fp32
+        value format (the package's wire: the exact mode) and fast with the others."""
+        if self.arithmetic is not None:
+            return self.arithmetic
+        return "reference" if self.value_format == "fp32" else "fast"
 
     def with_given(self, given: Mapping[str, Any]) -> Knobs:
         """As :meth:`Knobs.with_given`, with ``value_dtype`` turned into the value format."""

@@ -87,10 +87,24 @@ class Method:
         given.update({k: v for k, v in wired.items() if k in names and v is not None})
         return self.knobs.with_given(given), step  # type: ignore[return-value]
 
+    def settings_on(self, given: Mapping[str, Any], nodes: int,
+                    **wired: Any) -> tuple[Knobs, StepKnobs]:
+        """:meth:`settings`, refused (ValueError, one sentence) where the knobs cannot run
+        between ``nodes`` nodes (replicas): a gossip graph needs enough of them, Ada two.
+
+        The one check of a method at a shape: a run asks it at its nodes, a plan at its
+        replicas."""
+        knobs, step = self.settings(given, **wired)
+        problem = knobs.problem(nodes)
+        check(problem is None, str(problem))
+        return knobs, step
+
     def resolved(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Every knob this method reads with its value: as given, else this method's default."""
         knobs, step = self.settings(given)
         values = {**dataclasses.asdict(knobs), **dataclasses.asdict(step)}
+        if isinstance(knobs, DeMoKnobs):  # recorded as the arithmetic the run computes in
+            values["arithmetic"] = knobs.arithmetic_used
         # An alias (value_dtype) has no value of its own: it stays as given.
         return {name: values.get(name, given.get(name)) for name in self.takes}
 

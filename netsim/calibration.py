@@ -27,6 +27,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -201,6 +202,16 @@ def fit_calibration(samples: list[Sample], shaping: str, made: str = "",
                        per_op)
 
 
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; KeyError for a key given twice (json keeps the last)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise KeyError(key)
+        found[key] = value
+    return found
+
+
 def load_calibration(path: str | os.PathLike, shaping: str | None = None) -> Calibration:
     """Read a file written by `flexbench calibrate`; ValueError (one sentence) if it is not one.
 
@@ -208,13 +219,16 @@ def load_calibration(path: str | os.PathLike, shaping: str | None = None) -> Cal
     """
     where = str(path)
     try:
-        body = json.loads(Path(path).read_text())
+        body = json.loads(Path(path).read_text(), object_pairs_hook=_once_each)
     except FileNotFoundError:
         raise ValueError(f"calibration file {where!r} does not exist; write one with "
                          "`flexbench calibrate --out FILE`.") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"calibration file {where!r} cannot be read as JSON ({err}); write "
                          "one with `flexbench calibrate --out FILE`.") from None
+    except KeyError as err:
+        raise ValueError(f"calibration file {where!r} gives the key {err.args[0]!r} twice in "
+                         "one object; keep one.") from None
     if not isinstance(body, dict) or body.get("format") != _FORMAT:
         raise ValueError(f"calibration file {where!r} is not a {_FORMAT} file; write one with "
                          "`flexbench calibrate --out FILE`.")

@@ -13,7 +13,6 @@ reads a measurement every replica holds alike.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.errors import ConfigError
+from experiments.io import read_json
 from experiments.plan.plan import MethodPlan
 from experiments.plan.synth import AdaOnGraph
 from flexdemo.graphs import graph_ladder
@@ -86,10 +86,17 @@ def _given(text: str) -> dict[str, int]:
 def _recorded(run: Path, replicas: int, model: str) -> dict[str, int]:
     """The steps a run of Ada spent on each graph, in the order it first took them."""
     meta, table = run / "run.json", run / "steps.parquet"
-    if not (meta.is_file() and table.is_file()):
+    if not (meta.is_file() or table.is_file()):
         raise ConfigError(f"--ada-graphs {run} is neither GRAPH=STEPS pairs nor a run folder "
                           "(no run.json and steps.parquet there).")
-    config = json.loads(meta.read_text()).get("config", {})
+    missing = next((f.name for f in (meta, table) if not f.is_file()), None)
+    if missing is not None:
+        raise ConfigError(f"--ada-graphs {run} is not a finished run: {missing} is missing.")
+    recorded = read_json(meta, "--ada-graphs run record")
+    config = recorded.get("config") if isinstance(recorded, dict) else None
+    if not isinstance(config, dict):
+        raise ConfigError(f"--ada-graphs {run} is not a run folder (its run.json holds no "
+                          "config).")
     if config.get("method") != "ada":
         raise ConfigError(f"--ada-graphs {run} is a run of {config.get('method')!r}, not ada; "
                           "give a run of ada.")
@@ -100,7 +107,8 @@ def _recorded(run: Path, replicas: int, model: str) -> dict[str, int]:
     if config.get("nodes") != replicas:
         raise ConfigError(f"--ada-graphs {run} ran on {config.get('nodes')} nodes, and Ada's "
                           f"graphs follow the node count; the plan has {replicas} replicas.")
-    graphs = pd.read_parquet(table, columns=["graph"])["graph"].dropna()
+    steps = pd.read_parquet(table)
+    graphs = steps["graph"].dropna() if "graph" in steps.columns else pd.Series([])
     if graphs.empty:
         raise ConfigError(f"--ada-graphs {run} records no graph per step.")
     return {str(graph): int(count) for graph, count in graphs.value_counts(sort=False).items()}

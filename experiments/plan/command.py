@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.config import load_site_file
+from experiments.config import check_algorithm_on_sites, load_site_file
 from experiments.errors import ConfigError
 from experiments.plan.ada import graph_schedule, plan_ada
 from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
@@ -31,7 +31,7 @@ from experiments.plan.replicas import check_nodes_per_replica, replica_line, rep
 from experiments.plan.synth import PLANNED_METHODS, Precision
 from experiments.plan.target import MISSING, StepsSource, steps_source
 from experiments.replay.compute_profile import load_profile
-from experiments.values import POSITIVE, POSITIVE_INT, UNIT_OPEN_LOW
+from experiments.values import BANDWIDTH, LATENCY, POSITIVE, POSITIVE_INT, UNIT_OPEN_LOW
 from flexdemo.methods import METHODS, method_record
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.sites import hierarchy_line
@@ -79,15 +79,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="tokens per sequence (with --gpu)")
     parser.add_argument("--gpu-memory", default=None,
                         help="memory per GPU, e.g. 80GB (default: the --gpu table's)")
-    parser.add_argument("--inter-bw", nargs="+", default=None, metavar="BW",
+    parser.add_argument("--inter-bw", nargs="+", default=None, metavar="BW", type=_rates_arg,
                         help="inter-node bandwidth: one rate, several, or A:B:COUNT log-spaced")
-    parser.add_argument("--inter-lat", default=None, help="inter-node latency, e.g. 5ms")
+    parser.add_argument("--inter-lat", default=None, type=LATENCY.arg,
+                        help="inter-node latency, e.g. 5ms")
     parser.add_argument("--topology", default=None, metavar="FILE",
                         help="a site file (TOML, as simulate's) instead of --inter-bw and "
                              "--inter-lat: the nodes in sites, their links and round trips")
-    parser.add_argument("--intra-bw", default="100GB/s",
+    parser.add_argument("--intra-bw", default="100GB/s", type=BANDWIDTH.arg,
                         help="intra-node bandwidth (default 100GB/s, NVLink-class)")
-    parser.add_argument("--intra-lat", default="5us", help="intra-node latency (default 5us)")
+    parser.add_argument("--intra-lat", default="5us", type=LATENCY.arg,
+                        help="intra-node latency (default 5us)")
     parser.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto",
                         help="inter-node collective algorithms (default auto)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -107,6 +109,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "recorded graph per step gives them")
     parser.add_argument("--out", required=True,
                         help=f"file to write: {', '.join(OUTPUTS)} by its extension")
+
+
+def _rates_arg(text: str) -> str:
+    """--inter-bw's argparse type: a rate, or A:B:COUNT whose ends are rates."""
+    match = _RANGE.match(text)
+    for rate in (match.group(1), match.group(2)) if match else (text,):
+        BANDWIDTH.arg(rate)
+    return text
 
 
 def parse_bandwidths(values: list[str]) -> list[float]:
@@ -145,11 +155,15 @@ def parse_sets(items: list[str], methods: list[str]) -> tuple[dict, dict[str, di
     """(the plan's own settings, per method the knobs it reads); one sentence on a bad one."""
     own: dict = {}
     knobs: dict[str, dict] = {m: {} for m in methods}
+    given: dict[str, str] = {}
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"--set {item!r} must be KEY=VALUE, such as diloco_h=100.")
+        if given.setdefault(key, text.strip()) != text.strip():
+            raise ConfigError(f"--set gives {key} twice, {key}={given[key]} and "
+                              f"{key}={text.strip()}; give it once.")
         if key in PLAN_KEYS:
             own[key] = text.strip()
             continue
@@ -203,6 +217,10 @@ def _check_network(args: argparse.Namespace) -> None:
     if args.topology is not None and (args.inter_bw is not None or args.inter_lat is not None):
         raise ConfigError(f"--topology {args.topology} sets the links between nodes; leave out "
                           "--inter-bw and --inter-lat.")
+    check_algorithm_on_sites(args.algorithm, args.topology)
+    if args.inter_bw is not None and len(set(args.inter_bw)) < len(args.inter_bw):
+        raise ConfigError(f"--inter-bw lists a value twice ({' '.join(args.inter_bw)}); give "
+                          "each once.")
 
 
 def _check_compute(args: argparse.Namespace) -> None:
@@ -236,6 +254,8 @@ def main(args: argparse.Namespace) -> int:
     """Plan every method on every bandwidth, print the figures and assumptions, write --out."""
     _check(args)
     topologies, labels, network = _network(args)
+    # A site file's sites first: the replicas' check below counts on whole ones.
+    check_nodes_per_replica(args.nodes_per_replica, args.nodes, topologies[0].sites)
     own, knobs = parse_sets(args.set, args.method)
     args.set_keys = set(own)
     precision = Precision(own.get("param_dtype", "bf16"), own.get("reduce_dtype", "fp32"))
@@ -243,8 +263,8 @@ def main(args: argparse.Namespace) -> int:
     backend = own.get("backend", "nccl")
     if backend not in ("nccl", "gloo"):
         raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
-    in_backward = _sync_in_backward(own.get("sync_in_backward", "false"), args.method)
-    settings = {m: method_record(m).settings(knobs[m])[0] for m in args.method}
+    in_backward = _sync_in_backward(own.get("sync_in_backward"), args.method)
+    settings = {m: _knobs_on(m, knobs[m], args) for m in args.method}
     memory_cap, memory_source = _gpu_memory(args)
     source = steps_source(args.steps_to_target, args.steps_from, args.target, args.model,
                           args.method)
@@ -286,16 +306,30 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sync_in_backward(text: str, methods: list[str]) -> bool:
-    """The sync_in_backward setting: true or false, and true only where a method reads it."""
+def _knobs_on(method: str, given: dict, args: argparse.Namespace) -> object:
+    """The method's knobs, refused where they cannot run between the plan's replicas: the
+    check `run` makes at its nodes (`Method.settings_on`)."""
+    replicas = args.nodes // args.nodes_per_replica
+    try:
+        return method_record(method).settings_on(given, replicas)[0]
+    except ValueError as err:
+        shape = (f" ({args.nodes} nodes / --nodes-per-replica {args.nodes_per_replica})"
+                 if args.nodes_per_replica > 1 else "")
+        raise ConfigError(f"--method {method} on {replicas} replica(s){shape}: {err}") from None
+
+
+def _sync_in_backward(text: str | None, methods: list[str]) -> bool:
+    """The sync_in_backward setting (None: not given, false): true or false, and given only
+    where a method reads it."""
+    if text is None:
+        return False
     if text.lower() not in ("true", "false"):
         raise ConfigError(f"sync_in_backward={text!r} must be true or false.")
-    wanted = text.lower() == "true"
-    if wanted and not any(method_record(m).replicator in IN_BACKWARD for m in methods):
-        raise ConfigError(f"sync_in_backward=true moves the outer sync of "
-                          f"{' and '.join(IN_BACKWARD)} into the backward, and --method plans "
-                          "neither; plan one of them or leave it out.")
-    return wanted
+    if not any(method_record(m).replicator in IN_BACKWARD for m in methods):
+        raise ConfigError(f"sync_in_backward={text} says when the outer sync of "
+                          f"{' and '.join(IN_BACKWARD)} starts, and --method plans neither; "
+                          "plan one of them or leave it out.")
+    return text.lower() == "true"
 
 
 def _sync_lines(plans: list[MethodPlan], in_backward: bool) -> list[str]:

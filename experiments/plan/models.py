@@ -18,6 +18,7 @@ from torch import nn
 
 import flexdemo
 from experiments.errors import ConfigError, users_location
+from experiments.io import read_json
 from experiments.workloads import WORKLOAD_NAMES, builtin_model
 
 __all__ = ["GPT_KEYS", "PRESETS", "DeclaredModel", "Decoder", "GPTSizes", "declare_model",
@@ -220,6 +221,8 @@ def parse_gpt(spec: str) -> GPTSizes:
         if not sep or key not in GPT_KEYS:
             raise ConfigError(f"--model {spec!r}: {part!r} is not a size; give key=value pairs "
                               f"with keys {', '.join(GPT_KEYS)}, as {_GPT_EXAMPLE}.")
+        if key in given:
+            raise ConfigError(f"--model {spec!r} gives {key} twice; give each size once.")
         given[key] = _gpt_value(spec, key, value.strip())
     missing = [k for k in _REQUIRED if k not in given]
     if missing:
@@ -250,6 +253,7 @@ def _build_decoder(sizes: GPTSizes) -> nn.Module:
 
 def _from_hf_config(spec: str) -> nn.Module:
     """A Hugging Face config.json's causal language model, built by transformers on meta."""
+    read_json(spec, "--model")  # transformers names neither the file nor a key given twice
     try:
         import transformers
     except ImportError:

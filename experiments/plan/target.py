@@ -9,7 +9,6 @@ recordings. Without a source the plan says what is missing and gives no number.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.errors import ConfigError
+from experiments.io import read_json
 
 __all__ = ["MISSING", "StepsSource", "steps_source"]
 
@@ -53,7 +53,9 @@ def _given(values: list[str], methods: list[str]) -> StepsSource:
             raise ConfigError(f"--steps-to-target {value!r} names {method!r}, which is not "
                               f"planned; name one of {', '.join(methods)}.")
         for m in [method] if sep else methods:
-            steps[m] = float(count)
+            if steps.setdefault(m, float(count)) != float(count):
+                raise ConfigError(f"--steps-to-target gives {m} {steps[m]:g} and {count} steps; "
+                                  "give each method one count.")
     return StepsSource(steps, {m: "--steps-to-target, as given" for m in steps})
 
 
@@ -72,13 +74,12 @@ def _recorded(runs: list[str], target: float | None, model: str,
         raise ConfigError("--steps-from needs --target LOSS, a finite validation loss > 0, to "
                           "count the steps to.")
     found: dict[str, list[int]] = {}
+    if len(set(map(_same, runs))) < len(runs):
+        raise ConfigError(f"--steps-from lists a run twice ({' '.join(runs)}); each recording "
+                          "counts once in its method's median.")
     for text in runs:
         run = Path(text)
-        try:
-            config = json.loads((run / "run.json").read_text())["config"]
-        except (OSError, ValueError, KeyError):
-            raise ConfigError(f"--steps-from {text!r} is not a run folder (no readable "
-                              "run.json with a config).") from None
+        config = _config(run, text)
         if config.get("workload") != model:
             raise ConfigError(f"--steps-from {text!r} trained workload "
                               f"{config.get('workload')!r}, not --model {model!r}: its steps "
@@ -97,6 +98,25 @@ def _recorded(runs: list[str], target: float | None, model: str,
                    f"{'/'.join(map(str, v))} in {len(v)} recording(s), the median; at the "
                    "recordings' own global batch, no loss scaling") for m, v in found.items()}
     return StepsSource(steps, sources)
+
+
+def _same(text: str) -> Path:
+    """A run folder as one path, however it is spelled."""
+    return Path(text).resolve()
+
+
+def _config(run: Path, text: str) -> dict:
+    """A --steps-from run's recorded config, once its run.json and steps.parquet are there."""
+    if not (run / "run.json").is_file():
+        raise ConfigError(f"--steps-from {text!r} is not a run folder (no run.json there).")
+    meta = read_json(run / "run.json", "--steps-from run record")
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+        raise ConfigError(f"--steps-from {text!r} is not a run folder (its run.json holds no "
+                          "config).")
+    if not (run / "steps.parquet").is_file():
+        raise ConfigError(f"--steps-from {text!r} is not a finished run: steps.parquet is "
+                          "missing.")
+    return meta["config"]
 
 
 def steps_source(given: list[str] | None, runs: list[str] | None, target: float | None,

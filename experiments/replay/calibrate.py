@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, cpu_model, write_atomic
-from experiments.values import POSITIVE_INT
+from experiments.values import BANDWIDTH, POSITIVE_INT
 from netsim import parse_bandwidth
 from netsim.calibration import Calibration, Sample, fit_calibration, load_calibration
 from netsim.costs import collective_volume
@@ -282,7 +282,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench calibrate`."""
     parser.add_argument("--shaping", choices=("wall", "kernel"), default="wall",
                         help="the links to calibrate: netsim's wall-clock shaper or Linux tc")
-    parser.add_argument("--rates", nargs="+", default=list(DEFAULT_RATES),
+    parser.add_argument("--rates", nargs="+", default=list(DEFAULT_RATES), type=BANDWIDTH.arg,
                         help=f"link rates to time at (default {' '.join(DEFAULT_RATES)})")
     parser.add_argument("--payloads", nargs="+", type=POSITIVE_INT.arg,
                         default=list(DEFAULT_PAYLOADS), metavar="BYTES",
@@ -300,6 +300,10 @@ def main(args: argparse.Namespace) -> int:
     out = check_output_file(args.out, what="--out")
     for rate in args.rates:
         parse_bandwidth(rate)  # one sentence on a bad rate, before anything runs
+    for flag, values in (("--rates", args.rates), ("--payloads", args.payloads)):
+        if len(set(values)) < len(values):  # a point timed twice; two equal sizes fit nothing
+            raise ConfigError(f"{flag} lists a value twice ({' '.join(map(str, values))}); "
+                              "give each once.")
     if len(args.payloads) < 2 or min(args.payloads) < 4:
         raise ConfigError(f"--payloads needs at least two sizes of 4 bytes or more, got "
                           f"{args.payloads}.")

@@ -60,7 +60,7 @@ from experiments.config import METHODS, RunConfig, shared_for
 from experiments.errors import ConfigError
 from experiments.logs import progress
 from experiments.replay.engine import replay
-from experiments.replay.loss_curve import Recording, choose_loss_curve
+from experiments.replay.loss_curve import Recording, check_loss_from, choose_loss_curve
 from experiments.replay.recordings import RecordedRun, read_loss_run, read_run
 from experiments.replay.target import ReplayTarget
 from experiments.run_record import RunRecord
@@ -261,7 +261,10 @@ def _run_candidate(path: Path) -> Candidate:
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"{str(path / 'run.json')!r} is not a run's record (no config with a "
                           "method).") from None
-    return Candidate(path, _variant(record.config, method), method, seed)
+    try:
+        return Candidate(path, _variant(record.config, method), method, seed)
+    except ConfigError as err:  # among several runs, which one
+        raise ConfigError(f"{str(path / 'run.json')!r}: {err}") from None
 
 
 def _variant(config: dict, method: str) -> str:
@@ -270,7 +273,7 @@ def _variant(config: dict, method: str) -> str:
         return method  # read_run refuses it with its own sentence
     # Stored configs hold resolved knob values (older ones None where a knob came later); a
     # config relabelled with another method keeps knobs that method does not read.
-    stored = RunConfig.from_dict(shared_for(method, config)).knob_values()
+    stored = RunConfig.from_dict(shared_for(method, config)).check_numbers().knob_values()
     defaults = RunConfig(method=method).knob_values()
     # A None default is decided when the optimizer is built (sign, value_dtype): not comparable.
     return variant_label(method, {k: v for k, v in stored.items()
@@ -305,6 +308,11 @@ def _target(given: float | None, sweep_target: float | None,
     try:
         target = targets.default_target(finals)
     except ValueError:
+        baseline = [str(c.path) for c, _ in runs if c.method == targets.BASELINE]
+        if baseline:  # there, but diverged or with a run.json that holds no final val_loss
+            raise ConfigError(f"no --target, and no {targets.BASELINE} run records a final "
+                              f"val_loss to derive one from ({', '.join(baseline)}); give "
+                              "--target.") from None
         raise ConfigError(f"no --target and no {targets.BASELINE} run to derive one from; give "
                           f"--target or a {targets.BASELINE} run.") from None
     count = int((finals["method"] == targets.BASELINE).sum())
@@ -446,6 +454,7 @@ def _loss_curves(paths: tuple[Path, ...], candidates: list[Candidate],
 
     ConfigError, one sentence, for a run no compared run shares a variant and seed with: its
     curve would be used by no one, and a typo should not pass for a rule-free answer."""
+    check_loss_from(paths, [c.path for c in candidates])
     compared = {(c.variant, c.seed) for c in candidates}
     found: dict[tuple[str, int], list[Recording]] = {}
     for path in map(Path, paths):

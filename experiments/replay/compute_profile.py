@@ -31,7 +31,7 @@ from pathlib import Path
 
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.io import check_output_file, cpu_model, write_atomic
+from experiments.io import check_output_file, cpu_model, read_json, write_atomic
 from experiments.values import COUNT, POSITIVE_INT
 from flexdemo.devices import backend_for, visible_cuda_devices
 from flexdemo.methods import METHODS, method_record
@@ -105,12 +105,7 @@ class ComputeProfile:
 def load_profile(path: Path | str) -> ComputeProfile:
     """A profile written by `flexbench profile-compute`; ConfigError (one sentence) if it is not."""
     name = str(path)
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"compute profile {name!r} does not exist.") from None
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"compute profile {name!r} is not readable JSON: {err}.") from None
+    data = read_json(path, "compute profile")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f"{name!r} is not a compute profile (its format is not {FORMAT!r}); "
                           "write one with `flexbench profile-compute`.")

@@ -54,7 +54,7 @@ from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.replay.engine import replay
 from experiments.replay.flags import add_replay_arguments, target_from_flags
-from experiments.replay.loss_curve import LossCurve, Recording, choose_loss_curve
+from experiments.replay.loss_curve import LossCurve, Recording, check_loss_from, choose_loss_curve
 from experiments.replay.recordings import RecordedRun, read_loss_run, read_run
 from experiments.replay.target import ReplayTarget
 from experiments.scoring.targets import time_to_target
@@ -122,6 +122,7 @@ def _check_arguments(args: argparse.Namespace) -> Path:
     out = check_output_file(args.out, what="--out", reads=[args.run_dir, *(args.loss_from or ())])
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
         raise ConfigError(f"--target must be a finite loss > 0, got {args.target}.")
+    check_loss_from(args.loss_from or [], [args.run_dir])
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}.")
     if args.steps is not None and args.steps > MAX_STEPS:
@@ -173,9 +174,12 @@ def _print_time_to_target(target: float | None, curve: LossCurve, replayed: Repl
     if curve.stated:
         print(f"  {curve.summary()}")
     ttt = None
-    if target is not None and curve.refusal is not None:
+    if target is None:
+        print(f"no time to target: {str(curve.recording.path / 'run.json')!r} records no final "
+              "val_loss to take as the target; give --target")
+    elif curve.refusal is not None:
         print(f"no time to val_loss <= {target:.4f}: {curve.refusal}")
-    elif target is not None:
+    else:
         points = curve.on_time_axis(replayed.frame)
         ttt = time_to_target(points["time_s"], points["val_loss"], float(target))
         when = "not reached" if math.isinf(ttt) else f"{ttt:.2f} s"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from experiments.config import RunConfig, check_algorithm_on_sites, load_site_file
 from experiments.errors import ConfigError
 from experiments.replay.compute_profile import ComputeProfile
 from experiments.replay.loss_curve import LossScaling
@@ -146,12 +147,11 @@ class ReplayTarget:
         if self.topology is not None:
             self._check_sites()
         elif self.inter_bw is not None:
-            from experiments.config import RunConfig
-
             # Parsed as a run's settings are, in the same words, so a bad one fails here.
             RunConfig(inter_bw=self.inter_bw, inter_lat=self.inter_lat or "0ms").topology()
         for spec in self.node_links or ():
             parse_node_link(spec)
+        check_algorithm_on_sites(self.algorithm, self.topology)
         for flag, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
@@ -164,8 +164,6 @@ class ReplayTarget:
 
     def _check_sites(self) -> None:
         """A site file sets every link between nodes, and the node count."""
-        from experiments.config import load_site_file
-
         if self.inter_bw is not None:
             raise ConfigError("give the target's network as --inter-bw (with --inter-lat, "
                               "--node-link) or as --topology FILE of sites, one of the two.")

@@ -372,6 +372,12 @@ def _pairs(args: argparse.Namespace) -> list[tuple[Shape, Shape]]:
         if not sep:
             raise ConfigError(f"--extrapolate {pair!r} is not FROM:TO, such as 2x2:4x1.")
         pairs.append((parse_shape(source), parse_shape(target)))
+        if pairs[-1][0] == pairs[-1][1]:
+            raise ConfigError(f"--extrapolate {pair!r} records and measures one shape, which "
+                              "is the same-shape check, not an extrapolation; give two shapes, "
+                              f"such as 2x2:4x1, or --shape {shape_name(pairs[-1][0])}.")
+    if len(set(pairs)) < len(pairs):
+        raise ConfigError(f"--extrapolate lists a pair twice ({' '.join(args.extrapolate)}).")
     return pairs
 
 
@@ -389,11 +395,8 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
     _fill_network(args)
     if args.compute_from is None:
         args.compute_from = "recordings" if args.extrapolate is not None else "run"
-    settings = parse_overrides(args.set)
-    for key in ("nodes", "gpus_per_node"):
-        if key in settings:
-            raise ConfigError(f"--set {key} is taken from the shapes; give --shape NODESxRANKS "
-                              "or --extrapolate FROM:TO instead.")
+    _check_lists(args)
+    settings = _settings(args.set)
     for method in args.methods:
         base = _for_method(RunConfig(workload=args.workload).replace(**settings), method)
         for shape in dict.fromkeys(s for pair in pairs for s in pair):
@@ -403,6 +406,36 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
                                           nodes=shape[0], gpus_per_node=shape[1])
                     _check_launchable(shaped, wall)
     return settings, pairs
+
+
+# Run settings validate-sim sets from its own flags: a --set of one would be overwritten
+# (method, shaping, the grid's network) or would change what --steps and --warmup were
+# checked against.
+_OWN_FLAGS = {"method": "--methods", "workload": "--workload", "steps": "--steps",
+              "shaping": "--shaping", "inter_bw": "--inter-bw", "inter_lat": "--inter-lat"}
+
+
+def _settings(given: list[str]) -> dict[str, str]:
+    """The --set run settings, none of which the shapes or validate-sim's own flags set."""
+    settings = parse_overrides(given)
+    for key in ("nodes", "gpus_per_node"):
+        if key in settings:
+            raise ConfigError(f"--set {key} is taken from the shapes; give --shape NODESxRANKS "
+                              "or --extrapolate FROM:TO instead.")
+    for key, flag in _OWN_FLAGS.items():
+        if key in settings:
+            raise ConfigError(f"--set {key} is validate-sim's own {flag}, which sets it for "
+                              f"every run; give {flag} instead.")
+    return settings
+
+
+def _check_lists(args: argparse.Namespace) -> None:
+    """Each of --methods, --inter-bw and --inter-lat lists a value once (a grid point twice is
+    a run twice, and its row twice in the table)."""
+    for flag, values in (("--methods", args.methods), ("--inter-bw", args.inter_bw),
+                         ("--inter-lat", args.inter_lat)):
+        if len(set(values)) < len(values):
+            raise ConfigError(f"{flag} lists a value twice ({' '.join(values)}).")
 
 
 def _fill_network(args: argparse.Namespace) -> None:

@@ -33,10 +33,11 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.io import run_digest, write_atomic
+from experiments.io import read_json, run_digest, write_atomic
 from experiments.replay import on_basis
 from experiments.replay.target import SAME_COMPUTE
 from experiments.report import crossover, graphs, metrics, step_times, validation
+from experiments.run_record import RunRecord
 from experiments.scoring import intervals, targets
 from experiments.scoring.speedups import speedups, sweep_speedups
 
@@ -122,25 +123,43 @@ def load_results(path: Path | str) -> Results:
     runs_path = path / "runs.parquet"
     if not runs_path.is_file():
         raise ValueError(f"{str(path)!r} holds no runs.parquet; run `flexbench sweep` first.")
-    runs = pd.read_parquet(runs_path)
-    steps_path = path / "steps.parquet"
-    steps = pd.read_parquet(steps_path) if steps_path.is_file() else pd.DataFrame()
-    meta_path = path / "sweep.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    # A sweep writes all three; a folder missing one is half there, and its figures would be
+    # drawn without a word from what is left.
+    for name in ("steps.parquet", "sweep.json"):
+        if not (path / name).is_file():
+            raise ValueError(f"{str(path)!r} holds runs.parquet but no {name}; run `flexbench "
+                             "sweep CONFIG --out` on this folder again to re-score it.")
+    runs = _parquet(runs_path)
+    steps = _parquet(path / "steps.parquet")
+    meta = read_json(path / "sweep.json", "sweep record")
     _check_units(path, runs)
-    return Results(path, runs, steps, meta)
+    return Results(path, runs, steps, meta if isinstance(meta, dict) else {})
+
+
+def _parquet(path: Path) -> pd.DataFrame:
+    """A sweep's table (ValueError naming the file when it cannot be read)."""
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as err:  # pyarrow's errors derive from these two
+        raise ValueError(f"cannot read {str(path)!r}: {err}") from None
 
 
 def _check_units(path: Path, runs: pd.DataFrame) -> None:
-    """Refuse results whose runs are gone or changed since the sweep scored them (ValueError).
+    """Refuse results whose runs are gone, half there or changed since the sweep scored them
+    (ValueError).
 
-    Older sweeps have no `run_digest` column: their runs are checked to exist only.
+    Older sweeps have no `run_digest` column: their runs are checked to exist, whole, only.
     """
     scored = runs[runs["status"] == "done"]
     digests = scored.get("run_digest", pd.Series(None, index=scored.index))
     for unit, digest in dict(zip(scored["unit"], digests, strict=True)).items():
         run_dir = path / "units" / str(unit)
-        if not (run_dir / "run.json").is_file():
+        missing = RunRecord.missing_file(run_dir)
+        if missing not in (None, "run.json"):  # half there: a sweep would refuse it too
+            raise ValueError(f"unit {unit!r} of {str(path)!r} lacks its {missing} since the "
+                             f"sweep scored it; remove {str(run_dir)!r} and run `flexbench "
+                             "sweep CONFIG --out` on this folder again to train and re-score it.")
+        if missing == "run.json":
             problem = "is gone from units/"
         elif isinstance(digest, str) and run_digest(run_dir) != digest:
             problem = "has changed"

@@ -23,6 +23,7 @@ from experiments.config import (
     add_run_arguments,
     parse_overrides,
     run_arguments,
+    run_flag,
 )
 from experiments.deadline import run_deadline
 from experiments.errors import RunFailed
@@ -38,7 +39,8 @@ __all__ = ["check_against_model", "configure", "load_config", "main"]
 def load_config(path: str | None, flags: dict[str, Any], sets: list[str],
                 defaults: dict[str, Any] | None = None) -> RunConfig:
     """Defaults (RunConfig's, then `defaults`) < TOML file (its [run] table or top level) <
-    explicit flags < --set overrides."""
+    the command line: explicit flags and --set overrides, which may not set one setting to two
+    values."""
     data: dict[str, Any] = dict(defaults or {})
     if path:
         try:
@@ -46,9 +48,20 @@ def load_config(path: str | None, flags: dict[str, Any], sets: list[str],
         except (OSError, tomllib.TOMLDecodeError) as err:
             raise ConfigError(f"cannot read config {path!r}: {err}") from None
         data.update(_run_table(path, raw))
-    data.update({k: v for k, v in flags.items() if v is not None})
-    data.update(parse_overrides(sets))
+    given = {k: v for k, v in flags.items() if v is not None}
+    overrides = parse_overrides(sets)
+    _check_flag_and_set(given, overrides)
+    data.update(given)
+    data.update(overrides)
     return RunConfig.from_dict(data).validate()
+
+
+def _check_flag_and_set(flags: dict[str, Any], overrides: dict[str, str]) -> None:
+    """ConfigError for a setting given as a flag and as --set with two values."""
+    for key in sorted(set(flags) & set(overrides)):
+        if RunConfig.from_dict({key: overrides[key]}).to_dict()[key] != flags[key]:
+            raise ConfigError(f"{run_flag(key)} {flags[key]} and --set {key}={overrides[key]} give "
+                              f"{key} two values; give it once.")
 
 
 def check_against_model(cfg: RunConfig) -> None:
@@ -70,6 +83,21 @@ def check_against_model(cfg: RunConfig) -> None:
         raise ConfigError(f"num_fragments={fragments} is more than the {tensors} parameter "
                           f"tensors of {cfg.workload}; fragments are runs of whole parameters, "
                           f"so use num_fragments <= {tensors} (or fragment_cut='elements').")
+
+
+def _check_warmup_read(cfg: RunConfig) -> None:
+    """ConfigError for a warm-up given to a run whose constant schedule reads none.
+
+    RunConfig lets it pass, so that a sweep's shared warm-up stays valid for a method whose own
+    schedule is constant; a single run given one asked for a warm-up it would not get."""
+    default = RunConfig()
+    given = [run_flag(name) for name in ("warmup", "warmup_steps")
+             if getattr(cfg, name) != getattr(default, name)]
+    if given and cfg.schedule == "constant":
+        verb, them = ("sets", "it") if len(given) == 1 else ("set", "them")
+        raise ConfigError(f"{' and '.join(given)} {verb} the warm-up of the warmup and cosine "
+                          "schedules, and this run's schedule is constant; give --schedule "
+                          f"warmup or cosine, or leave {them} out.")
 
 
 def _run_table(path: str, raw: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +156,13 @@ def _print_site_shaping(cfg: RunConfig) -> None:
 
 def _emulated(cfg: RunConfig, args: argparse.Namespace) -> int:
     """`flexbench run --emulate`: the run in one process, then its one-line summary."""
-    from experiments.run.emulate import emulate
+    from experiments.run.emulate import emulate, unused_settings
+
+    unused = [run_flag(name) for name in unused_settings(cfg)]
+    if unused and cfg.shaping == "off":  # a shaped one is refused as such by `emulate`
+        raise ConfigError(f"--emulate measures no time, models no network and starts no ranks "
+                          f"of its own, so {', '.join(unused)} would be recorded without being "
+                          "used; leave them out.")
 
     try:
         out = emulate(cfg, args.out, timeout_s=args.timeout)
@@ -153,6 +187,7 @@ def main(args: argparse.Namespace) -> int:
             cfg = load_config(args.config, run_arguments(args), args.set,
                               {"gpus_per_node": 1} if args.emulate else None)
         check_against_model(cfg)
+        _check_warmup_read(cfg)
         if args.emulate:
             return _emulated(cfg, args)
         out = launch(cfg, args.out, timeout_s=args.timeout)

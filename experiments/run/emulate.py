@@ -28,7 +28,7 @@ from experiments.io import EMULATED
 from experiments.run.folder import RankResult, RunFolder, write_emulated_run
 
 __all__ = ["EMULATED_METHODS", "check_emulated", "emulate", "estimate_bytes", "inbox_peers",
-           "replica_size"]
+           "replica_size", "unused_settings"]
 
 
 # The methods whose emulated loss equals a real run's (a test at 4 nodes for each family).
@@ -43,6 +43,19 @@ EMULATED_METHODS = ("hsdp-adamw", "flexdemo", "demo", "diloco", "streaming-diloc
 _COPIES = 8
 _REPLICA_OVERHEAD = 24 * 2**20
 _PROCESS_BASE = 600 * 2**20  # the interpreter with torch, pandas and the workload's data
+
+
+# What an emulated run records without using: it measures no time (so shapes and models no
+# link and waits on no GPU) and starts no processes (so pins and threads none of its own).
+_UNUSED = ("inter_bw", "inter_lat", "node_links", "topology_file", "intra_bw", "intra_lat",
+           "threads_per_rank", "pin_cores", "sync_phases")
+
+
+def unused_settings(cfg: RunConfig) -> list[str]:
+    """The settings of `cfg`, set away from their defaults, that an emulated run would record
+    without using (a network, pinning, threads and GPU waits)."""
+    default = RunConfig()
+    return [name for name in _UNUSED if getattr(cfg, name) != getattr(default, name)]
 
 
 _PRELOAD = ("flexdemo.build", "flexdemo.hsdp", "flexdemo.optimizer", "flexdemo.replicators",

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from experiments.errors import ConfigError
 from experiments.io import check_output_folder
 from experiments.report import metrics
 from experiments.sweep.estimate import estimate_text
@@ -44,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench sweep`."""
+    if args.estimate_from is not None and not args.dry_run:
+        raise ConfigError("--estimate-from times --dry-run's estimate, and without --dry-run "
+                          "nothing is estimated; add --dry-run or leave it out.")
     cfg = load_config(args.config, args.overrides)
     out = args.out or Path("results") / cfg.name
     check_output_folder(out, what="sweep folder", must_be_empty=False)  # a sweep resumes in it

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from experiments.errors import ConfigError
 from experiments.io import exclusive, provenance, write_atomic
+from experiments.run_record import RunRecord
 from experiments.sweep.executors import Job, check_reachable, execute
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.score import Simulator, collect
@@ -45,6 +46,7 @@ def run_sweep(
     """Run every unit not yet done, then time them on all network points; returns runs.parquet."""
     out = Path(out)
     units = units_of(cfg)
+    _check_done_units(out, units)
     if any(unit_state(out, u) != "done" for u in units):
         check_reachable(executor or cfg.executor.get("kind", "local"))  # before anything is written
     _claim(cfg, out)
@@ -52,6 +54,19 @@ def run_sweep(
         return _run_units(cfg, out, units, executor=executor, launcher=launcher,
                           simulator=simulator, retry_failed=retry_failed, resimulate=resimulate,
                           progress=progress)
+
+
+def _check_done_units(out: Path, units: list[Unit]) -> None:
+    """ConfigError for a unit taken as done (its run.json is there) whose other files are not:
+    scoring would stop at it, and re-training it would throw its record away."""
+    for unit in units:
+        if unit_state(out, unit) != "done":
+            continue
+        missing = RunRecord.missing_file(unit_dir(out, unit))
+        if missing is not None:
+            raise ConfigError(f"unit {unit.id} in {str(out)!r} is half there: its run.json is, "
+                              f"its {missing} is not; remove {str(unit_dir(out, unit))!r} to "
+                              "train it again.")
 
 
 def _run_units(cfg: SweepConfig, out: Path, units: list[Unit], *, executor: str | None,

@@ -117,10 +117,10 @@ def read_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
     raw.setdefault("name", path.stem)
     for key, value in parse_overrides(list(overrides)).items():
         _set_dotted(raw, key, _parse_value(value))
-    return parse_config(raw)
+    return parse_config(raw, str(path))
 
-def parse_config(raw: dict[str, Any]) -> SweepConfig:
-    """Validate a sweep dict (as read from TOML) into a SweepConfig."""
+def parse_config(raw: dict[str, Any], source: str = "the sweep config") -> SweepConfig:
+    """Validate a sweep dict (as read from TOML, from the file `source`) into a SweepConfig."""
     _top_keys(raw)
     name = raw.get("name", "sweep")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name):
@@ -136,7 +136,7 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
     grid = _table(raw, "grid")
     methods, networks, seeds, knobs = _grid(grid)
     variants = _variants(grid.get("variants", []), methods)
-    target, fraction = _target(raw.get("target"))
+    target, fraction = _target(raw.get("target"), source)
     timeout = raw.get("timeout_s")
     if timeout is not None:  # leaving timeout_s out is how a sweep says "no limit"
         POSITIVE.check("timeout_s", timeout)
@@ -150,22 +150,25 @@ def parse_config(raw: dict[str, Any]) -> SweepConfig:
         target=target, target_fraction=fraction, validate=validate, timeout_s=timeout,
         executor=executor, raw=raw,
     )
-    cfg.emulate_nodes = _emulate(raw, cfg)
+    cfg.emulate_nodes = _emulate(raw, cfg, source)
     _unread_run_knobs(run, methods)
     if target is None and BASELINE not in methods:
         raise ConfigError(f"without [target] val_loss the target comes from {BASELINE}; add "
                           f"{BASELINE!r} to grid.methods or set target.val_loss.")
     return cfg
 
-def _emulate(raw: dict[str, Any], cfg: SweepConfig) -> list[int]:
+def _emulate(raw: dict[str, Any], cfg: SweepConfig, source: str) -> list[int]:
     """[emulate] nodes: node counts every training unit is emulated at (`flexbench run
     --emulate`), each needing what an emulated run needs and one rank a node."""
     from experiments.run.emulate import EMULATED_METHODS
 
-    table = _table(raw, "emulate")
-    if not table:
+    if "emulate" not in raw:
         return []
+    table = _table(raw, "emulate")
     _known("[emulate]", table, ("nodes",))
+    if "nodes" not in table:  # an [emulate] of nothing is a table half-written, not no table
+        raise ConfigError(f"[emulate] in {source!r} has no nodes; give the node counts to "
+                          "emulate at, such as nodes = [8, 16], or remove the table.")
     nodes = [POSITIVE_INT.check("emulate.nodes", n) for n in _nonempty_list(table, "nodes", int,
                                                                             "emulate")]
     if cfg.run.gpus_per_node != 1:
@@ -378,14 +381,18 @@ def _variants(table: Any, methods: list[str]) -> list[tuple[str, dict[str, Any]]
         out.append((method, settings))
     return out
 
-def _target(table: Any) -> tuple[float | None, float | None]:
-    """([target] val_loss, [target] baseline_fraction); at most one of them is set."""
+def _target(table: Any, source: str) -> tuple[float | None, float | None]:
+    """([target] val_loss, [target] baseline_fraction); one of them when the table is there."""
     if table is None:
         return None, None
     if not isinstance(table, dict):
         raise ConfigError(f"[target] must be a table with val_loss or baseline_fraction, got "
                           f"{table!r}.")
     _known("[target]", table, ("val_loss", "baseline_fraction"))
+    if not table:  # read as no table, the target would come from the baseline unasked
+        raise ConfigError(f"[target] in {source!r} has neither val_loss nor "
+                          "baseline_fraction; give one, or remove the table to derive the "
+                          "target from the baseline.")
     value, fraction = table.get("val_loss"), table.get("baseline_fraction")
     if value is not None and fraction is not None:
         raise ConfigError("[target] takes val_loss or baseline_fraction, not both.")

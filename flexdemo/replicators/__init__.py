@@ -4,7 +4,8 @@ One class per scheme, each owning its knobs (``knobs_type``, a schema of
 :mod:`flexdemo.knobs`) and its schedule (``replicates_on(step)``):
 
 - ``demo.py``: :class:`DeMoReplicator`, top-k DCT coefficients of a decoupled momentum
-  (``blocks.py`` holds its batched block transform and momentum).
+  (``blocks.py`` holds its batched block transform and momentum, ``reference_blocks.py`` the
+  same steps in the reference package's arithmetic).
 - ``dense.py``: :class:`FullReplicator` (average everything), :class:`NoReplicator` (nothing).
 - ``partial.py``: :class:`RandomReplicator`, :class:`StridingReplicator`: part of a
   parameter-space momentum.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..chunking import BlockLayout
-from ..codec import clamp_topk, mean_decode
+from ..codec import clamp_topk, mean_decode, topk_encode
 from ..dct import dct_chunked, idct_chunked
 
 
@@ -13,7 +13,8 @@ class BlockGroup:
     """The decoupled momentum of every (c1 × c2) block of several shards, in the DCT domain.
 
     Momentum lives in the DCT domain: the transform is orthonormal and linear, so this equals
-    DeMo's parameter-space delta up to rounding and saves one inverse transform per step.
+    DeMo's parameter-space delta up to rounding and saves one inverse transform per step. This
+    is the fast arithmetic; :class:`~.reference_blocks.ReferenceBlockGroup` is the package's.
     """
 
     def __init__(self, c1: int, c2: int, topk: int, dtype: torch.dtype,
@@ -26,8 +27,10 @@ class BlockGroup:
         self.dtype, self.device = dtype, device
         self.delta = torch.empty(0)
 
-    def add(self, index: int, layout: BlockLayout) -> None:
-        """Make shard ``index`` (cut as ``layout``) a member."""
+    def add(self, index: int, layout: BlockLayout, one_dim: bool = False) -> None:
+        """Make shard ``index`` (cut as ``layout``) a member (``one_dim``: the reference
+        arithmetic's, unused here: every member is a matrix of blocks)."""
+        del one_dim
         start = self.num_blocks
         self.num_blocks += layout.num_blocks
         self.members.append((index, layout, start, self.num_blocks))
@@ -75,6 +78,23 @@ class BlockGroup:
             # The strided update doubles as the copy from natural into block layout.
             self.delta[s:e].view(-1, layout.cols // layout.c2, layout.c1, layout.c2).lerp_(
                 layout.blocks_view(coeffs), weight)
+
+    def topk(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-k coefficients of every block of delta: (blocks, k) indices and values."""
+        return topk_encode(self.delta, self.k)
+
+    def remove_sent(self, idx: torch.Tensor, vals: torch.Tensor,
+                    read: torch.Tensor | None) -> None:
+        """delta -= what receivers read (rounding or quantization error stays: error feedback)."""
+        if read is None:
+            self.delta.scatter_(1, idx, 0.0)
+        else:
+            self.delta.scatter_(1, idx, vals - read.to(self.delta.dtype))
+
+    def take_all(self, out: list[torch.Tensor], shapes: list[torch.Size]) -> None:
+        """The whole momentum becomes the update and delta restarts from zero (one replica)."""
+        self.inverse_into(self.delta.clone(), out, shapes)
+        self.delta.zero_()
 
     def inverse_into(self, coeffs: torch.Tensor, out: list[torch.Tensor],
                      shapes: list[torch.Size]) -> None:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ..chunking import BlockLayout
-from ..codec import clamp_topk, topk_encode
+from ..codec import clamp_topk
 from ..formats import make_format
 from ..knobs import DeMoKnobs
 from ..wire import (
@@ -25,6 +25,7 @@ from ..wire import (
 )
 from .base import Group, Replicator, copy_state
 from .blocks import BlockGroup
+from .reference_blocks import ReferenceBlockGroup
 
 Picked = list[tuple[torch.Tensor, torch.Tensor]]  # per block group: (int64 indices, values)
 Wire = list[tuple[list[torch.Tensor], torch.Tensor | None]]  # per group: (segments, what's read)
@@ -154,7 +155,7 @@ class DeMoReplicator(Replicator):
     One step, as in the paper, with batched kernels behind each name (:meth:`start` and
     :meth:`finish` split it around the collective so the wait can overlap other work)::
 
-        decay_and_add     delta <- decay * delta + lr * grad     (kept in the DCT domain)
+        decay_and_add     delta <- decay * delta + lr * grad     (fast: in the DCT domain)
         dct_topk          the top-k coefficients of every chunk of DCT(delta)
         to_wire, remove_sent   round them for the wire; delta -= what leaves this rank
         all_gather        one bucketed all-gather of every replica's coefficients
@@ -198,12 +199,19 @@ class DeMoReplicator(Replicator):
     amplifies, since every replica then applies the bit-equal mean). :meth:`drain` applies the
     last correction, so they end equal up to that rounding.
 
+    Arithmetic (``arithmetic``): the steps above run on a :class:`~.blocks.BlockGroup` (fast:
+    momentum in the DCT domain, batched transforms) or a
+    :class:`~.reference_blocks.ReferenceBlockGroup` (DeToNATION 0.5.2's operations in its
+    order); the same step up to float rounding, which the sign step amplifies. With fp32 values
+    the reference one is the default and the package's step bit for bit
+    (``tests/flexdemo/test_demo_reference.py``).
+
     Knobs: :class:`flexdemo.knobs.DeMoKnobs` (``topk``, ``chunk``, ``decay``, ``chunking``,
-    ``value_format`` or its alias ``value_dtype``, ``exchange``, the schedule,
+    ``value_format`` or its alias ``value_dtype``, ``exchange``, ``arithmetic``, the schedule,
     ``fold_skipped``). Block chunking clamps ``topk`` to a block's elements; flat chunking
     refuses a ``topk`` above ``chunk`` and, like the reference, clamps it where a tensor's chunk
     (the largest divisor of its size not above ``chunk``) is shorter. ``value_format`` "fp32"
-    and "bf16" are today's layout (int16 indices; fp32 reproduces DeMo's figures); the compact
+    and "bf16" are today's layout (int16 indices; fp32 is the exact mode); the compact
     formats bit-pack the indices, and what a format loses stays in the momentum (error
     feedback). Off-schedule steps apply the local gradient and, as in the reference, leave the
     momentum alone.
@@ -231,11 +239,14 @@ class DeMoReplicator(Replicator):
         self.empty_like = [(p.shape, p.dtype, p.device) for p in params]
         plan = plan_exchange([tuple(p.shape) for p in params], [p.dtype for p in params],
                              self.knobs, ranks)
+        group_type = ReferenceBlockGroup if self.knobs.arithmetic_used == "reference" \
+            else BlockGroup
         self.groups = []
         for (c1, c2, dtype), members in plan.groups:
-            g = BlockGroup(c1, c2, self.topk, dtype, params[members[0][0]].device)
+            g = group_type(c1, c2, self.topk, dtype, params[members[0][0]].device)
             for index, layout in members:
-                g.add(index, layout)
+                # The package transforms a 1-D tensor (and FSDP1's flat shard) along one axis.
+                g.add(index, layout, one_dim=self.chunking == "flat" or params[index].dim() < 2)
             g.allocate()
             self.groups.append(g)
         self.spans, self.segments, self.bucket_bytes = list(plan.spans), plan.segments, \
@@ -245,13 +256,13 @@ class DeMoReplicator(Replicator):
 
     # -- the paper's steps ---------------------------------------------------------------------
     def decay_and_add(self, grads: list[torch.Tensor], lrs: list[float]) -> None:
-        """delta <- decay * delta + lr * grad (in the DCT domain)."""
+        """delta <- decay * delta + lr * grad (fast: DCT domain; reference: parameter space)."""
         for g in self.groups:
             g.decay_and_add(grads, lrs, self.decay)
 
     def dct_topk(self) -> Picked:
         """The top-k coefficients per chunk of DCT(delta): (indices, values) per block group."""
-        return [topk_encode(g.delta, g.k) for g in self.groups]
+        return [g.topk() for g in self.groups]
 
     def to_wire(self, picked: Picked) -> Wire:
         """Every group's segments in ``value_format``, and the values receivers will read."""
@@ -262,10 +273,7 @@ class DeMoReplicator(Replicator):
         """delta -= what receivers read (rounding or quantization error stays: error feedback)."""
         for ((idx, vals), g), (_, read) in zip(zip(picked, self.groups, strict=True), wire,
                                                strict=True):
-            if read is None:
-                g.delta.scatter_(1, idx, 0.0)
-            else:
-                g.delta.scatter_(1, idx, vals - read.to(g.delta.dtype))
+            g.remove_sent(idx, vals, read)
 
     def to_dense_wire(self, picked: Picked, wire: Wire) -> Wire:
         """The dense exchange's values: what receivers would read, rounded to bf16."""
@@ -463,8 +471,7 @@ class DeMoReplicator(Replicator):
         # Nobody to exchange with: like the reference, the whole momentum becomes the update.
         out = self._placeholders()
         for g in self.groups:
-            g.inverse_into(g.delta.clone(), out, self.shapes)
-            g.delta.zero_()
+            g.take_all(out, self.shapes)
         return out
 
     def _placeholders(self) -> list[torch.Tensor]:

@@ -76,22 +76,26 @@ def _plain_demo_step(params, deltas, world):
 
 
 def _check_matches_plain_demo(rank, world):
-    ours, plain = _model(), _model()
-    opt = FlexDeMo(ours.parameters(), lr=LR, compression_topk=TOPK, compression_chunk=CHUNK,
-                   compression_decay=DECAY, value_dtype=torch.float32)
-    deltas = [torch.zeros_like(p) for p in plain.parameters()]
-    for step in range(20):
-        _backward(ours, step, rank)
-        _backward(plain, step, rank)
-        opt.step()
-        with torch.no_grad():
-            _plain_demo_step(list(plain.parameters()), deltas, world)
-    for a, b in zip(ours.parameters(), plain.parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
-        # And the replicas agree with each other.
-        both = [torch.zeros_like(a) for _ in range(world)]
-        dist.all_gather(both, a.detach())
-        assert torch.equal(both[0], both[1])
+    # Both arithmetics against DeMo's step written out: the same math up to float rounding,
+    # which this small model's 20 sign steps never amplify. (The reference arithmetic equals
+    # the package itself bit for bit: test_demo_reference.py.)
+    for arithmetic in ("fast", "reference"):
+        ours, plain = _model(), _model()
+        opt = FlexDeMo(ours.parameters(), lr=LR, replicator=DeMoReplicator(
+            topk=TOPK, chunk=CHUNK, decay=DECAY, value_format="fp32", arithmetic=arithmetic))
+        deltas = [torch.zeros_like(p) for p in plain.parameters()]
+        for step in range(20):
+            _backward(ours, step, rank)
+            _backward(plain, step, rank)
+            opt.step()
+            with torch.no_grad():
+                _plain_demo_step(list(plain.parameters()), deltas, world)
+        for a, b in zip(ours.parameters(), plain.parameters(), strict=True):
+            assert torch.allclose(a, b, atol=1e-5, rtol=0), (arithmetic, (a - b).abs().max())
+            # And the replicas agree with each other.
+            both = [torch.zeros_like(a) for _ in range(world)]
+            dist.all_gather(both, a.detach())
+            assert torch.equal(both[0], both[1]), arithmetic
 
 
 def _check_byte_accounting(rank, world):
@@ -135,6 +139,9 @@ CHECKPOINT_CASES = [
     ("demo", lambda: {"compression_topk": TOPK, "compression_chunk": CHUNK}),
     ("demo", lambda: {"replicator": DeMoReplicator(replicate_every=2), "base": "adamw",
                       "sign": False}),
+    # The reference arithmetic's momentum lives in parameter space, one exchange in flight.
+    ("demo", lambda: {"replicator": DeMoReplicator(topk=TOPK, chunk=CHUNK, value_format="fp32",
+                                                   delay=1)}),
     ("random", lambda: {"replicator": RandomReplicator(rate=0.3)}),
     ("striding", lambda: {"replicator": StridingReplicator(rate=0.3, chunk=4)}),
     ("diloco", lambda: {"replicator": DiLoCoReplicator(diloco_h=2)}),

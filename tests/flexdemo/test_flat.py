@@ -57,18 +57,22 @@ def _plain_flat_demo_step(params, deltas, world):
 
 
 def _check_flat_matches_plain(rank, world):
-    ours, plain = _model(), _model()
-    opt = FlexDeMo(ours.parameters(), lr=LR, compression_topk=TOPK, compression_chunk=CHUNK,
-                   compression_decay=DECAY, value_dtype=torch.float32, chunking="flat")
-    deltas = [torch.zeros(p.numel()) for p in plain.parameters()]
-    for step in range(20):
-        _backward(ours, step, rank)
-        _backward(plain, step, rank)
-        opt.step()
-        with torch.no_grad():
-            _plain_flat_demo_step(list(plain.parameters()), deltas, world)
-    for a, b in zip(ours.parameters(), plain.parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
+    # Both arithmetics, to float rounding (the reference one equals the package bit for bit:
+    # test_demo_reference.py).
+    for arithmetic in ("fast", "reference"):
+        ours, plain = _model(), _model()
+        opt = FlexDeMo(ours.parameters(), lr=LR, replicator=DeMoReplicator(
+            topk=TOPK, chunk=CHUNK, decay=DECAY, value_format="fp32", chunking="flat",
+            arithmetic=arithmetic))
+        deltas = [torch.zeros(p.numel()) for p in plain.parameters()]
+        for step in range(20):
+            _backward(ours, step, rank)
+            _backward(plain, step, rank)
+            opt.step()
+            with torch.no_grad():
+                _plain_flat_demo_step(list(plain.parameters()), deltas, world)
+        for a, b in zip(ours.parameters(), plain.parameters(), strict=True):
+            assert torch.allclose(a, b, atol=1e-5, rtol=0), (arithmetic, (a - b).abs().max())
 
 
 def _check_formats(rank, world):

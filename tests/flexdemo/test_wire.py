@@ -108,11 +108,13 @@ def _grads(model: torch.nn.Module, step: int) -> list[torch.Tensor]:
 def test_error_feedback_sent_plus_kept_equals_fp32(name, chunking):
     # Two replicators over the same momentum: fp32 sends it exactly, `name` rounds or
     # quantizes; what it sends plus what it keeps must be exactly what fp32 sent and kept.
+    # Both in the fast arithmetic, whose momentum is the DCT coefficients compared here.
     params = [p.detach() for p in _tiny().parameters()]
     grads = _grads(_tiny(), 0)
     reps = []
     for fmt in ("fp32", name):
-        rep = DeMoReplicator(topk=3, chunk=8, decay=0.9, value_format=fmt, chunking=chunking)
+        rep = DeMoReplicator(topk=3, chunk=8, decay=0.9, value_format=fmt, chunking=chunking,
+                             arithmetic="fast")
         rep.setup(params, None, 2)  # two replicas, but no collective is called here
         rep.decay_and_add(grads, [0.01] * len(grads))
         picked = rep.dct_topk()
