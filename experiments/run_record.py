@@ -35,9 +35,9 @@ class RunRecord:
     """run.json as written."""
 
     @classmethod
-    def load(cls, path: Path | str) -> RunRecord:
+    def load(cls, path: Path | str, what: str = "run record") -> RunRecord:
         """The run in folder `path` (ConfigError, one sentence, for a missing or broken
-        run.json, or one without a config table)."""
+        run.json, or one without a config table); `what` names the file in the sentence."""
         path = Path(path)
         file = path / "run.json"
         if not path.is_dir():
@@ -45,9 +45,10 @@ class RunRecord:
                               "`flexbench run` or a sweep.")
         if not file.is_file():
             raise ConfigError(f"{str(path)!r} is not a finished run: run.json is missing.")
-        meta = read_json(file, "run record")  # a JSON error or a key given twice, named
+        meta = read_json(file, what)  # a JSON error or a key given twice, named
         if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
-            raise ConfigError(f"{str(file)!r} has no config table; is it a run's record?")
+            raise ConfigError(f"{what} {str(file)!r} has no config table; is it a run's "
+                              "record?")
         return cls(path, meta)
 
     @property
