@@ -26,7 +26,7 @@ from netsim.processes import pid_alive
 
 __all__ = ["EMULATED", "RECORD_FILES", "is_emulated",
            "check_output_file", "check_output_folder", "cpu_model", "exclusive", "provenance",
-           "missing_run_file", "read_json", "run_digest", "write_atomic"]
+           "read_json", "run_digest", "write_atomic"]
 
 # The umask can only be read by setting it: once, at import, before any worker thread runs.
 _UMASK = os.umask(0o022)
@@ -120,17 +120,6 @@ def read_json(path: Path | str, what: str) -> Any:
                           f"column {err.colno}.") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{where} cannot be read: {err}.") from None
-
-
-def missing_run_file(run_dir: Path | str) -> str | None:
-    """The first file a finished run folder lacks (an emulated run has no trace), or None."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "run.json").is_file():
-        return "run.json"
-    meta = read_json(run_dir / "run.json", "run record")
-    emulated = isinstance(meta, dict) and is_emulated(meta)
-    return next((name for name in RUN_FILES[1:] if not (run_dir / name).is_file()
-                 and not (emulated and name == "trace.parquet")), None)
 
 
 def run_digest(run_dir: Path) -> str:

@@ -32,7 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from experiments.errors import ConfigError
-from experiments.io import check_output_file, write_atomic
+from experiments.io import check_output_file, cpu_model, write_atomic
 from experiments.sizes import Cost, Count, Term, check_work
 from experiments.values import BANDWIDTH, POSITIVE_INT
 from netsim import parse_bandwidth
@@ -43,7 +43,7 @@ from netsim.processes import init_process_group, loopback_interface
 from netsim.topology import Link
 
 __all__ = ["calibrate", "configure", "main", "DEFAULT_RATES", "DEFAULT_PAYLOADS", "OPS",
-           "this_machine", "cpu_model", "machine_calibration", "cache_path", "loopback_link",
+           "this_machine", "machine_calibration", "cache_path", "loopback_link",
            "machine_loopback"]
 
 DEFAULT_RATES = ("20Mbit", "100Mbit")
@@ -242,20 +242,8 @@ def this_machine() -> str:
     A calibration prices links by what this machine's CPUs and kernel make of them, so one made
     elsewhere (or before a kernel upgrade) is not taken as this machine's.
     """
-    return (f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, {cpu_model()}, "
-            f"{platform.system()} {platform.release()}")
-
-
-def cpu_model() -> str:
-    """This machine's CPU model, as /proc/cpuinfo names it."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as info:
-            model = next((line.split(":", 1)[1].strip() for line in info
-                          if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return model
+    return (f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, "
+            f"{cpu_model() or 'unknown CPU'}, {platform.system()} {platform.release()}")
 
 
 def cache_path(shaping: str) -> Path:

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from experiments.config import RunConfig
 from experiments.errors import ConfigError, RunFailed, Stopped
-from experiments.io import check_output_file, read_json, write_atomic
-from experiments.replay.calibrate import cpu_model
+from experiments.io import check_output_file, cpu_model, read_json, write_atomic
+from experiments.run_record import RunRecord
 from experiments.values import COUNT, POSITIVE, POSITIVE_INT
 from flexdemo.devices import backend_for, visible_cuda_devices
 from flexdemo.methods import METHODS, method_record
@@ -134,7 +134,6 @@ def measure_profile(workload: str, method: str, *, nodes: int = 2, gpus_per_node
                     timeout_s: float | None = None) -> ComputeProfile:
     """Run the method unshaped on this machine's device and return its per-phase compute
     (RunFailed if the run fails or passes `timeout_s`, the workload's own code included)."""
-    import pandas as pd
     import torch
 
     from experiments.run.launch import launch
@@ -144,14 +143,15 @@ def measure_profile(workload: str, method: str, *, nodes: int = 2, gpus_per_node
                     sync_phases=True)
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         run_dir = launch(cfg, Path(tmp) / "profile", timeout_s=timeout_s)
-        trace = pd.read_parquet(run_dir / "trace.parquet")
-        resolved = json.loads((run_dir / "run.json").read_text())["config"]
+        record = RunRecord.load(run_dir)
+        trace, resolved = record.trace(), record.config
     kept = trace[trace["step"] > warmup]
     fb, opt = compute_phases(kept)
     # The launcher's own choice (it refused nccl without a GPU before the run started).
     backend_used = backend_for(backend, visible_cuda_devices(), nodes * gpus_per_node)
     device = "cuda" if "nccl" in backend_used else "cpu"
-    device_name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_model()
+    device_name = (torch.cuda.get_device_name(0) if device == "cuda"
+                   else cpu_model() or "unknown CPU")
     return ComputeProfile(
         workload=workload, method=method, batch_size=int(resolved["batch_size"]), nodes=nodes,
         gpus_per_node=gpus_per_node, device=device, device_name=device_name,

@@ -52,9 +52,11 @@ from tqdm import tqdm
 from experiments.config import RunConfig, parse_overrides, shared_for
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import check_output_file, check_output_folder, write_atomic
-from experiments.replay.simulate import RecordedRun, read_run, simulate_run
-from experiments.report.metrics import markdown_table
+from experiments.replay.engine import replay
+from experiments.replay.recordings import RecordedRun, read_run
+from experiments.replay.target import ComputeBasis, ReplayTarget
 from experiments.run.launch import check_spawnable, launch
+from experiments.scoring.formats import markdown_table
 from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.values import COUNT, POSITIVE, POSITIVE_INT
 from netsim.calibration import Calibration, load_calibration
@@ -182,18 +184,21 @@ def validate(
                      f"-{lat}", quiet=True)
         measured = median_step_time(pd.read_parquet(out / "steps.parquet")["wall_time_s"], warmup)
         factor = host_contention(source, target, cores)
+        # Intra-node durations and FSDP2's order as recorded (real runs never shape them); the
+        # links FSDP2's added traffic is timed on, where a recording lacks it (`_loopback_for`).
+        shape = ReplayTarget(inter_bw=bw, inter_lat=lat, calibration=calibration,
+                             intra="recorded", overlap="recorded",
+                             **intra.get((source, target), {}))
         predictions = sorted(
-            median_step_time(simulate_run(run, inter_bw=bw, inter_lat=lat, nodes=target[0],
-                                          gpus_per_node=target[1], compute_scale=factor,
-                                          calibration=calibration,
-                                          **intra.get((source, target), {})).frame["time_s"],
-                             warmup)
+            median_step_time(replay(run, shape.at(nodes=target[0], gpus_per_node=target[1],
+                                                  compute=ComputeBasis(scale=factor)))
+                             .frame["time_s"], warmup)
             for run in recorded[(method, source)]
         )
         # The run itself replayed on its own network: its compute as measured, the links as
         # modeled; what is left of the error is the network model's alone.
-        own = median_step_time(simulate_run(out, inter_bw=bw, inter_lat=lat,
-                                            calibration=calibration).frame["time_s"], warmup)
+        own = median_step_time(replay(read_run(out), ReplayTarget(
+            inter_bw=bw, inter_lat=lat, calibration=calibration)).frame["time_s"], warmup)
         rows.append(_point_row(cfg, source, measured, predictions, own))
         rows[-1]["within_bound"] = abs(rows[-1][JUDGED_COLUMN[compute_from]]) <= 100 * bound
     assumed = _assumed(base, shaping, recordings, calibration, pairs, cores) + intra_line

@@ -10,7 +10,6 @@ Every run setting is a flag of the same name (`--gpus-per-node`, `--stall-timeou
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tomllib
@@ -29,6 +28,7 @@ from experiments.deadline import run_deadline
 from experiments.errors import RunFailed
 from experiments.io import check_output_folder
 from experiments.run.launch import check_timeout, launch
+from experiments.run_record import RunRecord
 from experiments.sweep.spec import TOP_KEYS
 from experiments.values import POSITIVE
 from experiments.workloads import builtin_model
@@ -170,7 +170,7 @@ def _emulated(cfg: RunConfig, args: argparse.Namespace) -> int:
     except RunFailed as err:
         print(f"flexbench run: failed: {err}", file=sys.stderr)
         return 1
-    summary = json.loads((out / "run.json").read_text())
+    summary = RunRecord.load(out).meta
     if summary["status"] == "diverged":
         print(f"wrote {out} (emulated): the run diverged at step {summary['diverged_step']}")
         return 0
@@ -201,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 writes and reports
     _print_site_shaping(cfg)
-    summary = json.loads((out / "run.json").read_text())
+    summary = RunRecord.load(out).meta
     if summary["status"] == "diverged":
         print(f"wrote {out}: the run diverged at step {summary['diverged_step']} (the loss "
               f"stopped being finite); run.json records status 'diverged'")

@@ -24,6 +24,7 @@ from typing import Any
 from experiments.config import RunConfig, shared_for
 from experiments.deadline import run_deadline
 from experiments.errors import ConfigError
+from experiments.scoring.variants import knob_label, variant_label
 from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.sweep.spec import (
     SCORE,
@@ -34,8 +35,8 @@ from experiments.sweep.spec import (
     slug,
 )
 
-__all__ = ["Unit", "check_unit_count", "failure_path", "knob_label", "load_config", "unit_count",
-           "unit_dir", "unit_state", "units_of", "variant_label"]
+__all__ = ["Unit", "check_unit_count", "failure_path", "load_config", "unit_count",
+           "unit_dir", "unit_state", "units_of"]
 
 @dataclass
 class Unit:
@@ -197,15 +198,6 @@ def _validate_unit(
         raise ConfigError(f"{where}: no trained unit for {variant_label(method, knobs)} seed "
                           f"{seed}; seed and knob values must come from [grid].")
     return _unit("validate", cfg, method, knobs, seed, network)
-
-def knob_label(knobs: dict[str, Any]) -> str:
-    """Knob values as one label, e.g. 'topk=16,chunk=32'."""
-    return ",".join(f"{k}={v}" for k, v in knobs.items())
-
-def variant_label(method: str, knobs: dict[str, Any]) -> str:
-    """Method plus knob values, e.g. 'flexdemo[topk=16]'."""
-    label = knob_label(knobs)
-    return f"{method}[{label}]" if label else method
 
 def unit_dir(out: Path, unit: Unit) -> Path:
     """The folder a unit's run is written to."""

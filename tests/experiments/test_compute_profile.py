@@ -11,7 +11,9 @@ import pytest
 from experiments.cli import main
 from experiments.config import RunConfig
 from experiments.replay.compute_profile import FORMAT, load_profile
-from experiments.replay.simulate import read_run, simulate_run
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ComputeBasis, ReplayTarget
 from experiments.run.launch import launch
 from netsim.model import compute_phases
 
@@ -94,14 +96,16 @@ def test_profile_then_replay_sets_each_phase(tmp_path, capsys):
     run = read_run(launch(cfg, tmp_path / "rec", quiet=True))
     fb, opt = compute_phases(run.trace)
     assert fb > 0 and opt > 0
-    as_recorded = simulate_run(run, inter_bw="1Gbit").frame["step_time_s"]
+    as_recorded = replay(run, ReplayTarget(inter_bw="1Gbit")).frame["step_time_s"]
     # The recording's own phases replayed: every scale is 1, the replay as recorded.
-    same = simulate_run(run, inter_bw="1Gbit", phase_seconds=(fb, opt))
+    same = replay(run, ReplayTarget(inter_bw="1Gbit", compute=ComputeBasis(phases=(fb, opt))))
     assert same.phases.scales() == pytest.approx((1.0, 1.0))
     assert same.frame["step_time_s"].tolist() == pytest.approx(as_recorded.tolist(), rel=1e-9)
     # Twice each phase: the same as twice all compute.
-    doubled = simulate_run(run, inter_bw="1Gbit", phase_seconds=(2 * fb, 2 * opt))
-    scaled = simulate_run(run, inter_bw="1Gbit", compute_scale=2.0)
+    doubled = replay(run, ReplayTarget(inter_bw="1Gbit",
+                                        compute=ComputeBasis(phases=(2 * fb, 2 * opt))))
+    scaled = replay(run, ReplayTarget(inter_bw="1Gbit", compute=ComputeBasis(scale=2.0),
+                                       intra="recorded", overlap="recorded"))
     assert doubled.frame["step_time_s"].tolist() == pytest.approx(
         scaled.frame["step_time_s"].tolist(), rel=1e-9)
 
