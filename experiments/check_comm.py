@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import METHODS, RunConfig, shared_for
-from experiments.io import read_json, write_atomic
+from experiments.io import check_output_file, read_json, write_atomic
 from experiments.values import AT_LEAST_ZERO
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
     """Run `flexbench check-comm`; 0 when nothing changed (or the update is whole), else 1."""
     methods = _checked_methods(args)
+    if args.update:  # where the measurement goes is checked before anything is measured
+        check_output_file(args.baseline, what="--baseline")
     baseline = _baseline_for(args)
     current = (measurer or measure)(methods, dict(SETTINGS))
     if args.update:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from experiments.errors import ConfigError
+from experiments.sizes import Cost, Count, Term, check_work
 from experiments.values import (
     AT_LEAST_ZERO,
     COUNT,
@@ -130,6 +131,18 @@ KNOB_KINDS: dict[str, Kind] = {
 }
 
 
+# What a run holds or does per item (experiments.sizes): the bound on its nodes, ranks and steps.
+# Every node has entries in the run's topology (10^7 nodes: 140 MB); every rank's row of a step
+# (losses, times: about 100 B; a real run's trace adds about 1.5 kB for lm-tiny's) is kept
+# until the run ends, then gathered by its writer; a gossip graph's checks look at every pair
+# of nodes (Ada's ladder of 10^4 nodes: 11 s).
+_NODE_BYTES = Cost("a node's entries in the run's topology", bytes=16)
+_STEP_RECORD = Cost("a rank's row of a step, kept until the run ends", bytes=100)
+_NODE_PAIR = Cost("to check a pair of nodes of the gossip graphs", seconds=1e-7)
+# A torch thread's stack (glibc's default for a new thread), for every thread of a node's ranks.
+_THREAD = Cost("a thread's stack", bytes=8 * 2**20)
+
+
 def _knob_fields() -> list[tuple[str, str, Any]]:
     readers: dict[str, list[Method]] = {}
     for record in RECORDS:
@@ -225,13 +238,14 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
             value = getattr(self, f.name)
             _check_type(f, value)
         _choice("method", self.method, METHODS)
-        _workload(self.workload)
         for name, allowed in (("shaping", SHAPING_MODES), ("schedule", SCHEDULES),
                               ("backend", BACKENDS)):
             _choice(name, getattr(self, name), allowed)
         # Every numeric field is checked by its kind, the same check as its flag's; a knob's
         # schema speaks first, its sentence naming the method's rule.
         self._check_kinds(knobs=False)
+        self._check_size()  # before anything that works per node or calls the user's code
+        _workload(self.workload)
         self._check_knobs()
         self._check_kinds(knobs=True)
         self._check_warmup_steps()
@@ -254,6 +268,21 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
             mine = f.metadata.get("knob", False) == knobs
             if mine and "kind" in f.metadata and value is not None:
                 f.metadata["kind"].check(f.name, value)
+
+    def _check_size(self) -> None:
+        """Refuse nodes, ranks, steps and threads whose records or stacks pass this machine's
+        memory, or a graph too large to check (experiments.sizes), before any is made."""
+        nodes = Count("nodes", self.nodes, "nodes")
+        ranks = Count("gpus_per_node", self.gpus_per_node, "ranks a node")
+        steps = Count("steps", self.steps or BUILTIN_BUDGETS.get(self.workload, (1,))[0], "steps",
+                      given=self.steps is not None)
+        threads = Count("threads_per_rank", self.threads_per_rank, "threads a rank")
+        terms = [Term(_NODE_BYTES, (nodes,)),
+                 Term(_STEP_RECORD, (steps, nodes, ranks)),
+                 Term(_THREAD, (ranks, threads))]
+        if self.record.gossips:
+            terms.append(Term(_NODE_PAIR, (nodes, nodes)))
+        check_work("the run", terms)
 
     def _check_warmup_steps(self) -> None:
         """warmup_steps: a count below steps, not beside a warmup fraction of its own.

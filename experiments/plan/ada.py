@@ -23,6 +23,7 @@ from experiments.errors import ConfigError
 from experiments.plan.plan import MethodPlan
 from experiments.plan.synth import AdaOnGraph
 from experiments.run_record import RunRecord
+from experiments.values import POSITIVE_INT
 from flexdemo.graphs import graph_ladder
 from flexdemo.knobs import AdaKnobs
 
@@ -79,7 +80,7 @@ def _given(text: str) -> dict[str, int]:
                               "with a whole number of steps >= 1.")
         if graph in steps:
             raise ConfigError(f"--ada-graphs {text!r} names {graph} twice.")
-        steps[graph] = int(count)
+        steps[graph] = POSITIVE_INT.check(f"--ada-graphs {graph}", int(count))
     return steps
 
 

@@ -10,27 +10,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import math
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from experiments.config import check_algorithm_on_sites, load_site_file
-from experiments.errors import ConfigError
+from experiments.deadline import bounded, run_deadline
+from experiments.errors import ConfigError, RunFailed
+from experiments.io import check_output_file, write_atomic
 from experiments.plan.ada import graph_schedule, plan_ada
 from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
-from experiments.plan.models import declare_model
+from experiments.plan.models import PRESETS, DeclaredModel, declare_model, parse_gpt
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
 from experiments.plan.replicas import check_nodes_per_replica, replica_line, replica_topology
-from experiments.plan.synth import PLANNED_METHODS, Precision
+from experiments.plan.synth import PLANNED_METHODS, Precision, schedule
 from experiments.plan.target import MISSING, StepsSource, steps_source
 from experiments.replay.compute_profile import load_profile
+from experiments.sizes import Cost, Count, Term, check_work
 from experiments.values import BANDWIDTH, LATENCY, POSITIVE, POSITIVE_INT, UNIT_OPEN_LOW
 from flexdemo.methods import METHODS, method_record
 from netsim.costs import ALGORITHM_CHOICES
@@ -38,7 +40,8 @@ from netsim.sites import hierarchy_line
 from netsim.topology import Link, Topology
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
 
-__all__ = ["configure", "main", "parse_bandwidths", "parse_sets"]
+__all__ = ["DEFAULT_TIMEOUT_S", "configure", "grid_points", "main", "parse_bandwidths",
+           "parse_sets"]
 
 OUTPUTS = (".csv", ".json", ".png")
 # --set keys that are the plan's own (FSDP2's mixed precision, ...), not a method's knob.
@@ -47,6 +50,25 @@ PLAN_KEYS = ("param_dtype", "reduce_dtype", "optimizer_s", "backend", "sync_in_b
 IN_BACKWARD = ("diloco", "streaming-diloco")
 _RANGE = re.compile(r"^([^:]+):([^:]+):([^:]+)$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|TB)\s*$")
+# A plan of the largest preset on a few methods and a dozen bandwidths takes seconds; ten
+# minutes is a plan that lost its way (or a factory that never returns).
+DEFAULT_TIMEOUT_S = 600.0
+
+# What a plan's work costs per item (measured on 2 cores: 4,000 layers built and laid out in
+# 8 s, 1,000 layers replayed at 20 bandwidths in 15 s, 8,192 GPUs a node in 16 GB and 150 s for
+# 3 units and 2 methods, 10^7 nodes in 8 s and 140 MB, Ada's ladder of 10^4 replicas in 11 s):
+# the bound on every count it takes (experiments.sizes).
+_BUILD = Cost("to build and lay out a unit on the meta device", seconds=2e-3)
+_REPLAY = Cost("to replay a unit of a method at a bandwidth", seconds=7e-4)
+_RANK_PAIR_BYTES = Cost("a pair of a node's GPUs in a unit's synthesized trace (each row names "
+                        "its group's GPUs)", bytes=64)
+_RANK_PAIR = Cost("to synthesize a pair of a node's GPUs in a unit's trace, per method",
+                  seconds=3e-7)
+_NODE_BYTES = Cost("a node in the topology of a bandwidth", bytes=16)
+_NODE = Cost("to replay a node of a method at a bandwidth", seconds=8e-7)
+_ROW = Cost("a method's row at a bandwidth", bytes=512)
+_REPLICA_PAIR = Cost("to weigh a pair of replicas in Ada's graph ladder", seconds=1e-7)
+_PERIOD_STEP = Cost("to walk a step of the method's schedule", seconds=5e-7)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +131,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "recorded graph per step gives them")
     parser.add_argument("--out", required=True,
                         help=f"file to write: {', '.join(OUTPUTS)} by its extension")
+    parser.add_argument("--timeout", type=POSITIVE.arg, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help="seconds before the plan is stopped, a model factory's own code "
+                             f"included (default {DEFAULT_TIMEOUT_S:g}); a plan estimated to "
+                             "take longer is refused before it starts")
+
+
+def grid_points(values: list[str]) -> int:
+    """How many rates the --inter-bw values make (ConfigError on a malformed A:B:COUNT), counted
+    before any is made."""
+    points = 0
+    for value in values:
+        match = _RANGE.match(value)
+        if match is None:
+            points += 1
+            continue
+        count = match.group(3)
+        if not count.isdigit() or int(count) < 2:
+            raise ConfigError(f"--inter-bw {value!r}: COUNT {count!r} must be a whole number "
+                              ">= 2 (a range of one point is empty; give the rate alone).")
+        points += int(count)
+    return points
 
 
 def _rates_arg(text: str) -> str:
@@ -121,6 +164,7 @@ def _rates_arg(text: str) -> str:
 
 def parse_bandwidths(values: list[str]) -> list[float]:
     """Bytes/s of each --inter-bw value; A:B:COUNT is COUNT rates log-spaced from A to B."""
+    grid_points(values)  # every COUNT checked before any range is made
     rates: list[float] = []
     for value in values:
         match = _RANGE.match(value)
@@ -128,14 +172,10 @@ def parse_bandwidths(values: list[str]) -> list[float]:
             rates.append(parse_bandwidth(value))
             continue
         low, high = parse_bandwidth(match.group(1)), parse_bandwidth(match.group(2))
-        count = match.group(3)
-        if not count.isdigit() or int(count) < 2:
-            raise ConfigError(f"--inter-bw {value!r}: COUNT {count!r} must be a whole number "
-                              ">= 2 (a range of one point is empty; give the rate alone).")
         if not low < high:
             raise ConfigError(f"--inter-bw {value!r} runs from {match.group(1)} down to "
                               f"{match.group(2)}; give A:B:COUNT with A below B.")
-        rates.extend(float(r) for r in np.geomspace(low, high, int(count)))
+        rates.extend(float(r) for r in np.geomspace(low, high, int(match.group(3))))
     return sorted(set(rates))
 
 
@@ -183,18 +223,70 @@ def _check(args: argparse.Namespace) -> None:
     suffix = Path(args.out).suffix.lower()
     if suffix not in OUTPUTS:
         raise ConfigError(f"--out {args.out!r} must end in {', '.join(OUTPUTS)}.")
+    check_output_file(args.out, what="--out", reads=_inputs(args))
     _check_methods(args.method)
     if args.ada_graphs is not None and "ada" not in args.method:
         raise ConfigError("--ada-graphs gives ada's graphs, but --method does not plan ada.")
     _check_network(args)
     _check_compute(args)
     check_nodes_per_replica(args.nodes_per_replica, args.nodes)
+    check_work_size(args, _known_units(args.model))
     if args.nodes_per_replica > 1:
         for method in args.method:
             if not method_record(method).shards:
                 raise ConfigError(f"--method {method} shards nothing (every GPU a replica), so "
                                   "a replica spans no nodes; plan it without "
                                   "--nodes-per-replica.")
+
+
+def _inputs(args: argparse.Namespace) -> list[str]:
+    """Every file and folder the plan reads: its output may be none of them, nor inside one."""
+    given = [*(args.steps_from or ()), args.compute_profile, args.topology]
+    if args.ada_graphs is not None and Path(args.ada_graphs).exists():
+        given.append(args.ada_graphs)  # a run's folder, not GRAPH=STEPS
+    if args.model.endswith(".json"):
+        given.append(args.model)  # a Hugging Face config.json
+    return [path for path in given if path is not None]
+
+
+def _known_units(spec: str) -> int | None:
+    """FSDP2 units of a preset or gpt: model, known from its sizes before it is built (its
+    parameters bounded there); None for a model known only once built."""
+    if spec in PRESETS:
+        return PRESETS[spec].layers + 1
+    if spec.startswith("gpt:"):
+        return parse_gpt(spec).layers + 1
+    return None
+
+
+def check_work_size(args: argparse.Namespace, units: int | None, *, built: bool = False,
+                    periods: dict[str, int] | None = None) -> None:
+    """Refuse a plan whose work passes this machine's memory or --timeout (experiments.sizes):
+    its layers, methods, bandwidths, nodes, GPUs per node and each method's period in steps
+    (where known: `periods`), each times what it costs."""
+    layers = Count("--model", units or 1, "FSDP2 units",
+                   said=f"--model {args.model!r} with {units or 1:,} FSDP2 units")
+    methods = Count("--method", len(args.method), "methods")
+    points = Count("--inter-bw", grid_points(args.inter_bw) if args.inter_bw else 1,
+                   "bandwidths")
+    points = dataclasses.replace(points, said=f"--inter-bw's grid of {points.value:,} points")
+    nodes = Count("--nodes", args.nodes, "nodes")
+    per_node = Count("--gpus-per-node", args.gpus_per_node, "GPUs per node")
+    terms = [Term(_REPLAY, (methods, points, layers)), Term(_RANK_PAIR_BYTES,
+                                                             (layers, per_node, per_node)),
+             Term(_RANK_PAIR, (methods, layers, per_node, per_node)),
+             Term(_NODE_BYTES, (points, nodes)), Term(_NODE, (methods, points, nodes)),
+             Term(_ROW, (methods, points))]
+    if not built:
+        terms.append(Term(_BUILD, (layers,)))
+    if "ada" in args.method:
+        replicas = Count("--nodes", max(1, args.nodes // args.nodes_per_replica), "replicas")
+        terms.append(Term(_REPLICA_PAIR, (replicas, replicas)))
+    for method, period in (periods or {}).items():
+        terms.append(Term(_PERIOD_STEP, (Count("--set", period, f"steps of {method}'s period",
+                                               said=f"{method}'s period of {period:,} steps "
+                                               "(its --set knobs)"),)))
+    check_work("the plan", terms, budget_s=args.timeout, budget=f"--timeout {args.timeout:g} s")
 
 
 def _check_methods(methods: list[str]) -> None:
@@ -239,7 +331,7 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[float | None, str]:
     """Bytes of memory per GPU and where the figure comes from (None: not known)."""
     if args.gpu_memory is not None:
         match = _MEMORY.match(args.gpu_memory)
-        if match is None or not float(match.group(1)) > 0:
+        if match is None or not 0 < float(match.group(1)) < math.inf:
             raise ConfigError(f"--gpu-memory {args.gpu_memory!r} is not a size above zero; "
                               "give GB, GiB or TB, such as 80GB.")
         scale = {"GB": 1e9, "GiB": 2**30, "TB": 1e12}[match.group(2)]
@@ -251,8 +343,21 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[float | None, str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Plan every method on every bandwidth, print the figures and assumptions, write --out."""
+    """Plan every method on every bandwidth, print the figures and assumptions, write --out.
+
+    The plan runs under --timeout (a model factory's code included): past it, one sentence,
+    exit 1 and nothing written, as `flexbench run`'s timeout."""
     _check(args)
+    try:
+        with run_deadline(args.timeout, command="plan", stopped=""):
+            return bounded("the plan", lambda: _plan(args))
+    except RunFailed as err:
+        print(f"flexbench plan: failed: {err}", file=sys.stderr)
+        return 1
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """The plan itself, its flags checked."""
     topologies, labels, network = _network(args)
     # A site file's sites first: the replicas' check below counts on whole ones.
     check_nodes_per_replica(args.nodes_per_replica, args.nodes, topologies[0].sites)
@@ -264,13 +369,13 @@ def main(args: argparse.Namespace) -> int:
     if backend not in ("nccl", "gloo"):
         raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
     in_backward = _sync_in_backward(own.get("sync_in_backward"), args.method)
-    settings = {m: _knobs_on(m, knobs[m], args) for m in args.method}
+    settings, periods = _method_settings(args, knobs)
     memory_cap, memory_source = _gpu_memory(args)
     source = steps_source(args.steps_to_target, args.steps_from, args.target, args.model,
                           args.method)
-    schedule = (graph_schedule(args.ada_graphs, args.nodes // args.nodes_per_replica,
-                               args.model) if "ada" in args.method else None)
-    model = declare_model(args.model)
+    graphs = (graph_schedule(args.ada_graphs, args.nodes // args.nodes_per_replica,
+                             args.model) if "ada" in args.method else None)
+    model = _declared(args, periods)
     unit_params = [model.unit_params(u) for u in range(len(model.units))]
     if args.gpu is not None:
         compute = rule_compute(unit_params, gpu(args.gpu),
@@ -289,7 +394,7 @@ def main(args: argparse.Namespace) -> int:
                            args.algorithm, backend=backend, nodes_per_replica=k,
                            sync_in_backward=in_backward and record.replicator in IN_BACKWARD)
 
-    plans = [plan_ada(settings[m], schedule, lambda on_graph: plan_of("ada", on_graph))
+    plans = [plan_ada(settings[m], graphs, lambda on_graph: plan_of("ada", on_graph))
              if m == "ada" else plan_of(m, settings[m]) for m in args.method]
     frame = pd.concat([p.frame() for p in plans], ignore_index=True)
     frame["memory_over"] = (frame["memory_per_gpu_bytes"] > memory_cap
@@ -304,6 +409,26 @@ def main(args: argparse.Namespace) -> int:
     _write(Path(args.out), frame, needed, assumptions)
     print(f"wrote {args.out}")
     return 0
+
+
+def _method_settings(args: argparse.Namespace,
+                     knobs: dict[str, dict]) -> tuple[dict[str, object], dict[str, int]]:
+    """Each method's knobs (checked on the plan's replicas) and its period in steps (Ada's is
+    its graphs'), the plan's size checked with the periods (a schedule of 10^12 steps is a
+    count like any other)."""
+    settings = {m: _knobs_on(m, knobs[m], args) for m in args.method}
+    periods = {m: schedule(method_record(m), settings[m])[0] for m in args.method if m != "ada"}
+    check_work_size(args, _known_units(args.model), periods=periods)
+    return settings, periods
+
+
+def _declared(args: argparse.Namespace, periods: dict[str, int]) -> DeclaredModel:
+    """The --model, built; one known only once built (a factory's, a config's) is held to the
+    plan's size bound then."""
+    model = declare_model(args.model)
+    if _known_units(args.model) is None:
+        check_work_size(args, len(model.units), built=True, periods=periods)
+    return model
 
 
 def _knobs_on(method: str, given: dict, args: argparse.Namespace) -> object:
@@ -505,27 +630,22 @@ def _print_needed(needed: pd.DataFrame, plans: list[MethodPlan]) -> None:
 
 def _write(path: Path, frame: pd.DataFrame, needed: pd.DataFrame, assumptions: list[str]) -> None:
     """The CSV rows, the JSON (rows, bandwidth needed, assumptions) or the figure; atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        suffix = path.suffix.lower()
-        if suffix == ".csv":
-            frame.to_csv(tmp, index=False)
-        elif suffix == ".json":
-            doc = {"rows": frame.to_dict(orient="records"),
-                   "bandwidth_needed": needed.to_dict(orient="records"),
-                   "assumptions": assumptions}
-            Path(tmp).write_text(json.dumps(doc, indent=2, default=float) + "\n")
-        else:
-            _figure(frame, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        data: bytes | str = frame.to_csv(index=False)
+    elif suffix == ".json":
+        doc = {"rows": frame.to_dict(orient="records"),
+               "bandwidth_needed": needed.to_dict(orient="records"),
+               "assumptions": assumptions}
+        data = json.dumps(doc, indent=2, default=float) + "\n"
+    else:
+        buf = io.BytesIO()
+        _figure(frame, buf)
+        data = buf.getvalue()
+    write_atomic(path, data)
 
 
-def _figure(frame: pd.DataFrame, path: str) -> None:
+def _figure(frame: pd.DataFrame, path: io.BytesIO) -> None:
     """Compute utilization against inter-node bandwidth, log x, one line per method."""
     import matplotlib
 

@@ -18,6 +18,7 @@ import pandas as pd
 
 from experiments.errors import ConfigError
 from experiments.run_record import RunRecord
+from experiments.values import POSITIVE_INT
 
 __all__ = ["MISSING", "StepsSource", "steps_source"]
 
@@ -52,6 +53,7 @@ def _given(values: list[str], methods: list[str]) -> StepsSource:
         if sep and method not in methods:
             raise ConfigError(f"--steps-to-target {value!r} names {method!r}, which is not "
                               f"planned; name one of {', '.join(methods)}.")
+        POSITIVE_INT.check("--steps-to-target", int(count))  # a count, as every count is
         for m in [method] if sep else methods:
             if steps.setdefault(m, float(count)) != float(count):
                 raise ConfigError(f"--steps-to-target gives {m} {steps[m]:g} and {count} steps; "

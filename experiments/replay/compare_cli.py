@@ -18,7 +18,7 @@ from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.replay import node_map
 from experiments.replay.compare import OUT_SUFFIXES, Question, compare, record, table_text
-from experiments.replay.flags import add_replay_arguments, target_from_flags
+from experiments.replay.flags import add_replay_arguments, replay_inputs, target_from_flags
 from experiments.replay.target import SAME_COMPUTE, ReplayTarget
 from experiments.values import POSITIVE
 
@@ -61,8 +61,7 @@ def _check_outs(args: argparse.Namespace, is_map: bool) -> list[Path]:
             raise ConfigError(f"--out {out!r} must end in {', '.join(allowed)}"
                               + ("" if is_map else " (a figure is drawn for a map: several "
                                  "--nodes or --inter-bw)") + ".")
-        outs.append(check_output_file(out, what="--out",
-                                      reads=[*args.runs, *(args.loss_from or ())]))
+        outs.append(check_output_file(out, what="--out", reads=replay_inputs(args, args.runs)))
     return outs
 
 

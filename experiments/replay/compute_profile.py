@@ -24,16 +24,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
 from experiments.config import RunConfig
-from experiments.errors import ConfigError
+from experiments.errors import ConfigError, RunFailed, Stopped
 from experiments.io import check_output_file, cpu_model, read_json, write_atomic
 from experiments.run_record import RunRecord
-from experiments.values import COUNT, POSITIVE_INT
+from experiments.values import COUNT, POSITIVE, POSITIVE_INT
 from flexdemo.devices import backend_for, visible_cuda_devices
 from flexdemo.methods import METHODS, method_record
 from netsim.model import compute_phases
@@ -129,8 +130,10 @@ def load_profile(path: Path | str) -> ComputeProfile:
 def measure_profile(workload: str, method: str, *, nodes: int = 2, gpus_per_node: int = 1,
                     steps: int = _DEFAULT_STEPS, warmup: int = _DEFAULT_WARMUP,
                     backend: str = "auto", batch_size: int | None = None,
-                    work_dir: Path | None = None) -> ComputeProfile:
-    """Run the method unshaped on this machine's device and return its per-phase compute."""
+                    work_dir: Path | None = None,
+                    timeout_s: float | None = None) -> ComputeProfile:
+    """Run the method unshaped on this machine's device and return its per-phase compute
+    (RunFailed if the run fails or passes `timeout_s`, the workload's own code included)."""
     import torch
 
     from experiments.run.launch import launch
@@ -139,7 +142,7 @@ def measure_profile(workload: str, method: str, *, nodes: int = 2, gpus_per_node
                     steps=steps, eval_every=steps + 1, backend=backend, batch_size=batch_size,
                     sync_phases=True)
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
-        run_dir = launch(cfg, Path(tmp) / "profile")
+        run_dir = launch(cfg, Path(tmp) / "profile", timeout_s=timeout_s)
         record = RunRecord.load(run_dir)
         trace, resolved = record.trace(), record.config
     kept = trace[trace["step"] > warmup]
@@ -176,6 +179,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="as `flexbench run --backend`: auto takes nccl with a GPU per rank")
     parser.add_argument("--out", required=True, help="JSON file for the profile")
+    parser.add_argument("--timeout", type=POSITIVE.arg, default=None, metavar="S",
+                        help="seconds before the profiled run is stopped, the workload's own "
+                        "code included (default: none), as `flexbench run --timeout`")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -188,10 +194,17 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.warmup < args.steps:
         raise ConfigError(f"--warmup must be >= 0 and below --steps {args.steps}, got "
                           f"{args.warmup}.")
-    profile = measure_profile(args.workload, args.method, nodes=args.nodes,
-                              gpus_per_node=args.gpus_per_node, steps=args.steps,
-                              warmup=args.warmup, backend=args.backend,
-                              batch_size=args.batch_size, work_dir=out.parent)
+    try:
+        profile = measure_profile(args.workload, args.method, nodes=args.nodes,
+                                  gpus_per_node=args.gpus_per_node, steps=args.steps,
+                                  warmup=args.warmup, backend=args.backend,
+                                  batch_size=args.batch_size, work_dir=out.parent,
+                                  timeout_s=args.timeout)
+    except Stopped:
+        raise  # SIGTERM: said by the command line, exit 143
+    except RunFailed as err:
+        print(f"flexbench profile-compute: failed: {err}", file=sys.stderr)
+        return 1
     write_atomic(out, json.dumps({"format": FORMAT, **asdict(profile)}, indent=2) + "\n")
     print(f"{args.method} on {args.workload}: {profile.describe()} -> {out}")
     return 0

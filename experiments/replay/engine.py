@@ -34,14 +34,23 @@ from experiments.replay.gossip import recorded_schedule
 from experiments.replay.recordings import RecordedRun
 from experiments.replay.reshard import MISSING_INTRA, reshard_trace, run_layout
 from experiments.replay.target import ReplayTarget
+from experiments.sizes import Cost, Count, Term, check_work
 from netsim.model import Replay, ReplayOptions, has_backward_marks, has_unit_marks, simulate
 from netsim.topology import Topology
 
-__all__ = ["GPU_INTRA", "loss_on_time_axis", "replay"]
+__all__ = ["GPU_INTRA", "check_replay_size", "loss_on_time_axis", "replay"]
 
 # The intra-node link declared hardware is modeled on when the run set none: the RunConfig
 # default, an NVLink-class link (per-GPU bus bandwidth of ~100 GB/s, a few us a message).
 GPU_INTRA = (RunConfig.intra_bw, RunConfig.intra_lat)
+
+# What a replay costs per item (measured on 2 cores: 10^7 nodes in 8 s and 140 MB, 10^7 ranks
+# a node x 100 steps in 9 s): the bound on the nodes, ranks and steps it is asked for
+# (experiments.sizes).
+_NODE_BYTES = Cost("a node in the replayed topology", bytes=16)
+_NODE = Cost("to replay a node", seconds=8e-7)
+_RANK_STEP = Cost("to replay a rank of a node at a step", seconds=9e-9)
+_NODE_PAIR = Cost("to rebuild a pair of nodes of the gossip graph", seconds=1e-7)
 
 
 def replay(run: RecordedRun, target: ReplayTarget, *, steps: int | None = None,
@@ -57,6 +66,7 @@ def replay(run: RecordedRun, target: ReplayTarget, *, steps: int | None = None,
     compute = target.compute
     if compute.profile is not None:
         compute.profile.check_fits(run.config, compute.profile_file)
+    check_replay_size(run, target, steps)
     declared = compute.scale_of(run.steps)
     scale = declared
     if compute_s is not None:
@@ -66,6 +76,23 @@ def replay(run: RecordedRun, target: ReplayTarget, *, steps: int | None = None,
     model = _simulate(run, target, steps, scale, intra, overlap, progress)
     return dataclasses.replace(model, basis=tuple(_basis_lines(target, run, model, intra,
                                                                declared)))
+
+
+def check_replay_size(run: RecordedRun, target: ReplayTarget, steps: int | None) -> None:
+    """Refuse a replay whose nodes, ranks and steps pass this machine's memory or ten minutes
+    (experiments.sizes), before anything of it is built."""
+    nodes = Count("--nodes", target.nodes or run.config.nodes, "nodes",
+                  given=target.nodes is not None)
+    per_node = Count("--gpus-per-node", target.gpus_per_node or run.config.gpus_per_node,
+                     "GPUs per node", given=target.gpus_per_node is not None)
+    # The steps are the recording's or what a loss curve needs, rarely the user's own --steps:
+    # the refusal names a node count the user gave before them.
+    replayed = Count("--steps", steps or len(run.steps), "steps", given=False)
+    terms = [Term(_NODE_BYTES, (nodes,)), Term(_NODE, (nodes,)),
+             Term(_RANK_STEP, (per_node, replayed))]
+    if run.config.record.gossips:
+        terms.append(Term(_NODE_PAIR, (nodes, nodes)))
+    check_work(f"the replay of {run.path}", terms)
 
 
 def _intra_mode(target: ReplayTarget) -> str:

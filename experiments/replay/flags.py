@@ -22,7 +22,7 @@ from netsim.calibration import load_calibration
 from netsim.costs import ALGORITHM_CHOICES
 from netsim.model.programs import OVERLAPS
 
-__all__ = ["add_replay_arguments", "target_from_flags"]
+__all__ = ["add_replay_arguments", "replay_inputs", "target_from_flags"]
 
 _GIVEN = object()  # target_from_flags: take the value from the flags
 
@@ -89,6 +89,13 @@ def add_replay_arguments(parser: argparse.ArgumentParser, *, grid: bool = False)
                         "recorded, the default) or linear-to-critical-batch:B (k-times the batch, "
                         "k-times fewer steps, up to batch B; McCandlish et al. 2018); an "
                         "assumption, printed and stored with the replay")
+
+
+def replay_inputs(args: argparse.Namespace, runs: list[str]) -> list[str]:
+    """Every file and folder a replay reads: the `runs`, --loss-from, and the files its flags
+    name (an output may be none of them, nor inside one)."""
+    return [*runs, *(getattr(args, "loss_from", None) or ()), *(path for path in (
+        args.topology, args.compute_profile, args.calibration) if path is not None)]
 
 
 def target_from_flags(args: argparse.Namespace, *, nodes: object = _GIVEN,

@@ -53,7 +53,7 @@ from pathlib import Path
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.replay.engine import replay
-from experiments.replay.flags import add_replay_arguments, target_from_flags
+from experiments.replay.flags import add_replay_arguments, replay_inputs, target_from_flags
 from experiments.replay.loss_curve import LossCurve, Recording, check_loss_from, choose_loss_curve
 from experiments.replay.recordings import RecordedRun, read_loss_run, read_run
 from experiments.replay.target import ReplayTarget
@@ -94,9 +94,7 @@ def main(args: argparse.Namespace) -> int:
     target = target_from_flags(args)
     run = read_run(args.run_dir)
     curve = _loss_curve(args.loss_from or [], run, target)
-    sidecar = check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar",
-                                reads=[args.run_dir, *(args.loss_from or ())]) \
-        if curve.stated else None
+    sidecar = out.with_suffix(".loss.json") if curve.stated else None  # checked with --out
     replayed = replay(run, target, progress=True,
                       steps=args.steps if args.steps is not None else curve.steps_needed())
     write_atomic(out, replayed.frame.to_csv(index=False))
@@ -119,7 +117,10 @@ def _loss_curve(loss_from: list[str], run: RecordedRun, target: ReplayTarget) ->
 
 def _check_arguments(args: argparse.Namespace) -> Path:
     """The --out file, after checking the numeric flags (ConfigError, one sentence)."""
-    out = check_output_file(args.out, what="--out", reads=[args.run_dir, *(args.loss_from or ())])
+    reads = replay_inputs(args, [args.run_dir])
+    out = check_output_file(args.out, what="--out", reads=reads)
+    # Written beside --out when the loss curve is carried to another shape: checked now too.
+    check_output_file(out.with_suffix(".loss.json"), what="the loss sidecar", reads=reads)
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
         raise ConfigError(f"--target must be a finite loss > 0, got {args.target}.")
     check_loss_from(args.loss_from or [], [args.run_dir])

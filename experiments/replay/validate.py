@@ -51,12 +51,13 @@ from tqdm import tqdm
 
 from experiments.config import RunConfig, parse_overrides, shared_for
 from experiments.errors import ConfigError, RunFailed
-from experiments.io import check_output_file, write_atomic
+from experiments.io import check_output_file, check_output_folder, write_atomic
 from experiments.replay.engine import replay
 from experiments.replay.recordings import RecordedRun, read_run
 from experiments.replay.target import ComputeBasis, ReplayTarget
-from experiments.run.launch import launch
+from experiments.run.launch import check_spawnable, launch
 from experiments.scoring.formats import markdown_table
+from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.values import COUNT, POSITIVE, POSITIVE_INT
 from netsim.calibration import Calibration, load_calibration
 
@@ -317,9 +318,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench validate-sim`."""
-    settings, pairs = _check_arguments(args)
+    reads = [args.calibration] if args.calibration not in (None, "none") else []
     if args.out:
-        check_output_file(args.out, what="--out")
+        check_output_file(args.out, what="--out", reads=reads)
+    if args.keep:
+        check_output_folder(args.keep, what="--keep", reads=reads)
+    settings, pairs = _check_arguments(args)
     calibration = _calibration(args.calibration, args.shaping)
     with tempfile.TemporaryDirectory(prefix="validate-sim-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
@@ -405,7 +409,28 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
                     shaped = base.replace(inter_bw=bw, inter_lat=lat, shaping=args.shaping,
                                           nodes=shape[0], gpus_per_node=shape[1])
                     _check_launchable(shaped, wall)
+    _check_size(args, pairs)
     return settings, pairs
+
+
+# A validation is real runs: each starts its ranks (seconds: imports, rendezvous) and trains
+# its steps (an lm-tiny step takes tens of ms on 2 cores). It runs for an hour or more on
+# purpose, so it is held to a day (LONG_S) rather than to experiments.sizes' default.
+_RUN = Cost("to start a run's ranks", seconds=2.0)
+_RUN_STEP = Cost("to train a step of a run", seconds=0.01)
+
+
+def _check_size(args: argparse.Namespace, pairs: list[tuple[Shape, Shape]]) -> None:
+    """Refuse a grid of runs that would take more than a day (experiments.sizes)."""
+    sources = len(dict.fromkeys(source for source, _ in pairs))
+    count = len(args.methods) * (sources * args.recordings
+                                 + len(pairs) * len(args.inter_bw) * len(args.inter_lat))
+    runs = Count("--recordings", count, "runs", said=f"--recordings {args.recordings} with "
+                 f"{len(args.methods)} methods, {len(pairs)} shapes and "
+                 f"{len(args.inter_bw) * len(args.inter_lat)} network points ({count:,} runs)")
+    steps = Count("--steps", args.steps, "steps")
+    check_work("the validation", [Term(_RUN, (runs,)), Term(_RUN_STEP, (runs, steps))],
+               budget_s=LONG_S, budget="a day, the longest a validation is let start")
 
 
 # Run settings validate-sim sets from its own flags: a --set of one would be overwritten
@@ -451,6 +476,7 @@ def _fill_network(args: argparse.Namespace) -> None:
 def _check_launchable(cfg: RunConfig, wall: bool) -> None:
     """ConfigError (one sentence) if `cfg` cannot run here; kernel: privileges, before any run."""
     topology = cfg.validate().topology()
+    check_spawnable(cfg.world_size)
     if not wall:
         from experiments.run.kernel import kernel_settings
 

@@ -33,7 +33,8 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.io import read_json, run_digest, write_atomic
+from experiments.errors import ConfigError
+from experiments.io import check_output_folder, read_json, run_digest, write_atomic
 from experiments.replay import on_basis
 from experiments.replay.target import SAME_COMPUTE
 from experiments.report import crossover, graphs, metrics, step_times, validation
@@ -416,6 +417,7 @@ def write_report(path: Path | str, *, step_noise: bool = False,
     import matplotlib.pyplot as plt
 
     res = load_results(path)
+    _check_outputs(res.path)
     if "own_compute_final_s" not in res.runs and (res.runs["source"] == "measured").any():
         # scored before it was recorded
         res.runs = validation.own_compute(res.path, res.runs, on_basis.run_axis)
@@ -475,6 +477,19 @@ def write_report(path: Path | str, *, step_noise: bool = False,
     else:  # an earlier --same-compute report's basis would describe tables no longer there
         basis_file.unlink(missing_ok=True)
     return written
+
+
+def _check_outputs(folder: Path) -> None:
+    """What the report writes into the sweep's folder can be written (ConfigError, one
+    sentence, before any figure is drawn): the folder, figures/ in it, and its files."""
+    check_output_folder(folder, what="the sweep folder the report writes into",
+                        must_be_empty=False)
+    check_output_folder(folder / "figures", what="the report's figures folder",
+                        must_be_empty=False)
+    for name in ("summary.md", "speedups.parquet", on_basis.BASIS_FILE):
+        if (folder / name).is_dir():
+            raise ConfigError(f"the report's file {str(folder / name)!r} is a folder; move it "
+                              "away to write the report.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -26,6 +26,7 @@ from experiments.config import (
 )
 from experiments.deadline import run_deadline
 from experiments.errors import RunFailed
+from experiments.io import check_output_folder
 from experiments.run.launch import check_timeout, launch
 from experiments.run_record import RunRecord
 from experiments.sweep.spec import TOP_KEYS
@@ -181,6 +182,9 @@ def _emulated(cfg: RunConfig, args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench run`."""
     check_timeout(args.timeout)
+    # Before the user's workload is called: a bad --out costs one sentence, not a factory's run.
+    check_output_folder(args.out, what="--out",
+                        reads=[p for p in (args.config, args.topology_file) if p is not None])
     try:
         # Validating a "module:factory" workload calls the user's code, which may hang.
         with run_deadline(args.timeout):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.config import KNOBS, METHODS, RunConfig, parse_overrides
 from experiments.errors import ConfigError
+from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.sweep.executors import EXECUTORS
 from experiments.values import AT_LEAST_ZERO, COUNT, POSITIVE, POSITIVE_INT, SEED, UNIT_OPEN_LOW
 from flexdemo.methods import BASELINE, method_record
@@ -32,8 +33,12 @@ from flexdemo.methods import BASELINE, method_record
 if TYPE_CHECKING:
     from netsim.topology import Link
 
-__all__ = ["GRID_KEYS", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig",
+__all__ = ["GRID_KEYS", "SCORE", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig",
            "network_point", "parse_config", "read_config", "slug"]
+
+# Scoring a training unit at a network point replays its trace there: about 0.1 s for quick's
+# 100 steps on 2 cores (experiments.sizes bounds the grid by it).
+SCORE = Cost("to replay a training unit at a network point", seconds=0.1)
 
 TOP_KEYS = ("name", "timeout_s", "run", "grid", "target", "validate", "emulate", "executor")
 
@@ -222,6 +227,11 @@ def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int
                               f"{', '.join(METHODS)}.")
     bws = _nonempty_list(grid, "inter_bw", str)
     lats = _nonempty_list(grid, "inter_lat", str)
+    points = len(bws) * len(lats)  # bounded before any is made: each training unit is scored
+    check_work("the sweep's scoring", [Term(SCORE, (Count(
+        "grid", points, "network points", said=f"the grid's {points:,} network points "
+        "(inter_bw x inter_lat)"),))], budget_s=LONG_S, budget="a day, the longest a sweep is "
+        "let start")
     networks = [network_point(bw, lat) for bw in bws for lat in lats]
     seeds = [SEED.check("grid.seeds", seed) for seed in _nonempty_list(grid, "seeds", int)]
     return methods, networks, seeds, _knobs(grid.get("knobs", {}), methods)
