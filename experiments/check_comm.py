@@ -2,7 +2,7 @@
 
     flexbench check-comm                       # compare with results/baselines/comm_volume.json
     flexbench check-comm --update              # re-record the baseline on purpose
-    flexbench check-comm --update --methods flexdemo   # re-record flexdemo's row, keep the rest
+    flexbench check-comm --update --method flexdemo    # re-record flexdemo's row, keep the rest
 
 Every method runs a couple of steps of a fixed tiny setting (lm-tiny, 2 nodes x 2 ranks, seed 0,
 shaping off) through the real launcher; the per-step inter-node bytes sent and received, the
@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from experiments.aliases import add_old_spelling
 from experiments.config import METHODS, RunConfig, shared_for
 from experiments.io import check_output_file, read_json, write_atomic
 from experiments.values import AT_LEAST_ZERO
@@ -154,14 +155,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE,
                         help=f"baseline JSON (default {DEFAULT_BASELINE})")
     parser.add_argument("--update", action="store_true",
-                        help="measure and record instead of comparing; with --methods, only "
+                        help="measure and record instead of comparing; with --method, only "
                         "their rows change")
     parser.add_argument("--tolerance", type=AT_LEAST_ZERO.arg, default=None,
                         help="allowed relative change per figure (default 0.01 = 1%%); not "
                         "with --update, which compares nothing")
-    parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
-                        help="check only these methods (default: all, and every one the "
-                        "baseline knows must still run)")
+    methods = parser.add_argument("--method", nargs="+", default=None, metavar="METHOD",
+                                  help="check only these methods (default: all, and every one the "
+                                  "baseline knows must still run)")
+    add_old_spelling(parser, "--methods", methods)
 
 
 def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
@@ -174,19 +176,19 @@ def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
     if args.update:
         return _record(args.baseline, baseline, methods, current)
     expected = baseline["methods"]
-    if args.methods is not None:  # an explicit subset is compared on that subset only
+    if args.method is not None:  # an explicit subset is compared on that subset only
         expected = {m: v for m, v in expected.items() if m in methods}
     return _report(expected, current, TOLERANCE if args.tolerance is None else args.tolerance)
 
 
 def _checked_methods(args: argparse.Namespace) -> list[str]:
-    """The methods to measure, once --methods and --tolerance are known to be valid."""
-    methods = list(METHODS) if args.methods is None else list(args.methods)
+    """The methods to measure, once --method and --tolerance are known to be valid."""
+    methods = list(METHODS) if args.method is None else list(args.method)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}.")
     if len(set(methods)) < len(methods):
-        raise ValueError(f"--methods lists a method twice ({' '.join(methods)}).")
+        raise ValueError(f"--method lists a method twice ({' '.join(methods)}).")
     if args.tolerance is not None and args.update:
         raise ValueError(f"--tolerance {args.tolerance:g} judges a comparison, and --update "
                          "records without comparing; leave one of them out.")
@@ -198,18 +200,18 @@ def _checked_methods(args: argparse.Namespace) -> list[str]:
 def _baseline_for(args: argparse.Namespace) -> dict[str, Any] | None:
     """The baseline to compare with or merge into (None: a whole first recording)."""
     if args.update and not args.baseline.exists():
-        if args.methods is not None:
+        if args.method is not None:
             raise ValueError(f"no baseline at {str(args.baseline)!r} to update; record every "
-                             "method first (--update without --methods).")
+                             "method first (--update without --method).")
         return None
     baseline = _read_baseline(args.baseline)
     if baseline.get("settings") == SETTINGS:
         return baseline
-    if args.update and args.methods is None:
+    if args.update and args.method is None:
         return None  # re-recorded whole under the new settings
     raise ValueError(f"baseline {str(args.baseline)!r} was recorded with other settings "
                      f"({baseline.get('settings')}); re-record every method with --update "
-                     "(without --methods).")
+                     "(without --method).")
 
 
 def _record(path: Path, baseline: dict[str, Any] | None, methods: list[str],
@@ -250,7 +252,7 @@ def _report(expected: dict[str, Any], current: dict[str, dict[str, float]],
         for line in failures:
             print(f"  {line}", file=sys.stderr)
         print("if this is intended, re-record those methods with `flexbench check-comm "
-              "--update --methods METHOD ...`.", file=sys.stderr)
+              "--update --method METHOD ...`.", file=sys.stderr)
         return 1
     print(f"\nevery method sends what its baseline does (within {tolerance:.0%}).")
     return 0

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import inspect
 import textwrap
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,7 @@ from flexdemo.methods import METHODS, RECORDS, Method, method_record
 
 __all__ = ["KNOBS", "METHODS", "BACKENDS", "SCHEDULES", "SHAPING_MODES", "WORKLOADS",
            "ConfigError", "KnobSettings", "RunConfig", "RunSettings",
-           "add_run_arguments", "field_help", "load_site_file", "parse_overrides",
+           "add_run_arguments", "field_help", "load_site_file", "parse_sets", "parse_value",
            "run_arguments", "run_flag", "shared_for", "check_algorithm_on_sites"]
 
 if TYPE_CHECKING:
@@ -508,27 +509,39 @@ def run_arguments(args: argparse.Namespace) -> dict[str, Any]:
 _CLI_TYPES = {"int": int, "float": float, "str": str}
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, str]:
-    """Turn ["key=value", ...] into a dict, rejecting items without '=' and a key given twice
-    with two values (which one was meant cannot be told)."""
-    out: dict[str, str] = {}
+def parse_value(text: str) -> Any:
+    """A --set value, every command's one grammar: a TOML value where the text is one (true,
+    3, 0.5, inf, "text", [0, 1]), else the text itself (ring, 100Mbit, 1=100Mbit;2=1Gbit)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_sets(pairs: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` pairs as one mapping, each value by `parse_value`; an item without
+    '=' and a key given twice with two values (which one was meant cannot be told) refused."""
+    out: dict[str, Any] = {}
+    texts: dict[str, str] = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
+        key, sep, text = pair.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set takes key=value, got {pair!r}.")
-        key, value = key.strip(), value.strip()
-        if out.get(key, value) != value:
-            raise ConfigError(f"--set gives {key} twice, {key}={out[key]} and {key}={value}; "
+        key, text = key.strip(), text.strip()
+        value = parse_value(text)
+        if key in out and out[key] != value:
+            raise ConfigError(f"--set gives {key} twice, {key}={texts[key]} and {key}={text}; "
                               "give it once.")
-        out[key] = value
+        out[key], texts[key] = value, text
     return out
 
 
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
-    """Turn a CLI string into the field's type; leave typed values (from TOML) alone."""
-    if not isinstance(value, str):
-        return value
+    """Turn a CLI string into the field's type; leave typed values (from TOML) alone, but for a
+    number given to a text setting (`--set inter_bw=100`), which is read as its text."""
     kind = str(f.type)
+    if not isinstance(value, str):
+        return _number_as_text(kind, value)
     text = value.strip()
     if text.lower() in ("none", "null") and "None" in kind:
         return None
@@ -548,6 +561,13 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     except ValueError:
         raise ConfigError(f"{f.name} must be of type {kind}, got {value!r}.") from None
     return text
+
+
+def _number_as_text(kind: str, value: Any) -> Any:
+    """A number given to a text setting as its text; any other typed value as it is."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and kind.startswith("str"):
+        return str(value)
+    return value
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:

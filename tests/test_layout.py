@@ -105,7 +105,7 @@ def _command_modules() -> set[str]:
     from experiments.cli import COMMANDS
 
     flags = {"experiments.cli", "experiments.config", "experiments.values",
-             "experiments.replay.flags"}
+             "experiments.replay.flags", "experiments.aliases"}
     return {module for module, _ in COMMANDS.values()} | flags
 
 

@@ -20,12 +20,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.config import check_algorithm_on_sites, load_site_file
+from experiments.aliases import add_old_spelling
+from experiments.config import check_algorithm_on_sites, load_site_file, parse_sets
 from experiments.deadline import bounded, run_deadline
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import check_output_file, write_atomic
 from experiments.plan.ada import graph_schedule, plan_ada
-from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
+from experiments.plan.hardware import (
+    DEFAULT_MFU,
+    GPUS,
+    StepCompute,
+    given_compute,
+    gpu,
+    rule_compute,
+)
 from experiments.plan.models import PRESETS, DeclaredModel, declare_model, parse_gpt
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
 from experiments.plan.replicas import check_nodes_per_replica, replica_line, replica_topology
@@ -41,7 +49,7 @@ from netsim.topology import Link, Topology
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
 
 __all__ = ["DEFAULT_TIMEOUT_S", "configure", "grid_points", "main", "parse_bandwidths",
-           "parse_sets"]
+           "split_sets"]
 
 OUTPUTS = (".csv", ".json", ".png")
 # --set keys that are the plan's own (FSDP2's mixed precision, ...), not a method's knob.
@@ -88,8 +96,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "nodes of a site, the method's exchange between replicas")
     compute = parser.add_mutually_exclusive_group(required=True)
     compute.add_argument("--gpu", help=f"GPU kind: {', '.join(GPUS)}")
-    compute.add_argument("--step-time", type=POSITIVE.arg, metavar="S",
-                         help="compute seconds per step, as given")
+    step = compute.add_argument("--step-compute", type=POSITIVE.arg, metavar="SECONDS",
+                                help="compute seconds per step, as given")
+    add_old_spelling(compute, "--step-time", step)
     compute.add_argument("--compute-profile", default=None, metavar="P",
                          help="a `flexbench profile-compute` file of the same model: its "
                               "forward+backward and optimizer seconds per step")
@@ -179,33 +188,13 @@ def parse_bandwidths(values: list[str]) -> list[float]:
     return sorted(set(rates))
 
 
-def _value(text: str) -> object:
-    """A --set value as the knob schemas take it: bool, int, float or the string."""
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_sets(items: list[str], methods: list[str]) -> tuple[dict, dict[str, dict]]:
+def split_sets(items: list[str], methods: list[str]) -> tuple[dict, dict[str, dict]]:
     """(the plan's own settings, per method the knobs it reads); one sentence on a bad one."""
     own: dict = {}
     knobs: dict[str, dict] = {m: {} for m in methods}
-    given: dict[str, str] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r} must be KEY=VALUE, such as diloco_h=100.")
-        if given.setdefault(key, text.strip()) != text.strip():
-            raise ConfigError(f"--set gives {key} twice, {key}={given[key]} and "
-                              f"{key}={text.strip()}; give it once.")
+    for key, value in parse_sets(items).items():
         if key in PLAN_KEYS:
-            own[key] = text.strip()
+            own[key] = value
             continue
         readers = [m for m in methods if key in method_record(m).takes]
         if not readers:
@@ -214,7 +203,7 @@ def parse_sets(items: list[str], methods: list[str]) -> tuple[dict, dict[str, di
                               f"{', '.join(methods)} take {', '.join(takes) or 'no knobs'}, "
                               f"and the plan itself {', '.join(PLAN_KEYS)}.")
         for m in readers:
-            knobs[m][key] = _value(text.strip())
+            knobs[m][key] = value
     return own, knobs
 
 
@@ -317,10 +306,10 @@ def _check_network(args: argparse.Namespace) -> None:
 
 def _check_compute(args: argparse.Namespace) -> None:
     """The rule's flags only with --gpu, and all of them there."""
-    if args.step_time is not None or args.compute_profile is not None:
+    if args.step_compute is not None or args.compute_profile is not None:
         for flag, value in (("--mfu", args.mfu), ("--batch", args.batch), ("--seq", args.seq)):
             if value is not None:
-                raise ConfigError(f"{flag} sizes the compute with --gpu; --step-time or "
+                raise ConfigError(f"{flag} sizes the compute with --gpu; --step-compute or "
                                   "--compute-profile gives it already, so leave it out.")
     elif args.batch is None or args.seq is None:
         raise ConfigError("--gpu needs --batch and --seq (sequences per GPU and tokens per "
@@ -361,10 +350,9 @@ def _plan(args: argparse.Namespace) -> int:
     topologies, labels, network = _network(args)
     # A site file's sites first: the replicas' check below counts on whole ones.
     check_nodes_per_replica(args.nodes_per_replica, args.nodes, topologies[0].sites)
-    own, knobs = parse_sets(args.set, args.method)
-    args.set_keys = set(own)
+    own, knobs = split_sets(args.set, args.method)
     precision = Precision(own.get("param_dtype", "bf16"), own.get("reduce_dtype", "fp32"))
-    optimizer_s = _seconds(own.get("optimizer_s", "0"))
+    optimizer_s = _seconds(own["optimizer_s"]) if "optimizer_s" in own else None
     backend = own.get("backend", "nccl")
     if backend not in ("nccl", "gloo"):
         raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
@@ -376,15 +364,7 @@ def _plan(args: argparse.Namespace) -> int:
     graphs = (graph_schedule(args.ada_graphs, args.nodes // args.nodes_per_replica,
                              args.model) if "ada" in args.method else None)
     model = _declared(args, periods)
-    unit_params = [model.unit_params(u) for u in range(len(model.units))]
-    if args.gpu is not None:
-        compute = rule_compute(unit_params, gpu(args.gpu),
-                               DEFAULT_MFU if args.mfu is None else args.mfu, args.batch,
-                               args.seq, optimizer_s)
-    elif args.compute_profile is not None:
-        compute = _profiled(args, unit_params, optimizer_s)
-    else:
-        compute = given_compute(unit_params, args.step_time, optimizer_s)
+    compute = _compute(args, [model.unit_params(u) for u in range(len(model.units))], optimizer_s)
     k = args.nodes_per_replica
     replicas = [replica_topology(t, k) for t in topologies]
 
@@ -431,6 +411,19 @@ def _declared(args: argparse.Namespace, periods: dict[str, int]) -> DeclaredMode
     return model
 
 
+def _compute(args: argparse.Namespace, unit_params: list[int],
+             optimizer_s: float | None) -> StepCompute:
+    """A step's compute: by the rule from --gpu, from --compute-profile, or --step-compute's;
+    `optimizer_s` (--set optimizer_s; None: not given, 0 s) beside the first and the last."""
+    if args.compute_profile is not None:
+        return _profiled(args, unit_params, optimizer_s)
+    if args.gpu is not None:
+        return rule_compute(unit_params, gpu(args.gpu),
+                            DEFAULT_MFU if args.mfu is None else args.mfu, args.batch, args.seq,
+                            optimizer_s or 0.0)
+    return given_compute(unit_params, args.step_compute, optimizer_s or 0.0)
+
+
 def _knobs_on(method: str, given: dict, args: argparse.Namespace) -> object:
     """The method's knobs, refused where they cannot run between the plan's replicas: the
     check `run` makes at its nodes (`Method.settings_on`)."""
@@ -443,18 +436,18 @@ def _knobs_on(method: str, given: dict, args: argparse.Namespace) -> object:
         raise ConfigError(f"--method {method} on {replicas} replica(s){shape}: {err}") from None
 
 
-def _sync_in_backward(text: str | None, methods: list[str]) -> bool:
+def _sync_in_backward(value: object, methods: list[str]) -> bool:
     """The sync_in_backward setting (None: not given, false): true or false, and given only
     where a method reads it."""
-    if text is None:
+    if value is None:
         return False
-    if text.lower() not in ("true", "false"):
-        raise ConfigError(f"sync_in_backward={text!r} must be true or false.")
+    if not isinstance(value, bool):
+        raise ConfigError(f"sync_in_backward={value!r} must be true or false.")
     if not any(method_record(m).replicator in IN_BACKWARD for m in methods):
-        raise ConfigError(f"sync_in_backward={text} says when the outer sync of "
+        raise ConfigError(f"sync_in_backward={str(value).lower()} says when the outer sync of "
                           f"{' and '.join(IN_BACKWARD)} starts, and --method plans neither; "
                           "plan one of them or leave it out.")
-    return text.lower() == "true"
+    return value
 
 
 def _sync_lines(plans: list[MethodPlan], in_backward: bool) -> list[str]:
@@ -472,7 +465,7 @@ def _sync_lines(plans: list[MethodPlan], in_backward: bool) -> list[str]:
             "replicator does (sync_in_backward=true starts it unit by unit in the backward)"]
 
 
-def _profiled(args: argparse.Namespace, unit_params: list[int], optimizer_s: float):
+def _profiled(args: argparse.Namespace, unit_params: list[int], optimizer_s: float | None):
     """Compute per step from a profile-compute file, refused for another model or shape."""
     profile = load_profile(args.compute_profile)
     if profile.workload != args.model:
@@ -483,25 +476,24 @@ def _profiled(args: argparse.Namespace, unit_params: list[int], optimizer_s: flo
         raise ConfigError(f"--compute-profile {args.compute_profile} was measured at "
                           f"{profile.gpus_per_node} GPUs per node, not --gpus-per-node "
                           f"{args.gpus_per_node}; profile at the planned shape.")
-    if "optimizer_s" in args.set_keys:
+    if optimizer_s is not None:
         raise ConfigError("--set optimizer_s and --compute-profile both give the optimizer "
                           "step's seconds; give one.")
-    del optimizer_s
     fb, opt = profile.phase_seconds
     compute = given_compute(unit_params, fb, opt)
-    rule = compute.rule.replace(f"{fb:g} s per step as given (--step-time)",
+    rule = compute.rule.replace(f"{fb:g} s per step as given (--step-compute)",
                                 f"{fb:g} s forward+backward per step measured for "
                                 f"{profile.method} ({profile.describe()})")
     return dataclasses.replace(compute, rule=rule)
 
 
-def _seconds(text: str) -> float:
+def _seconds(given: object) -> float:
     try:
-        value = float(text)
-    except ValueError:
+        value = float(given) if not isinstance(given, bool) else -1.0
+    except (TypeError, ValueError):
         value = -1.0
     if not (math.isfinite(value) and value >= 0):
-        raise ConfigError(f"optimizer_s={text!r} must be seconds >= 0.")
+        raise ConfigError(f"optimizer_s={given!r} must be seconds >= 0.")
     return value
 
 

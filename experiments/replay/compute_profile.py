@@ -9,7 +9,7 @@ profile is the compute of each step phase there, outside every collective, as th
 it (`netsim.model.compute_phases`): forward+backward (to the "backward" mark: the model, its
 loss and FSDP2's hooks) and the optimizer step (the base optimizer, and the method's DCT/top-k
 encode and decode when the run has another node to exchange with), the median over the steps
-after `--warmup`. On a GPU the run waits for the device at each phase's end (`sync_phases`),
+after `--skip-steps`. On a GPU the run waits for the device at each phase's end (`sync_phases`),
 so the host's timestamps are the device's compute, not the kernel launches. `flexbench
 simulate --compute-profile FILE` replays a recording of the same workload, method and batch
 with each phase scaled to those seconds.
@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
+from experiments.aliases import add_old_spelling
 from experiments.config import RunConfig
 from experiments.errors import ConfigError, RunFailed, Stopped
 from experiments.io import check_output_file, cpu_model, read_json, write_atomic
@@ -172,8 +173,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="ranks per node (default 1)")
     parser.add_argument("--steps", type=POSITIVE_INT.arg, default=_DEFAULT_STEPS,
                         help=f"steps to run (default {_DEFAULT_STEPS})")
-    parser.add_argument("--warmup", type=COUNT.arg, default=_DEFAULT_WARMUP,
-                        help=f"first steps left out of the medians (default {_DEFAULT_WARMUP})")
+    skip = parser.add_argument("--skip-steps", type=COUNT.arg, default=_DEFAULT_WARMUP,
+                               help="first steps left out of the medians (default "
+                               f"{_DEFAULT_WARMUP})")
+    add_old_spelling(parser, "--warmup", skip)
     parser.add_argument("--batch-size", type=POSITIVE_INT.arg, default=None,
                         help="per-rank batch (default: the workload's)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
@@ -191,13 +194,13 @@ def main(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got "
                               f"{getattr(args, name)}.")
-    if not 0 <= args.warmup < args.steps:
-        raise ConfigError(f"--warmup must be >= 0 and below --steps {args.steps}, got "
-                          f"{args.warmup}.")
+    if not 0 <= args.skip_steps < args.steps:
+        raise ConfigError(f"--skip-steps must be >= 0 and below --steps {args.steps}, got "
+                          f"{args.skip_steps}.")
     try:
         profile = measure_profile(args.workload, args.method, nodes=args.nodes,
                                   gpus_per_node=args.gpus_per_node, steps=args.steps,
-                                  warmup=args.warmup, backend=args.backend,
+                                  warmup=args.skip_steps, backend=args.backend,
                                   batch_size=args.batch_size, work_dir=out.parent,
                                   timeout_s=args.timeout)
     except Stopped:

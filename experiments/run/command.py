@@ -20,7 +20,7 @@ from experiments.config import (
     ConfigError,
     RunConfig,
     add_run_arguments,
-    parse_overrides,
+    parse_sets,
     run_arguments,
     run_flag,
 )
@@ -50,14 +50,14 @@ def load_config(path: str | None, flags: dict[str, Any], sets: list[str],
             raise ConfigError(f"cannot read config {path!r}: {err}") from None
         data.update(_run_table(path, raw))
     given = {k: v for k, v in flags.items() if v is not None}
-    overrides = parse_overrides(sets)
+    overrides = parse_sets(sets)
     _check_flag_and_set(given, overrides)
     data.update(given)
     data.update(overrides)
     return RunConfig.from_dict(data).validate()
 
 
-def _check_flag_and_set(flags: dict[str, Any], overrides: dict[str, str]) -> None:
+def _check_flag_and_set(flags: dict[str, Any], overrides: dict[str, Any]) -> None:
     """ConfigError for a setting given as a flag and as --set with two values."""
     for key in sorted(set(flags) & set(overrides)):
         if RunConfig.from_dict({key: overrides[key]}).to_dict()[key] != flags[key]:

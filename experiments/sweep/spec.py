@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.config import KNOBS, METHODS, RunConfig, parse_overrides
+from experiments.config import KNOBS, METHODS, RunConfig, parse_sets
 from experiments.errors import ConfigError
 from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.sweep.executors import EXECUTORS
@@ -120,8 +120,8 @@ def read_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
                           "it to flexbench simulate, compare or run as --topology "
                           f"{str(path)!r}.")
     raw.setdefault("name", path.stem)
-    for key, value in parse_overrides(list(overrides)).items():
-        _set_dotted(raw, key, _parse_value(value))
+    for key, value in parse_sets(list(overrides)).items():
+        _set_dotted(raw, key, value)
     return parse_config(raw, str(path))
 
 def parse_config(raw: dict[str, Any], source: str = "the sweep config") -> SweepConfig:
@@ -235,13 +235,6 @@ def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int
     networks = [network_point(bw, lat) for bw in bws for lat in lats]
     seeds = [SEED.check("grid.seeds", seed) for seed in _nonempty_list(grid, "seeds", int)]
     return methods, networks, seeds, _knobs(grid.get("knobs", {}), methods)
-
-def _parse_value(text: str) -> Any:
-    """A --set value as TOML ('[0, 1]', '50', 'true', '"x"'); anything else is a plain string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")

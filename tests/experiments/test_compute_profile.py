@@ -80,8 +80,8 @@ def test_a_recording_without_backward_marks_is_refused(tmp_path, capsys):
 def test_profile_compute_refuses_bad_flags_before_running(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert main(["profile-compute", "--workload", "lm-tiny", "--method", "flexdemo", "--steps",
-                 "4", "--warmup", "4", "--out", str(out)]) == 2
-    assert "--warmup must be >= 0 and below --steps 4, got 4." in capsys.readouterr().err
+                 "4", "--skip-steps", "4", "--out", str(out)]) == 2
+    assert "--skip-steps must be >= 0 and below --steps 4, got 4." in capsys.readouterr().err
     assert main(["profile-compute", "--workload", "lm-tiny", "--method", "flexdemo",
                  "--backend", "nccl", "--out", str(out)]) == 2  # this machine has no GPU
     assert "nccl" in capsys.readouterr().err
@@ -111,7 +111,7 @@ def test_profile_then_replay_sets_each_phase(tmp_path, capsys):
 
     profile_file = tmp_path / "profile.json"
     assert main(["profile-compute", "--workload", "lm-tiny", "--method", "flexdemo", "--steps",
-                 "5", "--warmup", "2", "--out", str(profile_file)]) == 0
+                 "5", "--skip-steps", "2", "--out", str(profile_file)]) == 0
     profile = load_profile(profile_file)
     assert (profile.device, profile.backend, profile.nodes, profile.steps) == ("cpu", "gloo", 2, 3)
     assert [p.name for p in tmp_path.iterdir()].count("profile.json") == 1  # its run is gone
