@@ -460,7 +460,7 @@ def _settings(given: list[str]) -> dict[str, Any]:
 
 
 def _check_lists(args: argparse.Namespace) -> None:
-    """Each of --methods, --inter-bw and --inter-lat lists a value once (a grid point twice is
+    """Each of --method, --inter-bw and --inter-lat lists a value once (a grid point twice is
     a run twice, and its row twice in the table)."""
     for flag, values in (("--method", args.method), ("--inter-bw", args.inter_bw),
                          ("--inter-lat", args.inter_lat)):

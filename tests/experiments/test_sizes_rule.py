@@ -26,7 +26,7 @@ from experiments.values import INT64_MAX, kind_of
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "results" / "quick" / "units" / "flexdemo-s0"
 MODEL = "gpt:dim=64,layers=2,heads=4,vocab=128,ffn=128,tied=true"
-PLAN = ["--step-time", "0.1", "--inter-lat", "1ms"]
+PLAN = ["--step-compute", "0.1", "--inter-lat", "1ms"]
 TERA = str(10**12)
 
 

@@ -15,7 +15,7 @@ from experiments import cli
 from experiments.deadline import run_deadline, users_call
 from experiments.errors import ConfigError
 
-PLAN = ["--method", "hsdp-adamw", "--nodes", "2", "--gpus-per-node", "1", "--step-time", "0.1",
+PLAN = ["--method", "hsdp-adamw", "--nodes", "2", "--gpus-per-node", "1", "--step-compute", "0.1",
         "--inter-bw", "1Gbit", "--inter-lat", "1ms"]
 
 FACTORIES = textwrap.dedent('''
