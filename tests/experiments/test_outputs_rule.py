@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(not UNIT.is_dir(), reason="needs the committed r
 
 MODEL = "gpt:dim=64,layers=2,heads=4,vocab=128,ffn=128,tied=true"
 PLAN = ["plan", "--model", MODEL, "--method", "hsdp-adamw", "--nodes", "2",
-        "--gpus-per-node", "1", "--step-compute", "0.1", "--inter-bw", "1Gbit", "--inter-lat", "1ms"]
+        "--gpus-per-node", "1", "--step-compute", "0.1", "--inter-bw", "1Gbit",
+        "--inter-lat", "1ms"]
 # A place no file can be made, even by root: /proc takes none.
 NOWHERE = "/proc/flexbench-nowhere/out"
 
