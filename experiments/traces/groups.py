@@ -85,10 +85,14 @@ def _group_of(tl: RankTimeline, c: Collective, mine: list, index: _Index,
 
 
 def _unplaced(tl: RankTimeline, c: Collective, groups: list, fits: list) -> str:
-    what = f"rank {tl.rank}'s {c.op} of {c.elements} {c.dtype} elements at {c.issue:.6f} s"
+    what = (f"rank {tl.rank}'s {c.op} of {c.elements} {c.dtype} elements in ProfilerStep#"
+            f"{tl.steps[c.step][0]}")
     if not fits:
-        return (f"{str(tl.source.path)!r}: {what} fits none of its process groups "
-                f"{[list(g) for g in groups]}; are these ranks of one run?")
+        named = (f"none of its process groups {[list(g) for g in groups]}" if tl.source.groups
+                 else f"the group of all {len(groups[0])} ranks (the trace names no process "
+                      "groups), its output being another multiple of its input")
+        return (f"{str(tl.source.path)!r}: {what} fits {named}; profile with a backend that "
+                "writes record_param_comms (nccl in torch 2.1 or later).")
     return (f"{str(tl.source.path)!r}: {what} could have run on any of "
             f"{[list(g) for g in fits]}, and the trace names no group; profile with a backend "
             "that writes record_param_comms (nccl), or trace every rank of those groups.")

@@ -48,7 +48,9 @@ _SIZES = {
     "signed char": 1, "byte": 1, "uint8": 1, "unsigned char": 1, "bool": 1,
     "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1,
 }  # fmt: skip
-_C10D = re.compile(r"^c10d::(\w+?)_?$")
+# The dispatcher's op (c10d::allreduce_) and the NCCL backend's own host annotation
+# (nccl:all_reduce), which older profilers give the shapes and some collectives no c10d op.
+_C10D = re.compile(r"^(?:c10d::|nccl:)(\w+?)_?$")
 
 
 def collective_op(name: str) -> str | None:
@@ -57,7 +59,7 @@ def collective_op(name: str) -> str | None:
 
 
 def c10d_op(event_name: str) -> str | None:
-    """netsim's op of a dispatcher host op such as "c10d::allreduce_" (None: no collective)."""
+    """netsim's op of a host op "c10d::allreduce_" or "nccl:all_reduce" (None: no collective)."""
     found = _C10D.match(event_name)
     return collective_op(found.group(1)) if found else None
 
