@@ -98,6 +98,7 @@ def imported_meta(job: Job, trace: pd.DataFrame, steps: pd.DataFrame, method: st
             "timeline": "device" if job.timelines[0].device else "host",
             "shards": shards, "units": job.timelines[0].units,
             "profiler_steps": job.steps, "inferred": inferred,
+            "unit_compute": _unit_compute(job),
             "left_out": _left_out(job),
         },
         **provenance(),
@@ -132,6 +133,15 @@ def _inferred(job: Job, shards: bool, layout: list | None, workload: str,
         lines.append("FSDP2 layout: none (the trace names no FSDP2 units): replays at other GPUs "
                      "per node are refused")
     return lines
+
+
+def _unit_compute(job: Job) -> dict[str, list[float]] | None:
+    """Per FSDP2 unit its forward and backward busy seconds a step, the slowest rank's."""
+    found = [tl.unit_seconds for tl in job.timelines if tl.unit_seconds is not None]
+    if not found:
+        return None
+    return {phase: [max(seconds[phase][u] for seconds in found)
+                    for u in range(len(found[0][phase]))] for phase in ("forward", "backward")}
 
 
 def _ranks(alike: dict[int, int]) -> str:

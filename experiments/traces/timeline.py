@@ -31,6 +31,7 @@ from experiments.traces.names import (
     is_nccl_kernel,
     worker_names,
 )
+from experiments.traces.units import unit_compute
 from netsim.trace import BACKWARD, UNIT_BACKWARD
 
 __all__ = ["Collective", "RankTimeline", "rank_timeline"]
@@ -92,8 +93,12 @@ class RankTimeline:
     units: list[str]
     host_steps: list[tuple[int, float, float]] = field(default_factory=list)
     """The ProfilerStep spans on the host, where collectives and marks are told apart."""
+    unit_seconds: dict[str, list[float]] | None = None
+    """Per FSDP2 unit its forward and backward busy seconds (`units.unit_compute`)."""
     dropped: dict[str, int] = field(default_factory=dict)
     """What was left out and how often (host-side collectives of a GPU trace, ...)."""
+    work: list[tuple[float, float]] | None = None
+    """(host time it ran or was launched, busy seconds) of each piece of compute."""
 
     @property
     def rank(self) -> int:
@@ -107,6 +112,8 @@ class RankTimeline:
         for c in self.collectives:
             c.step -= n
         self.marks = [(t, op, u, k - n, h) for t, op, u, k, h in self.marks if k >= n]
+        self.unit_seconds = None if self.work is None else unit_compute(
+            self.source.events, self.work, self.host_steps, self.units)
 
 
 def _nest(events: list[Event]) -> tuple[list[int], list[int]]:
@@ -375,8 +382,22 @@ def rank_timeline(rank: RankFile) -> RankTimeline:
     units = _unit_names(host)
     marks = _marks(host, host_steps, steps, device_events, launches, on_device, units)
     _place(kept, host_steps, steps, marks, busy, dropped)
-    return RankTimeline(rank, on_device, steps, kept, busy, marks, units, host_steps,
-                        dropped)
+    work = _work(host, device_events, launches, on_device, workers)
+    timeline = RankTimeline(rank, on_device, steps, kept, busy, marks, units, host_steps,
+                            dropped=dropped, work=work)
+    timeline.skip(0)
+    return timeline
+
+
+def _work(host: _Host, device_events: list[Event], launches: dict[int, float],
+          on_device: bool, workers: set) -> list[tuple[float, float]]:
+    """Each piece of compute: a kernel or copy at its launch, or a host op where it ran."""
+    if on_device:
+        return [(launches[e.args["correlation"]], e.end - e.start) for e in device_events
+                if e.cat in ("kernel", "gpu_memcpy", "gpu_memset") and not is_nccl_kernel(e.name)
+                and e.args.get("correlation") in launches]
+    return [(e.start, e.end - e.start) for i, e in enumerate(host.events)
+            if host.children[i] == 0 and e.tid not in workers and not _STEP.match(e.name)]
 
 
 def _step_of(host_steps: list[tuple[int, float, float]], t: float) -> int:
