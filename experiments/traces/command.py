@@ -52,7 +52,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"read {traced} of {job.world} ranks of a {job.backend} job on {job.device}: "
           f"{job.nodes} nodes x {job.gpus_per_node} ranks, {len(job.steps)} steps "
           f"(ProfilerStep#{job.steps[0]}-#{job.steps[-1]}), "
-          f"{sum(len(tl.collectives) for tl in job.timelines) // traced} collectives a rank")
+          f"{sum(len(tl.collectives) for tl in job.timelines) / traced / len(job.steps):.4g} "
+          "collectives a rank and step")
     print(f"per step: {meta['inter_bytes_per_step'] / 1e6:.4g} MB inter-node and "
           f"{meta['intra_bytes_per_step'] / 1e6:.4g} MB intra-node sent per node; "
           f"{meta['train_time_s'] / len(job.steps):.4g} s a step")

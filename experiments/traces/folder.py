@@ -114,9 +114,11 @@ def _inferred(job: Job, shards: bool, layout: list | None, workload: str,
         lines.append(f"element counts and types of {shapes} collectives: from their c10d ops' "
                      "input shapes (the backend wrote no record_param_comms)")
     if job.alike:
-        lines.append(f"ranks {_ranks(job.alike)} were not traced: each taken as alike to the "
-                     "traced rank of its local index (or the first traced rank), its groups moved "
-                     "to its node and local index")
+        which = (f"rank {_ranks(job.alike)} was" if len(job.alike) == 1 else
+                 f"ranks {_ranks(job.alike)} were")
+        lines.append(f"{which} not traced: each taken as alike to the traced rank of its local "
+                     "index (or the first traced rank), its groups moved to its node and local "
+                     "index")
     where = ("the device's: compute kernels and copies, and the gaps where it waits on the "
              "host; a collective from its NCCL kernel's start to its end"
              if job.timelines[0].device else
