@@ -132,6 +132,9 @@ def read_job(paths: list[str], gpus_per_node: int | None = None, skip_steps: int
                           f"{len(timelines[0].steps)} profiled steps; give fewer.")
     for tl in timelines:
         tl.skip(skip_steps)
+    for tl in timelines:
+        _refuse_point_to_point(tl)
+        _refuse_forward_all_reduce(tl)
     inferred = assign_groups(timelines, world)
     for tl in timelines:
         _refuse_model_parallel(tl)
@@ -190,30 +193,40 @@ def _span(numbers: list[int]) -> str:
     return f"#{numbers[0]}" if len(numbers) == 1 else f"#{numbers[0]}-#{numbers[-1]}"
 
 
-def _refuse_model_parallel(tl: RankTimeline) -> None:
-    """Pipeline- and tensor-parallel jobs are refused, naming the collective that shows it."""
-    path = str(tl.source.path)
+def _refuse_point_to_point(tl: RankTimeline) -> None:
+    """A pipeline-parallel job (its stages send and receive activations) is refused."""
     for c in tl.collectives:
         if c.op in ("send", "recv"):
-            raise ConfigError(f"{path!r}: rank {tl.rank} {c.op}s {c.nbytes} bytes point to point "
-                              f"(ranks {list(c.ranks)}), as pipeline-parallel stages pass "
-                              "activations; pipeline- and tensor-parallel traces are not "
-                              "imported (data-parallel jobs only: DDP, FSDP, HSDP).")
+            raise ConfigError(f"{str(tl.source.path)!r}: rank {tl.rank} {c.op}s {c.nbytes} bytes "
+                              f"point to point in ProfilerStep#{tl.steps[c.step][0]}, as "
+                              "pipeline-parallel stages pass activations; pipeline- and "
+                              "tensor-parallel traces are not imported (data-parallel jobs "
+                              "only: DDP, FSDP, HSDP).")
+
+
+def _refuse_model_parallel(tl: RankTimeline) -> None:
+    """Tensor- and other model-parallel jobs are refused, naming the collective that shows it."""
+    path = str(tl.source.path)
+    for c in tl.collectives:
         if c.description and _MODEL_PARALLEL.search(c.description):
             raise ConfigError(f"{path!r}: rank {tl.rank}'s {c.op} of {c.nbytes} bytes runs on "
                               f"process group {c.description!r} (ranks {list(c.ranks)}), a "
                               "model-parallel mesh dimension; pipeline- and tensor-parallel "
                               "traces are not imported (data-parallel jobs only).")
-    forward_ends = _backward_begins(tl)
+
+
+def _refuse_forward_all_reduce(tl: RankTimeline) -> None:
+    """An all-reduce issued in a step's forward, before its backward, is tensor parallelism's."""
+    begins = _backward_begins(tl)
     for c in tl.collectives:
-        begins = forward_ends.get(c.step)
-        if c.op == "all_reduce" and (c.size or 1) > 1 and begins is not None \
-                and c.issue < begins:
-            raise ConfigError(f"{path!r}: rank {tl.rank} all-reduces {c.elements} {c.dtype} "
-                              f"elements on ranks {list(c.ranks)} in step "
+        before = begins.get(c.step)
+        if c.op == "all_reduce" and before is not None and c.issue < before \
+                and (c.ranks is None or len(c.ranks) > 1):
+            raise ConfigError(f"{str(tl.source.path)!r}: rank {tl.rank} all-reduces "
+                              f"{c.elements} {c.dtype} elements in ProfilerStep#"
                               f"{tl.steps[c.step][0]}'s forward, before its backward, as tensor "
-                              "parallelism reduces activations; pipeline- and tensor-parallel "
-                              "traces are not imported (data-parallel jobs only).")
+                              "parallelism sums a layer's partial outputs; pipeline- and "
+                              "tensor-parallel traces are not imported (data-parallel jobs only).")
 
 
 def _backward_begins(tl: RankTimeline) -> dict[int, float]:

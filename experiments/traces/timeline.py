@@ -241,21 +241,32 @@ def _host_collectives(host: _Host, path: str) -> list[tuple[int, dict]]:
 
 
 def _make(meta: dict, issue: float, path: str) -> Collective | None:
-    """A Collective from its metadata (None for a barrier or a zero-size op: no payload)."""
-    itemsize = element_size(str(meta["dtype"]))
+    """A Collective from its metadata (None for a barrier: no payload). An element type the
+    issuing op does not name (a TensorList's) stays unknown (itemsize 0) until the backend's
+    own work names it (`_time_on_host`)."""
+    itemsize = element_size(str(meta["dtype"])) or 0
     elements = meta["elements"]
     if meta["op"] == "barrier":
         return None
-    if elements is None or itemsize is None:
-        raise ConfigError(f"{path!r}: a {meta['op']} at {issue:.6f} s names neither its "
-                          f"element count nor a known element type (dtype {meta['dtype']!r}); "
+    if elements is None:
+        raise ConfigError(f"{path!r}: a {meta['op']} at {issue:.6f} s names no element count; "
                           "profile with record_shapes=True.")
     if meta["op"] == "scatter" and meta.get("out") is not None:
         elements = int(meta["out"])
     size = meta.get("size")
-    return Collective(meta["op"], int(elements), meta.get("out"), str(meta["dtype"]), itemsize,
-                      meta.get("ranks"), int(size) if size else None, issue, issue, issue,
+    return Collective(meta["op"], int(elements), meta.get("out"),
+                      str(meta["dtype"]) if itemsize else "", itemsize, meta.get("ranks"),
+                      int(size) if size else None, issue, issue, issue,
                       set(meta.get("inferred", ())))
+
+
+def _check_types(colls: list[Collective], path: str) -> None:
+    """Every collective's element type known (ConfigError, one sentence, naming the first)."""
+    for c in colls:
+        if not c.itemsize:
+            raise ConfigError(f"{path!r}: a {c.op} of {c.elements} elements names no element "
+                              "type the import knows, nor does its backend's work; profile with "
+                              "record_shapes=True.")
 
 
 def _unit_gathered(host: _Host, i: int) -> str | None:
@@ -327,9 +338,19 @@ def _time_on_host(colls: list[tuple[int, Collective]], host: _Host) -> set:
             queue = workers.get((name, c.elements), [])
             at = next((k for k, w in enumerate(queue) if w.start >= c.issue - 1e-4), None)
             if at is not None:
-                c.end = max(c.issue, queue.pop(at).end)
+                work = queue.pop(at)
+                c.end = max(c.issue, work.end)
+                _type_from(c, work)
                 break
     return threads
+
+
+def _type_from(c: Collective, work: Event) -> None:
+    """The element type of a collective whose issuing op named none, from its work's inputs."""
+    types = work.args.get("Input type")
+    size = element_size(str(types[0])) if isinstance(types, list) and types else None
+    if not c.itemsize and size:
+        c.dtype, c.itemsize = str(types[0]), size
 
 
 def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -376,6 +397,7 @@ def rank_timeline(rank: RankFile) -> RankTimeline:
     else:
         workers = _time_on_host(colls, host)
         kept = [c for _, c in colls]
+    _check_types(kept, path)
     launches = _launches(host) if on_device else {}
     steps = _step_spans(host_steps, kept, device_events, launches, on_device)
     busy = _busy(host, device_events, on_device, workers)
