@@ -119,12 +119,18 @@ def _inferred(job: Job, shards: bool, layout: list | None, workload: str,
         lines.append(f"{which} not traced: each taken as alike to the traced rank of its local "
                      "index (or the first traced rank), its groups moved to its node and local "
                      "index")
-    where = ("the device's: compute kernels and copies, and the gaps where it waits on the "
-             "host; a collective from its NCCL kernel's start to its end"
-             if job.timelines[0].device else
-             "the host's: a collective from its issue to the end of the backend's work")
-    lines.append(f"timeline: {where}; a collective waited on where the timeline last ran "
-                 "something before it ended (or not at all if it was busy then)")
+    if job.timelines[0].device:
+        where = ("the device's: compute kernels and copies, and the gaps where it waits on the "
+                 "host; a collective from its NCCL kernel's start to its end, waited on where "
+                 "the device last ran something before it ended (not at all if busy then)")
+    elif all(tl.waits_named for tl in job.timelines):
+        where = ("the host's: a collective from its issue to the end of the backend's work, "
+                 "waited on during the trace's wait event in progress when it ended")
+    else:
+        where = ("the host's: a collective from its issue to the end of the backend's work, "
+                 "waited on where the host last ran an op before it ended (Python between ops "
+                 "reads as waiting: the trace holds no wait events)")
+    lines.append(f"timeline: {where}")
     kind = "FSDP2 (it reduce-scatters)" if shards else "DDP (it all-reduces, shards nothing)"
     lines.append(f"parallelism: {kind}; replayed as a recording of the method {method}")
     if shards and layout is not None:

@@ -99,6 +99,8 @@ class RankTimeline:
     """What was left out and how often (host-side collectives of a GPU trace, ...)."""
     work: list[tuple[float, float]] | None = None
     """(host time it ran or was launched, busy seconds) of each piece of compute."""
+    waits_named: bool = False
+    """Whether the trace's own wait events said when the rank began each wait."""
 
     @property
     def rank(self) -> int:
@@ -363,6 +365,18 @@ def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def _is_wait(e: Event) -> bool:
+    """A host event of a rank waiting for a collective (NCCL's record_param_comms, netsim's)."""
+    return e.args.get("Collective name") == "wait"
+
+
+def _host_work(host: _Host, workers: set) -> list[Event]:
+    """The host's innermost ops on its own threads: what it computed (waits left out)."""
+    return [e for i, e in enumerate(host.events)
+            if host.children[i] == 0 and e.tid not in workers and not _STEP.match(e.name)
+            and not _is_wait(e)]
+
+
 def _busy(host: _Host, device_events: list[Event], on_device: bool,
           workers: set) -> list[tuple[float, float]]:
     """The timeline's activity: compute kernels and copies, or the host's innermost ops."""
@@ -370,9 +384,26 @@ def _busy(host: _Host, device_events: list[Event], on_device: bool,
         return _merged([(e.start, e.end) for e in device_events
                         if e.cat in ("kernel", "gpu_memcpy", "gpu_memset")
                         and not is_nccl_kernel(e.name)])
-    return _merged([(e.start, e.end) for i, e in enumerate(host.events)
-                    if host.children[i] == 0 and e.tid not in workers
-                    and not _STEP.match(e.name)])
+    return _merged([(e.start, e.end) for e in _host_work(host, workers)])
+
+
+def _waited_from(host: _Host, colls: list[tuple[int, Collective]]) -> bool:
+    """On a host timeline with wait events: each collective waited on from the start of the
+    wait in progress on its thread when it ended, to that wait's return (none: it ended while
+    the rank computed)."""
+    waits: dict = defaultdict(list)
+    for e in host.events:
+        if _is_wait(e):
+            waits[e.tid].append(e)
+    if not waits:
+        return False
+    for i, c in colls:
+        mine = waits.get(host.events[i].tid, [])
+        holding = [w for w in mine if w.start <= c.end + _EPS and w.end >= c.end - 1e-4]
+        c.wait = max(holding[0].start, c.start) if holding else c.end
+        if holding:
+            c.end = max(c.end, holding[0].end)
+    return True
 
 
 def rank_timeline(rank: RankFile) -> RankTimeline:
@@ -389,6 +420,7 @@ def rank_timeline(rank: RankFile) -> RankTimeline:
             colls.append((i, c))
     on_device = any(e.cat == "kernel" for e in device_events)
     dropped: dict[str, int] = {}
+    named = False
     if on_device:
         kept, missing = _time_on_device(colls, host, device_events)
         if missing:
@@ -396,6 +428,7 @@ def rank_timeline(rank: RankFile) -> RankTimeline:
         workers: set = set()
     else:
         workers = _time_on_host(colls, host)
+        named = _waited_from(host, colls)
         kept = [c for _, c in colls]
     _check_types(kept, path)
     launches = _launches(host) if on_device else {}
@@ -406,7 +439,7 @@ def rank_timeline(rank: RankFile) -> RankTimeline:
     _place(kept, host_steps, steps, marks, busy, dropped)
     work = _work(host, device_events, launches, on_device, workers)
     timeline = RankTimeline(rank, on_device, steps, kept, busy, marks, units, host_steps,
-                            dropped=dropped, work=work)
+                            dropped=dropped, work=work, waits_named=named)
     timeline.skip(0)
     return timeline
 
@@ -418,8 +451,7 @@ def _work(host: _Host, device_events: list[Event], launches: dict[int, float],
         return [(launches[e.args["correlation"]], e.end - e.start) for e in device_events
                 if e.cat in ("kernel", "gpu_memcpy", "gpu_memset") and not is_nccl_kernel(e.name)
                 and e.args.get("correlation") in launches]
-    return [(e.start, e.end - e.start) for i, e in enumerate(host.events)
-            if host.children[i] == 0 and e.tid not in workers and not _STEP.match(e.name)]
+    return [(e.start, e.end - e.start) for e in _host_work(host, workers)]
 
 
 def _step_of(host_steps: list[tuple[int, float, float]], t: float) -> int:
@@ -512,7 +544,9 @@ def _place(colls, host_steps, steps, marks, busy, dropped) -> None:
         c.start = min(max(c.start, begin), end)
         c.end = min(max(c.end, c.start), end)
         c.unit = _unit_at(by_step[k], c.issue)
-        c.wait = _wait(busy, ends, c.start, c.end)
+        if c.wait != c.wait:  # NaN: no wait event said it (_waited_from)
+            c.wait = _wait(busy, ends, c.start, c.end)
+        c.wait = min(max(c.wait, c.start), c.end)
         kept.append(c)
     colls[:] = kept
 

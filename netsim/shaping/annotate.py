@@ -6,7 +6,9 @@ on a worker thread, with no group). While a profiler runs, the funnel wraps each
 event "netsim::OP" whose arguments are the ones torch's NCCL backend gives its
 `record_param_comms` events ("Collective name", "dtype", "In msg nelems", "Out msg nelems",
 "Group size", "Process Group Ranks"), so a reader of profiles (`flexbench import-trace`, Holistic
-Trace Analysis) sees which collective ran on which ranks. Nothing is recorded without a profiler.
+Trace Analysis) sees which collective ran on which ranks; a rank's wait for a collective is a
+"netsim::wait" event (Collective name "wait", as NCCL names its own), so a reader sees when the
+rank stopped computing. Nothing is recorded without a profiler.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["EVENT_PREFIX", "COLLECTIVE_NAMES", "DTYPE_NAMES", "profiled"]
+__all__ = ["EVENT_PREFIX", "COLLECTIVE_NAMES", "DTYPE_NAMES", "profiled", "waiting"]
 
 EVENT_PREFIX = "netsim::"
 # netsim's op -> the "Collective name" torch's backends write for it.
@@ -74,3 +76,10 @@ def _event(op: str, tensors: Any, ranks: list[int]) -> Iterator[None]:
     }
     with _EVENT(f"{EVENT_PREFIX}{op}", (), args):
         yield
+
+
+def waiting() -> contextlib.AbstractContextManager:
+    """The host event of a rank waiting for its collective while a profiler runs (else nothing)."""
+    if _EVENT is None or not torch._C._autograd._profiler_enabled():
+        return contextlib.nullcontext()
+    return _EVENT(f"{EVENT_PREFIX}wait", (), {"Collective name": "wait"})
