@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from experiments.errors import ConfigError
+from experiments.sizes import Cost, Count, Term, check_work
 from experiments.traces.chrome import read_rank, trace_files
 from experiments.traces.groups import assign_groups
 from experiments.traces.timeline import Collective, RankTimeline, rank_timeline
@@ -140,6 +141,7 @@ def read_job(paths: list[str], gpus_per_node: int | None = None, skip_steps: int
         _refuse_model_parallel(tl)
     job = Job(timelines, world, gpus_per_node, ranks[0].backend, inferred=inferred)
     _check_collectives(job)
+    _check_size(job)
     job.alike = _alike(job)
     return job
 
@@ -260,6 +262,20 @@ def _check_collectives(job: Job) -> None:
                                   f"ranks {list(key[0])} in step {key[1] + 1} ({_count(theirs)} "
                                   f"against {_count(ops)}): ranks of two different runs?")
             seen.setdefault(key, (tl.rank, ops))
+
+
+# What a rank of the imported trace holds (experiments.sizes): a row a step, mark and collective
+# of the traced rank it copies, about 400 B in pandas, written in about 3 us.
+_ROW = Cost("a row of a rank's imported trace", bytes=400, seconds=3e-6)
+
+
+def _check_size(job: Job) -> None:
+    """Refuse a world whose rows (every rank copies a traced one's) pass memory or ten minutes."""
+    rows = max(len(tl.steps) + len(tl.marks) + len(tl.collectives) for tl in job.timelines)
+    check_work("the import", [Term(_ROW, (
+        Count("world_size", job.world, "ranks", said=f"the traces' world of {job.world:,} "
+                                                     "ranks", given=False),
+        Count("rows", rows, "rows a rank", said=f"{rows:,} rows a rank", given=False)))])
 
 
 def _count(ops: list) -> str:

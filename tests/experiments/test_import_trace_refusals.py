@@ -104,3 +104,10 @@ def _shift_steps(then) -> Callable[[dict], None]:
 def test_a_rank_count_gpus_per_node_does_not_divide(tmp_path, capsys, per_node):
     err = _refused(tmp_path, capsys, [DDP], ("--gpus-per-node", per_node))
     assert f"--gpus-per-node {per_node} does not divide the traced world of 2 ranks" in err
+
+
+def test_a_world_too_large_to_copy_its_traced_rank_into(tmp_path, capsys):
+    trace = _edited(tmp_path, "a/r0.json.gz", _info(world_size=10**9))
+    err = _refused(tmp_path, capsys, [trace])
+    assert err.startswith("flexbench import-trace: error: the traces' world of 1,000,000,000 "
+                          "ranks: the import would hold about") and "ranks fit" in err
