@@ -287,7 +287,9 @@ def _intra_line(target: ReplayTarget, run: RecordedRun, model: Replay, intra: st
         return (f"modeled on {link.bandwidth * 8 / 1e9:.4g} Gbit/s "
                 f"({link.bandwidth / 1e9:.4g} GB/s), {link.latency * 1e6:.3g} us "
                 f"a message{' (NVLink-class default)' if default else ''}")
-    line = "measured: recorded durations (the recording's CPU gloo)"
+    info = RunRecord(run.path, run.meta).imported
+    line = ("measured: recorded durations (the recording's CPU gloo)" if info is None else
+            f"measured: traced durations ({info.get('backend')} on {info.get('device')})")
     if model.payload_rules and _shards(run):
         # Durations, not bytes, are replayed: the resized intra-node payloads need a link.
         line += (f", as at {run.config.gpus_per_node} ranks per node (--intra model "
@@ -319,11 +321,11 @@ def _compute_line(target: ReplayTarget, run: RecordedRun, scale: float) -> str:
     recorded = float(run.steps["compute_s"].median())
     if target.compute.step_s is not None:
         return (f"compute: declared: {target.compute.step_s:.4g} s per step, x{scale:.4g} of "
-                f"the recording's CPU ({recorded:.4g} s per step outside inter-node calls)")
+                f"{_measured_on(run)} ({recorded:.4g} s per step outside inter-node calls)")
     if target.compute.scale is not None:
-        return (f"compute: declared: x{scale:.4g} of the recording's CPU ({recorded:.4g} s per "
+        return (f"compute: declared: x{scale:.4g} of {_measured_on(run)} ({recorded:.4g} s per "
                 "step outside inter-node calls)")
-    return (f"compute: measured on the recording's CPU ({recorded:.4g} s per step outside "
+    return (f"compute: measured on {_measured_on(run)} ({recorded:.4g} s per step outside "
             "inter-node calls)")
 
 
@@ -338,7 +340,18 @@ def _overlap_line(target: ReplayTarget, run: RecordedRun, overlap: str) -> str:
         return ("overlap: recorded (serial, as on the recording's CPU gloo), not the GPU-class "
                 f"default fsdp2: {str(run.path)!r} has no FSDP2 backward marks "
                 f"({_no_marks_reason(run)})")
+    if RunRecord(run.path, run.meta).imported is not None:
+        return "overlap: recorded (the trace's order: each collective where the traced job ran it)"
     return "overlap: recorded (the trace's order: FSDP2's reduce serial, as on CPU gloo)"
+
+
+def _measured_on(run: RecordedRun) -> str:
+    """Where the run's compute was measured: the recording's CPU, or an imported trace's device."""
+    info = RunRecord(run.path, run.meta).imported
+    if info is None:
+        return "the recording's CPU"
+    return f"the traced {info.get('device', 'device')} ({info.get('timeline', 'its')} timeline)"
+
 
 
 def loss_on_time_axis(steps: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
