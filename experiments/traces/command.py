@@ -37,6 +37,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", choices=METHODS, default=BASELINE,
                         help=f"the method the job ran, as replays name it (default {BASELINE}: "
                              "every gradient reduced across nodes each step, as DDP and FSDP do)")
+    parser.add_argument("--batch-size", type=POSITIVE_INT.arg, default=None,
+                        help="sequences per rank a step, as the job trained: a loss curve from "
+                             "another run (compare --loss-from) then carries to it")
     parser.add_argument("--workload", default=IMPORTED,
                         help="the model it trained, when it is a built-in workload (lm-tiny, "
                              "...): its FSDP2 layout re-shards exactly (default: imported)")
@@ -46,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     """Read, check and write; print what was read and what was inferred."""
     out = check_output_folder(args.out, what="--out", reads=args.trace)
     job = read_job(args.trace, args.gpus_per_node, args.skip_steps)
-    meta = write_imported(job, Path(out), args.method, args.workload)
+    meta = write_imported(job, Path(out), args.method, args.workload, args.batch_size)
     info = meta[IMPORTED]
     traced = len(info["ranks_traced"])
     print(f"read {traced} of {job.world} ranks of a {job.backend} job on {job.device}: "

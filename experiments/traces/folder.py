@@ -75,11 +75,12 @@ def _layout(job: Job, workload: str) -> list | None:
 
 
 def imported_meta(job: Job, trace: pd.DataFrame, steps: pd.DataFrame, method: str,
-                  workload: str) -> dict[str, Any]:
+                  workload: str, batch_size: int | None = None) -> dict[str, Any]:
     """run.json of the imported job: a recording's entries, and `imported` saying what it is."""
     backend = "nccl" if "nccl" in job.backend else "gloo"
     cfg = RunConfig(method=method, workload=workload, nodes=job.nodes,
-                    gpus_per_node=job.gpus_per_node, steps=len(job.steps), backend=backend)
+                    gpus_per_node=job.gpus_per_node, steps=len(job.steps), backend=backend,
+                    batch_size=batch_size)
     shards = bool((trace["op"] == "reduce_scatter").any())
     layout = _layout(job, workload) if shards else None
     inferred = list(job.inferred) + _inferred(job, shards, layout, workload, method)
@@ -166,12 +167,12 @@ def _left_out(job: Job) -> dict[str, int]:
     return out
 
 
-def write_imported(job: Job, out: Path, method: str = "hsdp-adamw",
-                   workload: str = "imported") -> dict[str, Any]:
+def write_imported(job: Job, out: Path, method: str = "hsdp-adamw", workload: str = "imported",
+                   batch_size: int | None = None) -> dict[str, Any]:
     """The run folder at `out` (built beside it, then renamed: a failure leaves nothing)."""
     trace = job.trace()
     steps = steps_table(job, trace)
-    meta = imported_meta(job, trace, steps, method, workload)
+    meta = imported_meta(job, trace, steps, method, workload, batch_size)
     out = Path(out)
     work = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:

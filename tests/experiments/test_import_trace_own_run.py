@@ -27,7 +27,7 @@ def profiled(tmp_path_factory):
         f"rank{r}.pt.trace.json.gz" for r in range(4)]
     imported = root / "imported"
     assert main(["import-trace", str(recording / "profile"), "--gpus-per-node", "2",
-                 "--workload", "lm-tiny", "--out", str(imported)]) == 0
+                 "--workload", "lm-tiny", "--batch-size", "2", "--out", str(imported)]) == 0
     return read_run(recording), read_run(imported)
 
 
@@ -86,3 +86,15 @@ def test_plan_compute_from_the_import_steps_as_its_replay(profiled, tmp_path, ca
 def test_profiling_a_run_shaped_in_the_model_alone_is_refused():
     with pytest.raises(ConfigError, match="profile an unshaped run"):
         RunConfig(profile=True, shaping="wall", inter_bw="1Gbit").validate()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(600)
+def test_compare_ranks_the_import_on_a_loss_curve_from_a_recording(profiled, capsys):
+    recording, imported = profiled
+    target = recording.meta["final_val_loss"] + 1e-6  # reached at the recording's last step
+    assert main(["compare", str(imported.path), "--loss-from", str(recording.path),
+                 "--inter-bw", "1Gbit", "--inter-lat", "1ms", "--target", str(target)]) == 0
+    said = capsys.readouterr().out
+    assert f"trace from {imported.path}; loss curve from {recording.path}" in said
+    assert "1/1" in said  # the import's one seed reached the target on the recording's curve
