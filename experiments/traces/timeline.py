@@ -221,7 +221,7 @@ def _from_shapes(host: _Host, i: int) -> dict:
             "ranks": None}
 
 
-def _host_collectives(host: _Host, path: str) -> list[tuple[int, dict]]:
+def _host_collectives(host: _Host) -> list[tuple[int, dict]]:
     """(event index, metadata) of each collective issued on the host: the outermost event
     naming it, its fields from itself or the record_param_comms inside it."""
     found = []
@@ -413,7 +413,7 @@ def rank_timeline(rank: RankFile) -> RankTimeline:
     device_events = [e for e in rank.events if e.on_device]
     host_steps = _steps(host, path)
     colls = []
-    for i, meta in _host_collectives(host, path):
+    for i, meta in _host_collectives(host):
         c = _make(meta, host.events[i].start, path)
         if c is not None:
             c.gathered_unit = _unit_gathered(host, i)
