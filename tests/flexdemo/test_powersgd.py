@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -13,11 +17,13 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 from torch.nn.parallel import DistributedDataParallel
 
 from experiments.cli import main
+from experiments.config import RunConfig
+from experiments.run.launch import launch
 from flexdemo import FlexDeMo, method_record
 from flexdemo.knobs import PowerSGDKnobs
 from flexdemo.replicators import FullReplicator, PowerSGDReplicator
 from flexdemo.replicators.powersgd import HookSeeds, orthonormalize, plan_powersgd
-from tests.dist_utils import run_ranks
+from tests.dist_utils import fsdp2_shards, run_ranks
 
 LR, WD, STEPS, START, SEED = 1e-2, 0.01, 20, 2, 7
 
@@ -81,17 +87,18 @@ def _relative(a: dict, b: dict) -> float:
     return max(((a[n] - b[n]).norm() / b[n].norm()).item() for n in b)
 
 
-def _closed_form_bytes(shapes: list[tuple[int, ...]], rank: int, step: int) -> int:
+def _closed_form_bytes(shapes: list[tuple[int, ...]], rank: int, step: int, start: int = START,
+                       rate: float = 2.0) -> int:
     """docs/methods.md's bytes per rank and step on 2 nodes (a ring all-reduce over 2 ranks
     sends each payload once): every shard whole up to the start, then 4 (n + m) r for each
-    compressed n x m matrix and 4 numel for the rest."""
-    if step <= START:
-        return sum(4 * int(np.prod(s)) for s in shapes)
+    n x m matrix worth compressing ((n + m) r rate < n m) and 4 numel for the rest."""
+    if step <= start:
+        return sum(4 * math.prod(s) for s in shapes)
     total = 0
     for shape in shapes:
-        n, m = shape[0], int(np.prod(shape[1:]))
+        n, m = shape[0], math.prod(shape[1:])
         r = min(n, m, rank)
-        total += 4 * (n + m) * r if len(shape) > 1 and 2 * (n + m) * r < n * m \
+        total += 4 * (n + m) * r if len(shape) > 1 and (n + m) * r * rate < n * m \
             else 4 * n * m
     return total
 
@@ -190,3 +197,22 @@ def test_a_bad_rank_on_the_command_line_exits_2_and_writes_nothing(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert err.endswith(words) and err.count("\n") == 0, err
     assert not out.exists()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_trains_lm_tiny_on_2x2_with_the_loss_falling_and_sends_its_closed_form(tmp_path):
+    cfg = RunConfig(method="powersgd", workload="lm-tiny", nodes=2, gpus_per_node=2, steps=12,
+                    batch_size=4, eval_every=1000, powersgd_start=4)
+    out = launch(cfg, tmp_path / "run", timeout_s=240, quiet=True)
+    steps = pd.read_parquet(out / "steps.parquet")
+    loss = steps["loss"].tolist()
+    assert sum(loss[-3:]) < sum(loss[:3]) - 1.5, loss  # 5.6 at the start
+    layout = json.loads((out / "run.json").read_text())["layout"]
+    rank = method_record("powersgd").knobs.powersgd_rank
+    for step, sent in zip(steps["step"], steps["inter_bytes_sent"], strict=True):
+        # netsim's count of the tensors sent, per node: the node's two ranks' shards.
+        want = sum(_closed_form_bytes(fsdp2_shards(layout, 2, i), rank, step, start=4)
+                   for i in range(2))
+        assert sent == want, step
+    assert steps["inter_calls"].tolist() == [1] * 4 + [3] * 8
