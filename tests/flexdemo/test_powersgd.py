@@ -36,10 +36,10 @@ def _model() -> nn.Module:
                          nn.Linear(40, 40), nn.Tanh(), nn.Linear(40, 6))
 
 
-def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int,
-           comm: list | None = None) -> dict:
-    """STEPS steps on this rank's data; the parameters by name (a DDP wrapper's, unwrapped)."""
-    for step in range(1, STEPS + 1):
+def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, comm: list | None = None,
+           steps: range = range(1, STEPS + 1)) -> dict:
+    """``steps`` on this rank's data; the parameters by name (a DDP wrapper's, unwrapped)."""
+    for step in steps:
         g = torch.Generator().manual_seed(1000 * step + rank)  # every rank its own data
         x, y = torch.randn(8, 24, generator=g), torch.randn(8, 6, generator=g)
         nn.functional.mse_loss(model(x), y).backward()
@@ -83,6 +83,22 @@ def _ours(rank: int, order: list[str], replicator, comm: list | None = None) -> 
     return _train(model, opt, rank, comm)
 
 
+def _resumed(rank: int, order: list[str], knobs: PowerSGDKnobs) -> dict:
+    """Half the steps, the state saved, then the rest on a fresh model and optimizer."""
+    def build():
+        model = _model()
+        named = dict(model.named_parameters())
+        return model, FlexDeMo([named[n] for n in order], lr=LR, weight_decay=WD,
+                               replicator=PowerSGDReplicator(knobs), base="adamw", sign=False)
+
+    first, opt = build()
+    _train(first, opt, rank, steps=range(1, STEPS // 2 + 1))
+    second, resumed = build()
+    second.load_state_dict(first.state_dict())
+    resumed.load_state_dict(opt.state_dict())
+    return _train(second, resumed, rank, steps=range(STEPS // 2 + 1, STEPS + 1))
+
+
 def _relative(a: dict, b: dict) -> float:
     return max(((a[n] - b[n]).norm() / b[n].norm()).item() for n in b)
 
@@ -124,6 +140,8 @@ def _against_the_hook(rank: int, world: int) -> None:
             want = _closed_form_bytes(shapes, knobs.powersgd_rank, step)
             assert stats["bytes_sent"] == stats["bytes_received"] == want, (knobs, step)
             assert stats["calls"] == (1 if step <= START else 3), (knobs, step)
+        # A resumed run goes on with the errors, Qs and seeds it left (no fresh draw).
+        assert all(torch.equal(a, ours[n]) for n, a in _resumed(rank, order, knobs).items())
 
 
 @pytest.mark.dist
