@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.errors import ConfigError
 from experiments.values import (
+    AT_LEAST_ONE,
     AT_LEAST_ZERO,
     COUNT,
     FRACTION,
@@ -127,6 +128,8 @@ KNOB_KINDS: dict[str, Kind] = {
     "fragment_runs": POSITIVE_INT,
     "fragment_update_alpha": UNIT_CLOSED, "rate": UNIT_OPEN_LOW, "ada_every": POSITIVE_INT,
     "ada_high": AT_LEAST_ZERO, "ada_low": AT_LEAST_ZERO, "ada_sample": POSITIVE_INT,
+    "powersgd_rank": POSITIVE_INT, "powersgd_start": COUNT, "min_compression_rate": AT_LEAST_ONE,
+    "density": UNIT_OPEN_LOW,
 }
 
 

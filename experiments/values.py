@@ -16,7 +16,7 @@ from typing import Any
 
 from experiments.errors import ConfigError
 
-__all__ = ["AT_LEAST_ZERO", "COUNT", "FRACTION", "POSITIVE", "POSITIVE_INT",
+__all__ = ["AT_LEAST_ONE", "AT_LEAST_ZERO", "COUNT", "FRACTION", "POSITIVE", "POSITIVE_INT",
            "SEED", "UNIT_CLOSED", "UNIT_OPEN_LOW", "Kind", "kind_of",
            "BANDWIDTH", "LATENCY", "Quantity"]
 
@@ -110,6 +110,8 @@ POSITIVE = Kind(integer=False, low=0.0, low_open=True)
 """Rates, scales, seconds, learning rates, losses: a finite number above zero."""
 AT_LEAST_ZERO = Kind(integer=False, low=0.0)
 """Weight decay, tolerances, thresholds: a finite number, zero included."""
+AT_LEAST_ONE = Kind(integer=False, low=1.0)
+"""Ratios that cannot fall below one (a compression rate): a finite number >= 1."""
 FRACTION = Kind(integer=False, low=0.0, high=1.0, high_open=True)
 """Momentum decays and warm-up fractions: [0, 1)."""
 UNIT_OPEN_LOW = Kind(integer=False, low=0.0, low_open=True, high=1.0, high_open=False)

@@ -24,8 +24,9 @@ from .graphs import graph_ladder, graph_name_problem, graph_problem
 
 __all__ = ["ARITHMETICS", "BASES", "EXCHANGES", "FRAGMENT_CUTS", "MAX_DCT_CHUNK", "VALUE_DTYPES",
            "VALUE_FORMATS", "AdaKnobs", "DeMoKnobs", "DiLoCoKnobs", "EveryKnobs", "GossipKnobs",
-           "Knobs", "MomentumKnobs", "PartialKnobs", "OUTER_FORMATS", "RandomKnobs",
-           "ScheduleKnobs", "StepKnobs", "StreamingDiLoCoKnobs", "StridingKnobs",
+           "Knobs", "MomentumKnobs", "PartialKnobs", "OUTER_FORMATS", "PowerSGDKnobs",
+           "RandomKnobs", "ScheduleKnobs", "StepKnobs", "StreamingDiLoCoKnobs", "StridingKnobs",
+           "TopKKnobs",
            "check_ada_thresholds",
            "check_base", "check_dct_chunk", "check_value_format"]
 
@@ -473,3 +474,63 @@ class AdaKnobs(EveryKnobs):
             return None
         return (f"ada needs at least 2 nodes to gossip between, got nodes={nodes}; "
                 "use nodes >= 2.")
+
+
+@dataclass(frozen=True)
+class PowerSGDKnobs(Knobs):
+    """:class:`~flexdemo.replicators.PowerSGDReplicator`'s knobs (PyTorch's ``PowerSGDState``)."""
+
+    # Rank 4 is the paper's setting for its language model (an LSTM on WikiText-2; rank 2 for
+    # its ResNet-18 on CIFAR-10); PyTorch's hook defaults to 1. PyTorch's start_powerSGD_iter
+    # defaults to 1000 and its docs suggest about 10% of the steps: 10 of the standard 100.
+    powersgd_rank: int = 4
+    """Rank r of PowerSGD's low-rank factors (PyTorch's matrix_approximation_rank); a matrix
+    with fewer rows or columns uses that many."""
+    powersgd_start: int = 10
+    """Steps all-reduced whole before compression starts (PyTorch's start_powerSGD_iter)."""
+    min_compression_rate: float = 2.0
+    """A matrix is compressed only where (n + m) * r * this < n * m, as PyTorch's hook decides;
+    >= 1, so a 1-D tensor is always all-reduced whole."""
+    error_feedback: bool = True
+    """Add what compression left out of a compressed tensor to its next gradient."""
+    warm_start: bool = True
+    """Start each step's power iteration from the last step's Q (false: fresh random Qs every
+    step)."""
+    seed: int = 0
+    """Seed of the random Qs, drawn as PyTorch's hook draws them from its random_seed (a run
+    hands in its own seed)."""
+
+    def check(self) -> None:
+        """A positive integer rank, a start >= 0, a compression rate >= 1, two bools, a seed."""
+        int_at_least("powersgd_rank", self.powersgd_rank, 1)
+        int_at_least("powersgd_start", self.powersgd_start, 0)
+        rate = self.min_compression_rate
+        ok = isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate)
+        check(ok and rate >= 1, f"min_compression_rate={rate!r} must be a finite number >= 1 "
+                                "(the compressed size at most the tensor's).")
+        for name in ("error_feedback", "warm_start"):
+            value = getattr(self, name)
+            check(isinstance(value, bool), f"{name}={value!r} must be true or false.")
+        ok = isinstance(self.seed, int) and not isinstance(self.seed, bool)
+        check(ok and 0 <= self.seed < 2**32,
+              f"seed={self.seed!r} must be an integer from 0 to {2**32 - 1}.")
+
+
+@dataclass(frozen=True)
+class TopKKnobs(Knobs):
+    """:class:`~flexdemo.replicators.TopKReplicator`'s knobs (Deep Gradient Compression's)."""
+
+    density: float = 0.01
+    """Fraction of each shard's entries sent per step, in (0, 1]: k = ceil(density * numel)."""
+    decay: float = 0.9
+    """Momentum factor m of DGC's momentum correction u <- m * u + g, in [0, 1); 0 sends the
+    top-k of the accumulated gradients alone (Stich et al.'s memory)."""
+    value_format: str = "fp32-packed"
+    """Wire format of the values sent (indices bit-packed in the packed and quantized formats):
+    fp32, bf16, fp32-packed, bf16-packed, int8, int2 or sign (one scale per tensor)."""
+
+    def check(self) -> None:
+        """A density in (0, 1], a momentum in [0, 1), a known value format."""
+        in_unit_interval("density", self.density, closed_low=False, closed_high=True)
+        in_unit_interval("decay", self.decay, closed_low=True, closed_high=False)
+        check_value_format(self.value_format)

@@ -23,10 +23,12 @@ from .knobs import (
     DiLoCoKnobs,
     GossipKnobs,
     Knobs,
+    PowerSGDKnobs,
     RandomKnobs,
     StepKnobs,
     StreamingDiLoCoKnobs,
     StridingKnobs,
+    TopKKnobs,
 )
 
 __all__ = ["BASELINE", "FLEXDEMO_KNOBS", "METHODS", "RECORDS", "WIRED", "Method", "method_record"]
@@ -145,6 +147,14 @@ RECORDS: tuple[Method, ...] = (
     # Gossip's and Ada's local step is plain AdamW, as DiLoCo's inner one.
     Method("gossip", "gossip", GossipKnobs(), takes_sign=False, gossips=True),
     Method("ada", "ada", AdaKnobs(), takes_sign=False, gossips=True, adapts=True),
+    # HSDP with its inter-node all-reduce replaced by PowerSGD's low-rank factors; AdamW on the
+    # mean it approximates, as hsdp-adamw on the exact one (replicators/powersgd.py).
+    Method("powersgd", "powersgd", PowerSGDKnobs(), takes_sign=False),
+    # Deep Gradient Compression: top-k of a momentum-corrected velocity, all-gathered, SGD step
+    # (replicators/topk.py). Its step is SGD, whose lr is not AdamW's: on lm-tiny 2 x 2, 100
+    # steps, seed 0, lr 0.03, 0.06 and 0.1 ended at val_loss 2.944, 2.913 and 3.070 (1.0
+    # diverged by step 9).
+    Method("topk-ef", "topk", TopKKnobs(), lr=0.06, takes_sign=False),
 )
 # Learning rates: tuned on lm-tiny, 2 nodes x 2, 300 steps, constant lr (docs/methods.md, "Learning
 # rates"): hsdp-adamw and flexdemo both degrade sharply above about 1.2e-3; the others keep 1e-3

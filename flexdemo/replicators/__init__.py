@@ -16,6 +16,10 @@ One class per scheme, each owning its knobs (``knobs_type``, a schema of
 - ``diloco.py``: :class:`DiLoCoReplicator`, local steps and a periodic outer Nesterov step.
 - ``streaming_diloco.py``: :class:`StreamingDiLoCoReplicator`, DiLoCo per fragment on
   staggered steps, each sync overlapped with a few inner steps (``outer_wire.py``: its wire).
+- ``powersgd.py``: :class:`PowerSGDReplicator`, the gradients' mean at low rank (PowerSGD's
+  factors P and Q, error feedback, warm start), as PyTorch's ``powerSGD_hook``.
+- ``topk.py``: :class:`TopKReplicator`, the top-k of an accumulated velocity with error
+  feedback (Deep Gradient Compression), all-gathered.
 
 A new scheme is one subclass of :class:`Replicator` (``base.py``), its knobs in
 :mod:`flexdemo.knobs` and one entry in ``REPLICATORS``; a named method using it is one record in
@@ -31,13 +35,16 @@ from .dense import FullReplicator, NoReplicator
 from .diloco import DiLoCoReplicator
 from .gossip import GossipReplicator
 from .partial import RandomReplicator, StridingReplicator
+from .powersgd import PowerSGDReplicator
 from .streaming_diloco import StreamingDiLoCoReplicator
+from .topk import TopKReplicator
 
 # Name -> class, for the reference-compatible ``FlexDeMo(..., replicator="demo")``.
 REPLICATORS: dict[str, type[Replicator]] = {
     cls.name: cls for cls in (DeMoReplicator, FullReplicator, NoReplicator, RandomReplicator,
                               StridingReplicator, DiLoCoReplicator, StreamingDiLoCoReplicator,
-                              GossipReplicator, AdaReplicator)
+                              GossipReplicator, AdaReplicator, PowerSGDReplicator,
+                              TopKReplicator)
 }
 
 __all__ = [
@@ -48,8 +55,10 @@ __all__ = [
     "FullReplicator",
     "GossipReplicator",
     "NoReplicator",
+    "PowerSGDReplicator",
     "RandomReplicator",
     "Replicator",
     "StreamingDiLoCoReplicator",
     "StridingReplicator",
+    "TopKReplicator",
 ]

@@ -22,6 +22,13 @@ def mean_payload(numel: int, itemsize: int = 4) -> tuple[str, int]:
     return "all_reduce", numel * itemsize
 
 
+def all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Group) -> object:
+    """Post an all-gather of every replica's ``inp`` into ``out`` (ranks x inp); its handle."""
+    # torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(out, inp, group=group, async_op=True)
+
+
 class Replicator:
     """Turns local shard gradients into the updates every replica applies; subclass per scheme.
 

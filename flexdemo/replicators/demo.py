@@ -23,7 +23,7 @@ from ..wire import (
     plan_bucket,
     unpack,
 )
-from .base import Group, Replicator, copy_state
+from .base import Group, Replicator, all_gather_flat, copy_state
 from .blocks import BlockGroup
 from .reference_blocks import ReferenceBlockGroup
 
@@ -53,12 +53,6 @@ class Pending:
     work: object | None
     sent: torch.Tensor | None = None
     ahead: Ahead | None = None
-
-
-def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Group) -> object:
-    # torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return gather(out, inp, group=group, async_op=True)
 
 
 GroupKey = tuple[int, int, torch.dtype]  # (c1, c2, dtype) of a block group
@@ -305,7 +299,7 @@ class DeMoReplicator(Replicator):
                    self.bucket_bytes)
         gathered = torch.empty(self.ranks * self.bucket_bytes, dtype=torch.uint8,
                                device=buf.device)
-        work = _all_gather_flat(gathered, buf, self.group)
+        work = all_gather_flat(gathered, buf, self.group)
         sent = all_gather_bytes(self.bucket_bytes, self.ranks)
         stats.add(sent, sent)
         return Pending(gathered, work, buf)
