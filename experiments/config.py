@@ -127,6 +127,7 @@ KNOB_KINDS: dict[str, Kind] = {
     "fragment_runs": POSITIVE_INT,
     "fragment_update_alpha": UNIT_CLOSED, "rate": UNIT_OPEN_LOW, "ada_every": POSITIVE_INT,
     "ada_high": AT_LEAST_ZERO, "ada_low": AT_LEAST_ZERO, "ada_sample": POSITIVE_INT,
+    "error_decay": UNIT_CLOSED,  # sparseloco
 }
 
 

@@ -15,6 +15,10 @@ One class per scheme, each owning its knobs (``knobs_type``, a schema of
 - ``diloco.py``: :class:`DiLoCoReplicator`, local steps and a periodic outer Nesterov step.
 - ``streaming_diloco.py``: :class:`StreamingDiLoCoReplicator`, DiLoCo per fragment on
   staggered steps, each sync overlapped with a few inner steps (``outer_wire.py``: its wire).
+- ``sparseloco.py``: :class:`SparseLoCoReplicator`, DiLoCo's outer step on a chunked top-k of
+  an error-feedback buffer, its values in 2 bits.
+- ``reduce.py``: :class:`ReduceReplicator`, the gradient mean in low precision (bf16, or fp8 and
+  int8 rows as torchft's quantized all-reduce): hsdp-adamw's ``reduce_format``.
 
 A new scheme is one subclass of :class:`Replicator` (``base.py``), its knobs in
 :mod:`flexdemo.knobs` and one entry in ``REPLICATORS``; a named method using it is one record in
@@ -30,6 +34,8 @@ from .dense import FullReplicator, NoReplicator
 from .diloco import DiLoCoReplicator
 from .gossip import GossipReplicator
 from .partial import RandomReplicator, StridingReplicator
+from .reduce import ReduceReplicator
+from .sparseloco import SparseLoCoReplicator
 from .streaming_diloco import StreamingDiLoCoReplicator
 
 # Name -> class, for the reference-compatible ``FlexDeMo(..., replicator="demo")``.
@@ -38,6 +44,8 @@ REPLICATORS: dict[str, type[Replicator]] = {
                               StridingReplicator, DiLoCoReplicator, StreamingDiLoCoReplicator,
                               GossipReplicator, AdaReplicator)
 }
+# SparseLoCo and the low-precision gradient mean (hsdp-adamw's reduce_format).
+REPLICATORS.update({cls.name: cls for cls in (SparseLoCoReplicator, ReduceReplicator)})
 
 __all__ = [
     "REPLICATORS",
@@ -48,7 +56,9 @@ __all__ = [
     "GossipReplicator",
     "NoReplicator",
     "RandomReplicator",
+    "ReduceReplicator",
     "Replicator",
+    "SparseLoCoReplicator",
     "StreamingDiLoCoReplicator",
     "StridingReplicator",
 ]
