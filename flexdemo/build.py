@@ -42,15 +42,16 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
     (``record = method_record(method).wired(knobs)``). ``hsdp-adamw`` is
     ``torch.optim.AdamW``: FSDP2's all-reduce averages the gradients across nodes; with a
     ``reduce_format`` other than fp32 it is FlexDeMo's AdamW step over the ``reduce``
-    replicator, which averages them (FSDP2 then reduces inside the node only). ``demo`` expects an unsharded model; every
-    rank is a replica. ``mesh=None`` for the other methods means no sharding, the default group
-    as replicas. ``lr=None`` takes the record's lr. ``knobs`` are the method's knobs by their
-    run-setting names (``record.takes``); those not given take the record's defaults, and one
-    the method does not read is refused (ValueError, one sentence). ``seed`` seeds what a
-    replicator draws (random's rows, Ada's sample); None: the replicator's own default.
-    ``ada`` also gets the mesh's shard group, over which the ranks of a node agree on the
-    measured spread. A ``beta1`` knob replaces ``betas[0]`` of the adamw base (ValueError, one
-    sentence, where the method steps with the sign base).
+    replicator, which averages them (FSDP2 then reduces inside the node only). ``demo``
+    expects an unsharded model; every rank is a replica. ``mesh=None`` for the other methods
+    means no sharding, the default group as replicas. ``lr=None`` takes the record's lr.
+    ``knobs`` are the method's knobs by their run-setting names (``record.takes``); those not
+    given take the record's defaults, and one the method does not read is refused
+    (ValueError, one sentence). ``seed`` seeds what a replicator draws (random's rows, Ada's
+    sample); None: the replicator's own default. ``ada`` also gets the mesh's shard group,
+    over which the ranks of a node agree on the measured spread. A ``beta1`` knob replaces
+    ``betas[0]`` of the adamw base (ValueError, one sentence, where the method steps with the
+    sign base).
     """
     record = method_record(method)
     lr = record.lr if lr is None else lr

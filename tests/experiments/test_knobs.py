@@ -65,10 +65,10 @@ def test_flags_left_out_take_the_methods_defaults():
 
 @pytest.mark.parametrize(("flags", "words"), [
     (["--method", "hsdp-adamw", "--topk", "8"],
-     "method 'hsdp-adamw' does not read topk; it takes no knobs."),
+     "method 'hsdp-adamw' does not read topk; it takes reduce_format."),
     (["--method", "diloco", "--graph", "ring", "--no-sign"],
      "method 'diloco' does not read graph, sign; it takes diloco_h, outer_lr, outer_momentum, "
-     "base, beta1."),
+     "outer_format, base, beta1."),
     (["--method", "demo", "--rate", "0.5"], "method 'demo' does not read rate; it takes "
                                             "replicate_every, skip_every, decay"),
 ])

@@ -1,4 +1,4 @@
-"""SparseLoCo: diloco's update at density 1, the chunked top-k, 2-bit codes, error feedback, bytes."""
+"""SparseLoCo: diloco's update at density 1, chunked top-k, 2-bit codes, error feedback, bytes."""
 
 from __future__ import annotations
 
