@@ -88,7 +88,7 @@ class ReduceReplicator(Replicator):
     quantized all-reduce does: each shard is seen as rows (:class:`RowLayout`), each row scaled
     by ``max / its largest magnitude`` (one fp32 scale) and rounded to e4m3 fp8 or int8; an
     all-to-all hands replica j the j-th share of every shard's rows from every replica, which
-    it decodes, sums in fp32 in rank order and divides by the replicas, then scales and rounds
+    it decodes, sums in fp32 and divides by the replicas, then scales and rounds
     again; an all-gather brings every replica every share, and all decode the same values.
     No error feedback (torchft keeps none). The codes travel as bytes, which gloo carries.
     Knobs: :class:`flexdemo.knobs.ReduceKnobs`.

@@ -155,10 +155,10 @@ class SparseLoCoReplicator(Replicator):
         for i, lay in enumerate(self.layouts):
             if lay is None:
                 continue
-            idx, tensors, read = self._compress(i, params[i], lay)
+            tensors, read = self._compress(i, params[i], lay)
             picked.append(i)
             wire.extend(tensors)
-            own.append(self._dense(lay, idx, read))
+            own.append(read)
         if self.ranks == 1:
             means = own  # nothing crosses a network: this replica's own sparse update
         else:
@@ -168,10 +168,11 @@ class SparseLoCoReplicator(Replicator):
             anchor.add_(mean.view(-1)[:anchor.numel()].view_as(anchor), alpha=-self.outer_lr)
             params[i].copy_(anchor)
 
-    def _compress(self, i: int, param: torch.Tensor, lay: SparseLayout
-                  ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    def _compress(self, i: int, param: torch.Tensor,
+                  lay: SparseLayout) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Fold shard ``i``'s pseudo-gradient into its buffer, pick its chunks' top-k, encode
-        them and take what receivers read out of the buffer: (indices, wire tensors, read)."""
+        them and take what receivers read out of the buffer: (wire tensors, what receivers
+        read as a (chunks, chunk) tensor)."""
         error = self.errors[i]
         error.mul_(self.error_decay).add_(self.anchors[i] - param)
         chunks = self._chunks(error, lay)
@@ -182,9 +183,9 @@ class SparseLoCoReplicator(Replicator):
         else:
             sent = vals.to(torch.float32 if self.value_format == "fp32" else torch.bfloat16)
             tensors, read = [sent], sent.float()
-        read = read.to(error.dtype)
-        error.view(-1).sub_(self._dense(lay, idx, read).view(-1)[:lay.numel])
-        return idx, [pack_bits(idx.reshape(-1), lay.width), *tensors], read
+        dense = self._dense(lay, idx, read.to(error.dtype))
+        error.view(-1).sub_(dense.view(-1)[:lay.numel])
+        return [pack_bits(idx.reshape(-1), lay.width), *tensors], dense
 
     @staticmethod
     def _chunks(t: torch.Tensor, lay: SparseLayout) -> torch.Tensor:
