@@ -130,6 +130,7 @@ KNOB_KINDS: dict[str, Kind] = {
     "ada_high": AT_LEAST_ZERO, "ada_low": AT_LEAST_ZERO, "ada_sample": POSITIVE_INT,
     "powersgd_rank": POSITIVE_INT, "powersgd_start": COUNT, "min_compression_rate": AT_LEAST_ONE,
     "density": UNIT_OPEN_LOW,
+    "error_decay": UNIT_CLOSED,  # sparseloco
 }
 
 

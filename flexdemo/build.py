@@ -39,20 +39,24 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
     """Return the optimizer implementing ``method`` for ``model`` on ``mesh``.
 
     Sharded methods expect ``parallelize(model, mesh, record.inter_all_reduce)`` to have run
-    (``record = method_record(method)``). ``hsdp-adamw`` is ``torch.optim.AdamW``: FSDP2's
-    all-reduce averages the gradients across nodes. ``demo`` expects an unsharded model; every
-    rank is a replica. ``mesh=None`` for the other methods means no sharding, the default group
-    as replicas. ``lr=None`` takes the record's lr. ``knobs`` are the method's knobs by their
-    run-setting names (``record.takes``); those not given take the record's defaults, and one
-    the method does not read is refused (ValueError, one sentence). ``seed`` seeds what a
-    replicator draws (random's rows, Ada's sample); None: the replicator's own default.
-    ``ada`` also gets the mesh's shard group, over which the ranks of a node agree on the
-    measured spread. A ``beta1`` knob replaces ``betas[0]`` of the adamw base (ValueError, one
-    sentence, where the method steps with the sign base).
+    (``record = method_record(method).wired(knobs)``). ``hsdp-adamw`` is
+    ``torch.optim.AdamW``: FSDP2's all-reduce averages the gradients across nodes; with a
+    ``reduce_format`` other than fp32 it is FlexDeMo's AdamW step over the ``reduce``
+    replicator, which averages them (FSDP2 then reduces inside the node only). ``demo``
+    expects an unsharded model; every rank is a replica. ``mesh=None`` for the other methods
+    means no sharding, the default group as replicas. ``lr=None`` takes the record's lr.
+    ``knobs`` are the method's knobs by their run-setting names (``record.takes``); those not
+    given take the record's defaults, and one the method does not read is refused
+    (ValueError, one sentence). ``seed`` seeds what a replicator draws (random's rows, Ada's
+    sample); None: the replicator's own default. ``ada`` also gets the mesh's shard group,
+    over which the ranks of a node agree on the measured spread. A ``beta1`` knob replaces
+    ``betas[0]`` of the adamw base (ValueError, one sentence, where the method steps with the
+    sign base).
     """
     record = method_record(method)
     lr = record.lr if lr is None else lr
     rep_knobs, step = record.settings(knobs, seed=seed)
+    record = record.wired(knobs)
     if record.replicator is None:
         if mesh is None:
             raise ValueError(f"method={method!r} needs a (replicate, shard) mesh, got None.")

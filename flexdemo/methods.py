@@ -25,6 +25,8 @@ from .knobs import (
     Knobs,
     PowerSGDKnobs,
     RandomKnobs,
+    ReduceKnobs,
+    SparseLoCoKnobs,
     StepKnobs,
     StreamingDiLoCoKnobs,
     StridingKnobs,
@@ -66,11 +68,12 @@ class Method:
 
     @property
     def takes(self) -> tuple[str, ...]:
-        """The knobs this method reads, by their run-setting names."""
+        """The knobs this method reads, by their run-setting names (plain AdamW: no step
+        knobs, FlexDeMo's base step is not its step)."""
+        own = tuple(n for n in self.knobs.names() if n not in WIRED)
         if self.replicator is None:
-            return ()
-        step = [n for n in StepKnobs.names() if n != "sign" or self.takes_sign]
-        return tuple(n for n in self.knobs.names() if n not in WIRED) + tuple(step)
+            return own
+        return own + tuple(n for n in StepKnobs.names() if n != "sign" or self.takes_sign)
 
     def settings(self, given: Mapping[str, Any],
                  **wired: Any) -> tuple[Knobs, StepKnobs]:
@@ -100,6 +103,16 @@ class Method:
         problem = knobs.problem(nodes)
         check(problem is None, str(problem))
         return knobs, step
+
+    def wired(self, given: Mapping[str, Any]) -> Method:
+        """This record as the knobs ``given`` wire it: itself, but for plain AdamW with a
+        ``reduce_format`` other than fp32, whose inter-node gradient mean the ``reduce``
+        replicator then takes from FSDP2 (under FlexDeMo's AdamW step). ValueError as
+        :meth:`settings`."""
+        knobs, _ = self.settings(given)
+        if self.replicator is None and getattr(knobs, "reduce_format", "fp32") != "fp32":
+            return dataclasses.replace(self, replicator="reduce", inter_all_reduce=False)
+        return self
 
     def resolved(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Every knob this method reads with its value: as given, else this method's default."""
@@ -136,7 +149,9 @@ RECORDS: tuple[Method, ...] = (
     # target on both seeds (results/tuning/README.md).
     Method("flexdemo-adamw", "demo", FLEXDEMO_KNOBS, step=StepKnobs(base="adamw", sign=False)),
     Method("demo", "demo", DeMoKnobs(), shards=False),
-    Method("hsdp-adamw", None, inter_all_reduce=True),
+    # reduce_format other than fp32: the inter-node mean in bf16, fp8 or int8 rows (torchft's
+    # quantized all-reduce), by the reduce replicator; fp32 is FSDP2's own (Method.wired).
+    Method("hsdp-adamw", None, ReduceKnobs(), inter_all_reduce=True),
     Method("diloco", "diloco", DiLoCoKnobs(), takes_sign=False),
     # DiLoCo per fragment, staggered, each sync overlapped with tau inner steps (torchft's
     # Streaming DiLoCo; the rules live in replicators/streaming_diloco.py).
@@ -155,6 +170,15 @@ RECORDS: tuple[Method, ...] = (
     # steps, seed 0, lr 0.03, 0.06 and 0.1 ended at val_loss 2.944, 2.913 and 3.070 (1.0
     # diverged by step 9).
     Method("topk-ef", "topk", TopKKnobs(), lr=0.06, takes_sign=False),
+    # -- local-sgd and sparseloco ---------------------------------------------------------
+    # Local SGD / FedAvg: averaging the parameters every H steps is applying the replicas'
+    # mean pseudo-gradient with an outer SGD of lr 1 and no momentum: diloco's record with
+    # those defaults (the inner step stays AdamW; base sign without sign is plain SGD).
+    Method("local-sgd", "diloco", DiLoCoKnobs(outer_lr=1.0, outer_momentum=0.0),
+           takes_sign=False),
+    # SparseLoCo: diloco's inner AdamW, a chunked top-k of an error-feedback buffer in 2 bits,
+    # plain SGD outside (the rules live in replicators/sparseloco.py).
+    Method("sparseloco", "sparseloco", SparseLoCoKnobs(), takes_sign=False),
 )
 # Learning rates: tuned on lm-tiny, 2 nodes x 2, 300 steps, constant lr (docs/methods.md, "Learning
 # rates"): hsdp-adamw and flexdemo both degrade sharply above about 1.2e-3; the others keep 1e-3

@@ -82,8 +82,8 @@ def shaped_world(rank: int, nodes: int, per_node: int, method: str, **knobs):
     torch.manual_seed(0)
     model = TinyBlocks()
     mesh = flexdemo.build_mesh(nodes, per_node, backend=shaping.BACKEND)
-    flexdemo.parallelize(model, mesh,
-                         inter_all_reduce=flexdemo.method_record(method).inter_all_reduce)
+    record = flexdemo.method_record(method).wired(knobs)
+    flexdemo.parallelize(model, mesh, inter_all_reduce=record.inter_all_reduce)
     return recorder, model, mesh, flexdemo.build_optimizer(method, model, mesh, lr=0.01, **knobs)
 
 

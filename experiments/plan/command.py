@@ -439,9 +439,9 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
         knob_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knob).items())
         period = (f"; utilization over a period of {p.period} steps, "
                   f"{p.exchanges_per_period} with the exchange" if p.period > 1 else "")
-        bare = ("FSDP2 all-reduce across nodes" if method_record(p.method).replicator is None
-                else "no knobs; nothing crosses nodes")
-        lines.append(f"{p.method}: {knob_text or bare}{period}")
+        if method_record(p.method).replicator is None:  # hsdp-adamw: reduce_format=fp32
+            knob_text = f"{knob_text} (FSDP2 all-reduce across nodes)".lstrip()
+        lines.append(f"{p.method}: {knob_text or 'no knobs; nothing crosses nodes'}{period}")
     seen: set[str] = set()
     for p in plans:  # each method's replay notes; the ones every method shares, once
         for note in p.notes:

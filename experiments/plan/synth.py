@@ -523,18 +523,23 @@ class _DeMoExchange(Exchange):
 
 
 class _DiLoCoExchange(Exchange):
-    """DiLoCo's outer all-reduce of the whole shard (fp32) every diloco_h steps."""
+    """DiLoCo's outer sync of the whole shard every diloco_h steps, in its outer_format."""
 
     def __init__(self, record: Method, knobs: object, model: DeclaredModel,
                  per_node: int) -> None:
         self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
+        self.outer_format = knobs.outer_format  # type: ignore[attr-defined]
         self.model, self.per_node = model, per_node
 
     def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
-        """The pseudo-gradient's all-reduce on a syncing step."""
+        """The pseudo-gradient's all-reduce (all-gather of codes) on a syncing step."""
         if not self.replicates_on(step):
             return []
-        return [(step, "all_reduce", outer_bytes(self.model, self.per_node, local))]
+        if self.outer_format == "fp32":
+            return [(step, "all_reduce", outer_bytes(self.model, self.per_node, local))]
+        numels = [math.prod(s) for s in local_shard_shapes(self.model, self.per_node, local)]
+        op, nbytes = outer_payload(numels, outer_format=self.outer_format)
+        return [(step, op, nbytes)]
 
     def waits(self, step: int) -> list[object]:
         """Waited on in the step that posts it."""
@@ -601,6 +606,11 @@ def exchanges(record: Method, knobs: object, model: DeclaredModel, per_node: int
               replicas: int) -> Exchange:
     """The method's inter-node exchange, from its replicator's own schedule and sizing."""
     if record.replicator is None:
+        reduce_format = getattr(knobs, "reduce_format", "fp32")
+        if reduce_format != "fp32":
+            raise ConfigError(f"--method {record.name!r} with reduce_format={reduce_format!r} "
+                              "has no synthesized program yet; plan it at reduce_format=fp32 "
+                              "(FSDP2's all-reduce).")
         return Exchange()  # hsdp-adamw: FSDP2's all-reduce, in the backward
     if isinstance(knobs, DeMoKnobs):
         return _DeMoExchange(record, knobs, model, per_node, replicas)

@@ -20,6 +20,10 @@ One class per scheme, each owning its knobs (``knobs_type``, a schema of
   factors P and Q, error feedback, warm start), as PyTorch's ``powerSGD_hook``.
 - ``topk.py``: :class:`TopKReplicator`, the top-k of an accumulated velocity with error
   feedback (Deep Gradient Compression), all-gathered.
+- ``sparseloco.py``: :class:`SparseLoCoReplicator`, DiLoCo's outer step on a chunked top-k of
+  an error-feedback buffer, its values in 2 bits.
+- ``reduce.py``: :class:`ReduceReplicator`, the gradient mean in low precision (bf16, or fp8 and
+  int8 rows as torchft's quantized all-reduce): hsdp-adamw's ``reduce_format``.
 
 A new scheme is one subclass of :class:`Replicator` (``base.py``), its knobs in
 :mod:`flexdemo.knobs` and one entry in ``REPLICATORS``; a named method using it is one record in
@@ -36,6 +40,8 @@ from .diloco import DiLoCoReplicator
 from .gossip import GossipReplicator
 from .partial import RandomReplicator, StridingReplicator
 from .powersgd import PowerSGDReplicator
+from .reduce import ReduceReplicator
+from .sparseloco import SparseLoCoReplicator
 from .streaming_diloco import StreamingDiLoCoReplicator
 from .topk import TopKReplicator
 
@@ -44,7 +50,7 @@ REPLICATORS: dict[str, type[Replicator]] = {
     cls.name: cls for cls in (DeMoReplicator, FullReplicator, NoReplicator, RandomReplicator,
                               StridingReplicator, DiLoCoReplicator, StreamingDiLoCoReplicator,
                               GossipReplicator, AdaReplicator, PowerSGDReplicator,
-                              TopKReplicator)
+                              TopKReplicator, SparseLoCoReplicator, ReduceReplicator)
 }
 
 __all__ = [
@@ -57,7 +63,9 @@ __all__ = [
     "NoReplicator",
     "PowerSGDReplicator",
     "RandomReplicator",
+    "ReduceReplicator",
     "Replicator",
+    "SparseLoCoReplicator",
     "StreamingDiLoCoReplicator",
     "StridingReplicator",
     "TopKReplicator",

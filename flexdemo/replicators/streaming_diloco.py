@@ -101,8 +101,9 @@ class StreamingDiLoCoReplicator(Replicator):
             self.pieces = [[(i, 0, params[i].numel()) for i in r] for r in self.fragments]
         self.anchors = [[_piece(params, piece).detach().clone() for piece in pieces]
                         for pieces in self.pieces]
+        # torch refuses Nesterov without momentum: momentum 0 is plain SGD.
         self.outers = [torch.optim.SGD(a, lr=self.outer_lr, momentum=self.outer_momentum,
-                                       nesterov=True) for a in self.anchors]
+                                       nesterov=self.outer_momentum > 0) for a in self.anchors]
         self.numels = [[a.numel() for a in anchors] for anchors in self.anchors]
         device = params[0].device
         self.residuals = [torch.zeros(sum(ns), dtype=torch.float32, device=device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from experiments.errors import ConfigError
 from experiments.plan.hardware import given_compute
 from experiments.plan.models import declare_model
 from experiments.plan.plan import bandwidth_needed, plan_method
@@ -51,6 +52,24 @@ def test_diloco_exposes_one_outer_all_reduce_every_h_steps():
     assert row["bytes_per_node_round"] == pytest.approx(
         2 * (NODES - 1) / NODES * model.params * 4, rel=1e-6)
     assert row["bytes_per_node_step"] == pytest.approx(row["bytes_per_node_round"] / h)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "4bit"])
+def test_diloco_plans_its_outer_format(fmt):
+    model, plan = _plan("diloco", 0.5, GBIT, diloco_h=10, outer_format=fmt)
+    row = plan.frame().iloc[0]
+    n = model.params  # one rank a node: its shard is the whole model
+    if fmt == "bf16":  # a ring all-reduce of 2-byte values
+        expected = 2 * (NODES - 1) / NODES * n * 2
+    else:  # an all-gather of the codes (1 byte, or 4 bits in whole groups of 8) and a scale
+        codes = n if fmt == "int8" else -(-n // 8) * 4
+        expected = (NODES - 1) * -(-(codes + 4) // 4) * 4
+    assert row["bytes_per_node_round"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_hsdp_adamw_in_low_precision_is_not_planned_as_fp32():
+    with pytest.raises(ConfigError, match="reduce_format='int8' has no synthesized program"):
+        _plan("hsdp-adamw", 0.5, GBIT, reduce_format="int8")
 
 
 def test_full_overlap_leaves_the_last_units_reduction_exposed():
