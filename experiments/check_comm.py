@@ -40,10 +40,12 @@ TOLERANCE = 0.01
 FIGURES = ("inter_bytes_sent", "inter_bytes_received", "inter_calls", "intra_bytes")
 # The fixed setting every method is measured on. diloco_h, sync_every and replicate_every are
 # small so that methods which synchronise only every few steps still communicate within the
-# measured steps (streaming-diloco at sync_every 4: step 1 posts fragment 0, step 2 applies it).
+# measured steps (streaming-diloco at sync_every 4: step 1 posts fragment 0, step 2 applies it),
+# and powersgd_start 1 so that powersgd's second step sends its compressed factors.
 SETTINGS: dict[str, Any] = {
     "workload": "lm-tiny", "nodes": 2, "gpus_per_node": 2, "steps": 2, "seed": 0,
     "shaping": "off", "diloco_h": 2, "sync_every": 4, "replicate_every": 1, "eval_every": 1000,
+    "powersgd_start": 1,
 }
 
 Measurer = Callable[[Iterable[str], dict[str, Any]], dict[str, dict[str, float]]]
