@@ -28,7 +28,13 @@ from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rul
 from experiments.plan.models import declare_model
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
 from experiments.plan.replicas import check_nodes_per_replica, replica_line, replica_topology
-from experiments.plan.synth import PLANNED_METHODS, Precision
+from experiments.plan.synth import (
+    PLANNED_METHODS,
+    Precision,
+    has_program,
+    sync_in_backward,
+    wired,
+)
 from experiments.plan.target import MISSING, StepsSource, steps_source
 from experiments.replay.compute_profile import load_profile
 from experiments.values import BANDWIDTH, LATENCY, POSITIVE, POSITIVE_INT, UNIT_OPEN_LOW
@@ -43,8 +49,6 @@ __all__ = ["configure", "main", "parse_bandwidths", "parse_sets"]
 OUTPUTS = (".csv", ".json", ".png")
 # --set keys that are the plan's own (FSDP2's mixed precision, ...), not a method's knob.
 PLAN_KEYS = ("param_dtype", "reduce_dtype", "optimizer_s", "backend", "sync_in_backward")
-# Replicators whose sync `sync_in_backward` can start unit by unit in the backward.
-IN_BACKWARD = ("diloco", "streaming-diloco")
 _RANGE = re.compile(r"^([^:]+):([^:]+):([^:]+)$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|TB)\s*$")
 
@@ -202,9 +206,11 @@ def _check_methods(methods: list[str]) -> None:
     for method in methods:
         if method not in METHODS:
             raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}.")
-        if method not in PLANNED_METHODS:
-            raise ConfigError(f"--method {method!r} has no synthesized program yet; plan one "
-                              f"of {', '.join(PLANNED_METHODS)}.")
+        record = method_record(method)
+        if not has_program(record):
+            raise ConfigError(f"--method {method!r} has no program for the planner: its "
+                              f"replicator {record.replicator!r} writes none "
+                              f"(Replicator.program); plan one of {', '.join(PLANNED_METHODS)}.")
     if len(set(methods)) != len(methods):
         raise ConfigError(f"--method lists a method twice ({' '.join(methods)}).")
 
@@ -287,7 +293,7 @@ def main(args: argparse.Namespace) -> int:
         record = method_record(method)
         return plan_method(record, knobs, model, replicas, labels, compute, precision,
                            args.algorithm, backend=backend, nodes_per_replica=k,
-                           sync_in_backward=in_backward and record.replicator in IN_BACKWARD)
+                           sync_in_backward=in_backward and sync_in_backward(record))
 
     plans = [plan_ada(settings[m], schedule, lambda on_graph: plan_of("ada", on_graph))
              if m == "ada" else plan_of(m, settings[m]) for m in args.method]
@@ -325,16 +331,17 @@ def _sync_in_backward(text: str | None, methods: list[str]) -> bool:
         return False
     if text.lower() not in ("true", "false"):
         raise ConfigError(f"sync_in_backward={text!r} must be true or false.")
-    if not any(method_record(m).replicator in IN_BACKWARD for m in methods):
+    if not any(sync_in_backward(method_record(m)) for m in methods):
+        able = [m for m in METHODS if sync_in_backward(method_record(m))]
         raise ConfigError(f"sync_in_backward={text} says when the outer sync of "
-                          f"{' and '.join(IN_BACKWARD)} starts, and --method plans neither; "
+                          f"{', '.join(able)} starts, and --method plans none of them; "
                           "plan one of them or leave it out.")
     return text.lower() == "true"
 
 
 def _sync_lines(plans: list[MethodPlan], in_backward: bool) -> list[str]:
     """When DiLoCo's and Streaming DiLoCo's outer sync starts, if one is planned."""
-    syncing = [p.method for p in plans if method_record(p.method).replicator in IN_BACKWARD]
+    syncing = [p.method for p in plans if sync_in_backward(method_record(p.method))]
     if not syncing:
         return []
     if in_backward:
@@ -439,8 +446,11 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
         knob_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knob).items())
         period = (f"; utilization over a period of {p.period} steps, "
                   f"{p.exchanges_per_period} with the exchange" if p.period > 1 else "")
-        if method_record(p.method).replicator is None:  # hsdp-adamw: reduce_format=fp32
-            knob_text = f"{knob_text} (FSDP2 all-reduce across nodes)".lstrip()
+        if method_record(p.method).replicator is None:  # hsdp-adamw: FSDP2's, or the reduce's
+            how = ("FSDP2 all-reduce across nodes" if wired(method_record(p.method), knob)
+                   .replicator is None else "the reduce replicator's after the backward, in "
+                   "place of FSDP2's all-reduce across nodes")
+            knob_text = f"{knob_text} ({how})".lstrip()
         lines.append(f"{p.method}: {knob_text or 'no knobs; nothing crosses nodes'}{period}")
     seen: set[str] = set()
     for p in plans:  # each method's replay notes; the ones every method shares, once

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -10,6 +11,7 @@ import torch.distributed as dist
 
 from .._checks import check
 from ..knobs import Knobs, ScheduleKnobs
+from ..program import Program
 from ..wire import CommStats, all_reduce_bytes
 
 Group = dist.ProcessGroup | None
@@ -60,6 +62,9 @@ class Replicator:
     # True when a replicating step's update already carries the learning rate (a momentum
     # built from lr * grad): a base step without sign then must not multiply by lr again.
     lr_in_update: ClassVar[bool] = False
+    # True when its program's sync could start unit by unit in the backward (its
+    # Program.unit_elements), which a plan may assume (`sync_in_backward`).
+    sync_in_backward: ClassVar[bool] = False
 
     def __init__(self, knobs: Knobs | None = None, **given: Any) -> None:
         """Build from ``knobs`` (a ``knobs_type``; None: its defaults) with ``given`` replaced."""
@@ -83,6 +88,19 @@ class Replicator:
         given = {"topk": topk, "chunk": chunk, "decay": decay, "value_dtype": value_dtype,
                  "chunking": chunking}
         return cls(**{k: v for k, v in given.items() if k in cls.knobs_type.names()})
+
+    @classmethod
+    def program(cls, knobs: Knobs, shard_shapes: Sequence[tuple[int, ...]], replicas: int, *,
+                node: int = 0, graph: str | None = None) -> Program | None:
+        """This scheme's exchange, step by step (:mod:`flexdemo.program`), as one rank runs it
+        whose local shards have ``shard_shapes`` (fp32) among ``replicas`` replicas, written
+        from the scheme's own sizing and schedule; None: it has none (a planner refuses it).
+
+        ``node`` is the rank's replica (node index: a gossip's neighbours); ``graph`` the graph
+        a scheme that picks its own (Ada) gossips on (None: where it starts). ValueError (one
+        sentence) where the knobs cannot run on these shards.
+        """
+        return None
 
     def replicates_on(self, step: int) -> bool:
         """Whether the 1-based optimizer step ``step`` communicates."""

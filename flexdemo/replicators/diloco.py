@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..knobs import DiLoCoKnobs
+from ..program import Periodic
 from ..wire import CommStats
 from .base import Group, Replicator, copy_state, mean_payload
 from .outer_wire import make_outer_wire
@@ -45,6 +48,22 @@ class DiLoCoReplicator(Replicator):
     knobs_type = DiLoCoKnobs
     default_base = "adamw"
     default_sign = False
+    sync_in_backward = True
+
+    @classmethod
+    def program(cls, knobs: DiLoCoKnobs, shard_shapes: Sequence[tuple[int, ...]],
+                replicas: int, *, node: int = 0, graph: str | None = None) -> Periodic:
+        """The outer sync of the whole shard every ``diloco_h`` steps (:func:`outer_payload`),
+        which could start parameter by parameter in the backward."""
+        numels = [math.prod(s) for s in shard_shapes]
+        shard = sum(numels)
+        op = outer_payload(numels, outer_format=knobs.outer_format)
+        # The anchor, the outer momentum (torch's SGD keeps none at momentum 0) and, on a lossy
+        # wire, the rounding carried to the next sync; fp32 each.
+        state = shard * 4 * (1 + (knobs.outer_momentum > 0)
+                             + make_outer_wire(knobs.outer_format).lossy)
+        return Periodic(cls(knobs).replicates_on, lambda _step: [op], period=knobs.diloco_h,
+                        state_bytes=state, elements=dict(enumerate(numels)))
 
     def __init__(self, knobs: DiLoCoKnobs | None = None, **given: Any) -> None:
         super().__init__(knobs, **given)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch.distributed as dist
 
 from .._checks import check
 from ..knobs import PowerSGDKnobs
+from ..program import Periodic
 from ..wire import CommStats, all_reduce_bytes
 from .base import Group, Replicator, copy_state, mean_payload
 
@@ -181,6 +183,24 @@ class PowerSGDReplicator(Replicator):
     def __init__(self, knobs: PowerSGDKnobs | None = None, **given: Any) -> None:
         super().__init__(knobs, **given)
         self.steps = 0
+
+    @classmethod
+    def program(cls, knobs: PowerSGDKnobs, shard_shapes: Sequence[tuple[int, ...]],
+                replicas: int, *, node: int = 0, graph: str | None = None) -> Periodic:
+        """Every step's all-reduces one after another (:meth:`PowerSGDPlan.payloads`): one of
+        every shard for the first ``powersgd_start`` steps, then the whole tensors', the Ps'
+        and the Qs'; the schedule is steady from the first compressing step."""
+        plan = plan_powersgd([tuple(s) for s in shard_shapes], knobs)
+        start = plan.start
+        # The errors (every compressed matrix) and the factors P and Q, fp32 each.
+        errors = sum(n * m for _, n, m, _ in plan.compressed) if knobs.error_feedback else 0
+        state = (errors + plan.p_numel + plan.q_numel) * plan.itemsize
+        said = [f"powersgd: its first {start} step(s) all-reduce every gradient whole "
+                f"({sum(plan.numels) * plan.itemsize:,} bytes a rank) before compression "
+                f"starts; the step time is the compressing steps', from step {start + 1}"] \
+            if start and replicas > 1 else []
+        return Periodic(lambda _step: True, plan.payloads, state_bytes=state, sequential=True,
+                        steady_from=start + 1, said=said)
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Plan which shards are compressed; allocate their errors and factors."""

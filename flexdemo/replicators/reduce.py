@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -10,6 +11,7 @@ import torch.distributed as dist
 
 from ..chunking import matrix_shape
 from ..knobs import ReduceKnobs
+from ..program import Periodic
 from ..wire import (
     CommStats,
     Segment,
@@ -98,6 +100,22 @@ class ReduceReplicator(Replicator):
     knobs_type = ReduceKnobs
     default_base = "adamw"
     default_sign = False
+
+    @classmethod
+    def program(cls, knobs: ReduceKnobs, shard_shapes: Sequence[tuple[int, ...]],
+                replicas: int, *, node: int = 0, graph: str | None = None) -> Periodic:
+        """Every step's mean, its ops one after another (:func:`reduce_payloads`): one
+        all-reduce (fp32, bf16), or an all-to-all then an all-gather of scaled rows."""
+        payloads = reduce_payloads([tuple(s) for s in shard_shapes], knobs.reduce_format,
+                                   replicas)
+        # What the exchange holds beside the gradients: the flat buffer reduced in place, or
+        # the rows sent, received and gathered (each a replica's block per replica).
+        if knobs.reduce_format in _CODES:
+            state = 3 * payloads[0][1]
+        else:
+            state = payloads[0][1]
+        return Periodic(lambda _step: True, lambda _step: payloads, state_bytes=state,
+                        sequential=True)
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Cut every shard into rows and lay out one replica's block of them."""

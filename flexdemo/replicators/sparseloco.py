@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch.distributed as dist
 from ..bitpack import index_width, pack_bits, packed_nbytes, unpack_bits
 from ..codec import topk_indices
 from ..knobs import SparseLoCoKnobs
+from ..program import Periodic
 from ..wire import CommStats, all_gather_bytes, pack, plan_bucket, unpack
 from .base import Group, Replicator, copy_state
 
@@ -133,6 +135,17 @@ class SparseLoCoReplicator(Replicator):
     def __init__(self, knobs: SparseLoCoKnobs | None = None, **given: Any) -> None:
         super().__init__(knobs, **given)
         self.replicate_every = self.diloco_h  # synchronize every H steps
+
+    @classmethod
+    def program(cls, knobs: SparseLoCoKnobs, shard_shapes: Sequence[tuple[int, ...]],
+                replicas: int, *, node: int = 0, graph: str | None = None) -> Periodic:
+        """One all-gather of the sparse bucket every ``diloco_h`` steps (:func:`sparse_payload`)."""
+        numels = [math.prod(s) for s in shard_shapes]
+        op, nbytes = sparse_payload(numels, knobs)
+        # The anchors and error-feedback buffers (fp32), the bucket and what it gathers.
+        state = 2 * sum(numels) * 4 + (1 + replicas) * nbytes
+        return Periodic(cls(knobs).replicates_on, lambda _step: [(op, nbytes)],
+                        period=knobs.diloco_h, state_bytes=state)
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Remember the starting point, give each shard an empty buffer and its cut."""

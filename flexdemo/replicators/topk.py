@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 from ..codec import topk_indices
 from ..formats import make_format
 from ..knobs import TopKKnobs
+from ..program import Periodic
 from ..wire import CommStats, Segment, all_gather_bytes, pack, plan_bucket, unpack
 from .base import Group, Replicator, all_gather_flat, copy_state
 
@@ -97,6 +99,17 @@ class TopKReplicator(Replicator):
     def __init__(self, knobs: TopKKnobs | None = None, **given: Any) -> None:
         super().__init__(knobs, **given)
         self.format = make_format(self.value_format)
+
+    @classmethod
+    def program(cls, knobs: TopKKnobs, shard_shapes: Sequence[tuple[int, ...]],
+                replicas: int, *, node: int = 0, graph: str | None = None) -> Periodic:
+        """One all-gather of the bucket every step (:func:`plan_topk`)."""
+        plan = plan_topk([tuple(s) for s in shard_shapes], knobs)
+        # The momentum u and velocity v of every shard (fp32), the bucket and what it gathers.
+        shard = sum(numel for _, numel, _ in plan.members)
+        state = 2 * shard * 4 + (1 + replicas) * plan.bucket_bytes
+        return Periodic(lambda _step: True, lambda _step: [(plan.op, plan.bucket_bytes)],
+                        state_bytes=state)
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Plan the bucket; allocate each shard's momentum u and velocity v."""

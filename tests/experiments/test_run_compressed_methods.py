@@ -1,7 +1,8 @@
 """`flexbench run` of sparseloco, local-sgd, diloco's outer_format and hsdp-adamw's reduce_format
-on lm-tiny, 2 nodes x 2 ranks: the loss falls, and each step's recorded inter-node bytes are
-what the method's own sizing says (the closed forms those sizings follow are tested beside the
-replicators)."""
+on lm-tiny, 2 nodes x 2 ranks: the loss falls, each step's recorded inter-node bytes are what
+the method's own sizing says (the closed forms those sizings follow are tested beside the
+replicators), and the plan of the run holds every collective it recorded, rank by rank
+(`tests/experiments/plan_anchor.py`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from experiments.config import RunConfig
 from experiments.run.launch import launch
 from experiments.workloads import make_workload
+from tests.experiments.plan_anchor import assert_plan_holds, plan_of_run
 
 NODES, PER_NODE, STEPS, H = 2, 2, 6, 3
 CASES = {
@@ -75,3 +77,5 @@ def test_trains_lm_tiny_on_2x2_and_records_its_closed_form(tmp_path: Path, case:
     want = [_bytes_per_node(method, knobs, s) for s in range(1, STEPS + 1)]
     assert steps["inter_bytes_sent"].tolist() == want, case
     assert steps["inter_bytes_received"].tolist() == want, case
+    # Its plan: the method's program at the run's shape holds every step's collectives.
+    assert assert_plan_holds(*plan_of_run(out)) == STEPS * NODES * PER_NODE, case

@@ -24,6 +24,7 @@ from flexdemo.knobs import PowerSGDKnobs
 from flexdemo.replicators import FullReplicator, PowerSGDReplicator
 from flexdemo.replicators.powersgd import HookSeeds, orthonormalize, plan_powersgd
 from tests.dist_utils import fsdp2_shards, run_ranks
+from tests.experiments.plan_anchor import assert_plan_holds, plan_of_run
 
 LR, WD, STEPS, START, SEED = 1e-2, 0.01, 20, 2, 7
 
@@ -234,3 +235,6 @@ def test_trains_lm_tiny_on_2x2_with_the_loss_falling_and_sends_its_closed_form(t
                    for i in range(2))
         assert sent == want, step
     assert steps["inter_calls"].tolist() == [1] * 4 + [3] * 8
+    # Its plan: the method's program at the run's shape holds every step's collectives
+    # (whole, then P and Q), rank by rank.
+    assert assert_plan_holds(*plan_of_run(out)) == 12 * 4

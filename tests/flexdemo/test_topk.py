@@ -19,6 +19,7 @@ from flexdemo.knobs import TopKKnobs
 from flexdemo.replicators import TopKReplicator
 from flexdemo.replicators.topk import plan_topk, topk_count
 from tests.dist_utils import fsdp2_shards, run_ranks
+from tests.experiments.plan_anchor import assert_plan_holds, plan_of_run
 
 LR, STEPS, DENSITY, DECAY = 0.05, 12, 0.05, 0.9
 
@@ -174,3 +175,5 @@ def test_trains_lm_tiny_on_2x2_with_the_loss_falling_and_sends_its_closed_form(t
     want = sum(_closed_form_bucket(fsdp2_shards(layout, 2, i), 0.01) for i in range(2))
     assert steps["inter_bytes_sent"].tolist() == [want] * 12
     assert steps["inter_calls"].tolist() == [1] * 12
+    # Its plan: the method's program at the run's shape holds every step's all-gather.
+    assert assert_plan_holds(*plan_of_run(out)) == 12 * 4
