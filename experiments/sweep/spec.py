@@ -160,7 +160,7 @@ def parse_config(raw: dict[str, Any], source: str = "the sweep config") -> Sweep
 def _emulate(raw: dict[str, Any], cfg: SweepConfig, source: str) -> list[int]:
     """[emulate] nodes: node counts every training unit is emulated at (`flexbench run
     --emulate`), each needing what an emulated run needs and one rank a node."""
-    from experiments.run.emulate import EMULATED_METHODS
+    from experiments.run.emulate import emulation_problem
 
     if "emulate" not in raw:
         return []
@@ -179,10 +179,10 @@ def _emulate(raw: dict[str, Any], cfg: SweepConfig, source: str) -> list[int]:
         if n == cfg.run.nodes:
             raise ConfigError(f"emulate.nodes lists {n}, the recorded units' own node count; "
                               "give only other node counts.")
-    uncovered = [m for m in cfg.methods if m not in EMULATED_METHODS]
-    if uncovered:
-        raise ConfigError(f"[emulate] does not cover method {uncovered[0]!r} of grid.methods; "
-                          f"it covers {', '.join(EMULATED_METHODS)}.")
+    for method in cfg.methods:
+        problem = emulation_problem(method_record(method))
+        if problem is not None:
+            raise ConfigError(f"[emulate] of grid.methods: {problem}")
     gridded = [m for m, knobs in cfg.knobs.items() if "nodes" in knobs]
     gridded += [m for m, settings in cfg.variants if "nodes" in settings]
     if gridded:
