@@ -60,7 +60,6 @@ REPLICATORS: dict[str, type[Replicator]] = {
 }
 
 
-
 def has_program(record: Method) -> bool:
     """Whether ``record``'s replicator writes a program (plain AdamW: FSDP2's, always)."""
     if record.replicator is None:

@@ -39,7 +39,8 @@ class Replicator:
     and :meth:`after_update` after it, on the others :meth:`accumulate`; after the last step,
     :meth:`drain`. Every collective goes over ``group`` (one rank per node) and is recorded in
     the ``CommStats`` it is handed.
-    A new scheme is one subclass: set ``name`` and ``knobs_type``, override the hooks it needs.
+    A new scheme is one subclass: set ``name`` and ``knobs_type``, override the hooks it needs,
+    and write its :meth:`program` (what it sends when, as data) for a planner and an emulator.
 
     Its knobs are a ``knobs_type`` (:mod:`flexdemo.knobs`), handed in whole or by name over
     their defaults (``DeMoReplicator(topk=8)``); building checks them once and sets each as an
