@@ -36,7 +36,7 @@ from experiments.plan.synth import (
 )
 from flexdemo.graphs import busiest_degree, graph_problem, peers, period
 from flexdemo.methods import Method
-from flexdemo.replicators import REPLICATORS
+from flexdemo.replicators import replicator_of
 from netsim.model import OVERLAP_NOTE, AlgorithmChoice, algorithm_summary, simulate_each
 from netsim.sites import gossip_round
 from netsim.topology import Topology
@@ -337,7 +337,7 @@ def memory(record: Method, knobs: object, model: DeclaredModel, per_node: int, n
     if record.replicator is None:
         return Memory(params, grads, adamw, 0, working)
     _, step = record.settings({})
-    base = step.base or REPLICATORS[record.replicator].default_base
+    base = step.base or replicator_of(record).default_base
     program = method_program(record, knobs, local_shard_shapes(model, per_node, 0), nodes)
     return Memory(params, grads, adamw if base == "adamw" else 0, program.state_bytes, working)
 
@@ -347,7 +347,7 @@ def _replica_memory(record: Method, knobs: object, model: DeclaredModel, world: 
     replicator's state over `world` replicas; no FSDP2 working set."""
     params = model.params * 4
     _, step = record.settings({})
-    base = step.base or REPLICATORS[record.replicator].default_base
+    base = step.base or replicator_of(record).default_base
     program = method_program(record, knobs, local_shard_shapes(model, 1, 0), world)
     return Memory(params, params, 2 * params if base == "adamw" else 0, program.state_bytes, 0)
 

@@ -44,7 +44,7 @@ from experiments.plan.models import DeclaredModel, padded_shard_elements, shard_
 from flexdemo.knobs import AdaKnobs
 from flexdemo.methods import RECORDS, Method
 from flexdemo.program import Op, Program
-from flexdemo.replicators import REPLICATORS, has_program, program_of
+from flexdemo.replicators import has_program, program_of, replicator_of
 from netsim.costs import collective_volume, default_algorithm
 from netsim.trace import BACKWARD, TRACE_COLUMNS, TRAIN, UNIT_BACKWARD
 
@@ -64,7 +64,8 @@ PLANNED_METHODS = tuple(m.name for m in RECORDS if has_program(m))
 def sync_in_backward(record: Method) -> bool:
     """Whether the method's sync could start unit by unit in the backward (its replicator's
     `sync_in_backward`: its program's `unit_elements`)."""
-    return record.replicator is not None and REPLICATORS[record.replicator].sync_in_backward
+    cls = replicator_of(record)
+    return cls is not None and cls.sync_in_backward
 
 
 def wired(record: Method, knobs: object) -> Method:
@@ -104,7 +105,7 @@ def method_program(record: Method, knobs: object, shapes: tuple[tuple[int, ...],
         raise ConfigError(f"--method {record.name}: {err}") from None
     if program is None:
         raise ConfigError(f"--method {record.name!r} has no program for the planner: its "
-                          f"replicator {REPLICATORS[record.replicator].__name__} writes none "
+                          f"replicator {replicator_of(record).__name__} writes none "
                           f"(Replicator.program); plan one of {', '.join(PLANNED_METHODS)}.")
     return program
 

@@ -41,12 +41,12 @@ def emulation_problem(record: Method) -> str | None:
     The emulator runs what a method's program names, and its threaded groups run every op kind
     a program can name; a replicator that writes no program says nothing of what it sends.
     """
-    from flexdemo.replicators import REPLICATORS, has_program
+    from flexdemo.replicators import has_program, replicator_of
 
     if has_program(record):
         return None
     return (f"--emulate does not cover method {record.name!r}: its replicator "
-            f"{REPLICATORS[record.replicator].__name__} writes no program "
+            f"{replicator_of(record).__name__} writes no program "
             "(Replicator.program), so the collectives it runs are not known.")
 
 # Per replica: parameters, gradients and up to six more copies (AdamW's two moments, DeMo's

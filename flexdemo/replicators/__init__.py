@@ -60,12 +60,15 @@ REPLICATORS: dict[str, type[Replicator]] = {
 }
 
 
+def replicator_of(record: Method) -> type[Replicator] | None:
+    """The replicator class of ``record``'s method (None: plain AdamW, FSDP2's all-reduce)."""
+    return None if record.replicator is None else REPLICATORS[record.replicator]
+
+
 def has_program(record: Method) -> bool:
     """Whether ``record``'s replicator writes a program (plain AdamW: FSDP2's, always)."""
-    if record.replicator is None:
-        return True
-    program = REPLICATORS[record.replicator].program
-    return getattr(program, "__func__", None) is not Replicator.program.__func__
+    cls = replicator_of(record)
+    return cls is None or getattr(cls.program, "__func__", None) is not Replicator.program.__func__
 
 
 def program_of(record: Method, knobs: Knobs, shard_shapes: Sequence[tuple[int, ...]],
@@ -75,11 +78,11 @@ def program_of(record: Method, knobs: Knobs, shard_shapes: Sequence[tuple[int, .
     (:meth:`Replicator.program`); None where its replicator writes none. Plain AdamW
     (``replicator`` None): FSDP2's all-reduce of every gradient in the backward, which is no
     replicator's, so the program holds no op of its own and counts one exchange a step."""
-    if record.replicator is None:
+    cls = replicator_of(record)
+    if cls is None:
         fsdp2 = Program()
         fsdp2.exchanges = 1
         return fsdp2
-    cls = REPLICATORS[record.replicator]
     return cls.program(knobs, shard_shapes, replicas, node=node, graph=graph)
 
 
@@ -101,4 +104,5 @@ __all__ = [
     "TopKReplicator",
     "has_program",
     "program_of",
+    "replicator_of",
 ]
