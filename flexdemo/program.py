@@ -19,8 +19,8 @@ replicator's own state and exchange buffers per GPU), ``ends_step`` (the exchang
 last work, as gossip's mixing: no optimizer compute follows it) and ``notes`` (what a plan of
 it assumes).
 An op's size is the payload one rank hands to it, as netsim's counters and
-:mod:`flexdemo.wire` take it. A planner (``experiments.plan``) writes a trace from it and an
-emulator reads which collectives it needs (:data:`OPS`).
+:mod:`flexdemo.wire` take it. A planner (``experiments.plan``) writes a trace from it; an
+emulator takes a method with a program, whose ops are all of kinds it runs (:data:`OPS`).
 
 Torch-free: a program is read without building a tensor.
 """
@@ -86,13 +86,6 @@ class Program:
     def notes(self) -> list[str]:
         """What a plan of this program assumes beyond its ops (one sentence each)."""
         return []
-
-    def op_kinds(self) -> set[str]:
-        """Every op kind the program runs, over its transient and one period."""
-        kinds: set[str] = set()
-        for step in range(1, self.steady_from + self.period):
-            kinds |= {op.op for op in self.blocking(step) + self.posts(step)}
-        return kinds
 
 
 @dataclass
