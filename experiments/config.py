@@ -501,8 +501,11 @@ def _plugin(spec: str) -> Method:
             raise ConfigError(f"{who}: knob {f.name!r} of {schema.__name__} has metadata kind "
                               f"{kind!r}; give an experiments.values kind (POSITIVE, FRACTION, "
                               "POSITIVE_INT, ...) or none.")
-        if f.name not in fields and getattr(record.knobs, f.name) is not None:
-            _check_plugin_value(schema, f.name, getattr(record.knobs, f.name), who)
+        default = getattr(record.knobs, f.name)
+        if f.name in KNOB_KINDS and default is not None:  # a built-in knob's kind is its own
+            KNOB_KINDS[f.name].check(f"{who}: its default {f.name}", default)
+        elif f.name not in fields and default is not None:
+            _check_plugin_value(schema, f.name, default, who)
     return record
 
 

@@ -114,6 +114,8 @@ def make():
     ('scale: float = field(default=1.5, metadata={"kind": FRACTION})', "scale",
      'return Method("m", Mine, MineKnobs())',
      "its default scale must be a number in [0, 1), got 1.5."),
+    ("decay: float = 1.5", "decay", 'return Method("m", Mine, MineKnobs())',
+     "its default decay must be a number in [0, 1), got 1.5."),
     ("scale: float = 0.5", "scale", 'return Method("m", Mine, MineKnobs(), lr=float("inf"))',
      "its lr=inf must be a finite number > 0."),
     ("scale: float = 0.5", "scale", "return {}[0]",
@@ -129,6 +131,17 @@ def test_a_plug_in_that_cannot_run_is_one_sentence_naming_its_file(
     assert len(err.splitlines()) == 1 and str(path) in err, err
     assert words.format(file=path) in err, err
     assert not out.exists()
+
+
+def test_a_knob_named_as_a_built_in_one_is_that_knob(tmp_path, monkeypatch):
+    """One name, one meaning: a plug-in's decay is the run's decay field, of its kind."""
+    spec, _ = _module(tmp_path, monkeypatch, _HEAD.format(knob="decay: float = 0.9",
+                                                          name="decay", make='return Method('
+                                                          '"m", Mine, MineKnobs())'))
+    cfg = RunConfig.from_dict({"method": spec, "decay": "0.5"}).validate()
+    assert cfg.decay == 0.5 and cfg.plugin_knobs == {} and cfg.knob_values()["decay"] == 0.5
+    with pytest.raises(ConfigError, match=r"^decay must be a number in \[0, 1\), got 1\.5\.$"):
+        RunConfig.from_dict({"method": spec, "decay": "1.5"}).validate()
 
 
 _HANGS = '''
