@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,29 @@ def test_a_bad_knob_of_a_plug_in_is_refused_before_anything_is_written(
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_module_that_is_not_there_is_refused_by_run_and_by_compare(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["run", "--method", "gone_methods:make", "--steps", "1", "--out",
+                     str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("flexbench run: error: method 'gone_methods:make': cannot import module "
+                   "'gone_methods' (No module named 'gone_methods'); install it or put its "
+                   "folder on PYTHONPATH.")
+    assert not out.exists()
+    # A recorded run of a plug-in replays only where its module imports, as it ran.
+    run = tmp_path / "copied"
+    shutil.copytree(ROOT / "results" / "quick" / "units" / "diloco-s0", run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["config"]["method"] = "gone_methods:make"
+    (run / "run.json").write_text(json.dumps(meta))
+    assert cli.main(["compare", str(run), "--inter-bw", "1Gbit", "--inter-lat", "1ms",
+                     "--target", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(run / "run.json") in err, err
+    assert "cannot import module 'gone_methods'" in err, err
 
 
 _HEAD = '''

@@ -87,6 +87,19 @@ def test_a_plug_in_resolves_to_its_record_named_by_its_path(tmp_path, monkeypatc
         build_optimizer(spec, model, None, topk=8)
 
 
+def test_a_plug_in_may_be_a_built_in_replicator_at_defaults_of_its_own(tmp_path, monkeypatch):
+    spec, _ = _plugin(tmp_path, monkeypatch, '''
+        from flexdemo.knobs import DiLoCoKnobs
+
+        def make():
+            return Method("slow-diloco", "diloco", DiLoCoKnobs(outer_lr=0.5, diloco_h=10),
+                          takes_sign=False)
+        ''')
+    opt = build_optimizer(spec, torch.nn.Linear(4, 3), None)
+    assert type(opt.replicator).__name__ == "DiLoCoReplicator"
+    assert (opt.replicator.outer_lr, opt.replicator.diloco_h) == (0.5, 10)
+
+
 _REFUSALS = [
     ("raise RuntimeError('no GPU here')\n",
      "importing '{mod}' raised RuntimeError: no GPU here at {file}:"),
