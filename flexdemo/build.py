@@ -12,7 +12,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from .hsdp import replicate_group, shard_group
 from .methods import Method, method_record
 from .optimizer import FlexDeMo
-from .replicators import REPLICATORS
 
 __all__ = ["build_optimizer"]
 
@@ -62,7 +61,7 @@ def build_optimizer(method: str, model: nn.Module, mesh: DeviceMesh | None, lr: 
             raise ValueError(f"method={method!r} needs a (replicate, shard) mesh, got None.")
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
                                  weight_decay=weight_decay)
-    cls = REPLICATORS[record.replicator]
+    cls = record.replicator_type
     if step.beta1 is not None:
         base = step.base or cls.default_base
         if base != "adamw":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.config import check_algorithm_on_sites, load_site_file
+from experiments.config import check_algorithm_on_sites, is_plugin, load_site_file, method_of
 from experiments.errors import ConfigError
 from experiments.plan.ada import graph_schedule, plan_ada
 from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
@@ -200,13 +201,27 @@ def _check(args: argparse.Namespace) -> None:
 def _check_methods(methods: list[str]) -> None:
     """Known methods, each planned, none twice."""
     for method in methods:
+        if is_plugin(method):
+            _check_plugin(method)
+            continue
         if method not in METHODS:
-            raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}.")
+            raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}, "
+                              "or your own as module.path:factory.")
         if method not in PLANNED_METHODS:
             raise ConfigError(f"--method {method!r} has no synthesized program yet; plan one "
                               f"of {', '.join(PLANNED_METHODS)}.")
     if len(set(methods)) != len(methods):
         raise ConfigError(f"--method lists a method twice ({' '.join(methods)}).")
+
+
+def _check_plugin(method: str) -> None:
+    """A plug-in is planned from the program its replicator writes (``Replicator.program``)."""
+    cls = method_of(method).replicator_type
+    if getattr(cls, "program", None) is None:
+        raise ConfigError(f"--method {method}: its replicator {cls.__name__} "
+                          f"({inspect.getsourcefile(cls)}) writes no program for the planner "
+                          "(Replicator.program); the planner plans the built-in methods and "
+                          "plug-ins whose replicator has one.")
 
 
 def _check_network(args: argparse.Namespace) -> None:

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from experiments.config import RunConfig
+from experiments.config import RunConfig, is_plugin
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import EMULATED
 from experiments.run.folder import RankResult, RunFolder, write_emulated_run
@@ -125,7 +125,7 @@ def _available_bytes() -> int:
 def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
     """The validated config and its memory estimate; ConfigError (one sentence) if refused."""
     cfg = cfg.validate()
-    if cfg.method not in EMULATED_METHODS:
+    if cfg.method not in EMULATED_METHODS and not is_plugin(cfg.method):
         raise ConfigError(f"--emulate does not cover method {cfg.method!r} (its emulated loss is "
                           f"not checked against a real run); it covers "
                           f"{', '.join(EMULATED_METHODS)}.")
@@ -165,6 +165,10 @@ def emulate(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
     if not quiet:
         print(f"emulating {cfg.nodes} replicas in this process (1 rank a node, data-parallel; "
               f"about {need / 2**30:.1f} GiB); no time is measured")
+        if is_plugin(cfg.method):
+            print(f"{cfg.method} is a plug-in: its replicator runs as written, over threads' "
+                  "groups; that its emulated loss equals a real run's is checked for the "
+                  "built-in methods only")
     folder = RunFolder(out).create()
     try:
         results = _train_replicas(cfg, timeout_s, quiet)
