@@ -16,8 +16,8 @@ from typing import Any
 
 from experiments.errors import ConfigError
 
-__all__ = ["AT_LEAST_ONE", "AT_LEAST_ZERO", "COUNT", "FRACTION", "POSITIVE", "POSITIVE_INT",
-           "SEED", "UNIT_CLOSED", "UNIT_OPEN_LOW", "Kind", "kind_of",
+__all__ = ["AT_LEAST_ONE", "AT_LEAST_ZERO", "COUNT", "FRACTION", "INTEGER", "NUMBER",
+           "POSITIVE", "POSITIVE_INT", "SEED", "UNIT_CLOSED", "UNIT_OPEN_LOW", "Kind", "kind_of",
            "BANDWIDTH", "LATENCY", "Quantity"]
 
 
@@ -35,6 +35,8 @@ class Kind:
     def text(self) -> str:
         """What is allowed, in words: "a finite number > 0", "an integer from 0 to 4294967295"."""
         noun = "an integer" if self.integer else "a finite number"
+        if math.isinf(self.low) and math.isinf(self.high):
+            return noun
         if math.isinf(self.high):
             return f"{noun} {'>' if self.low_open else '>='} {_number(self.low)}"
         if self.integer:
@@ -124,6 +126,10 @@ COUNT = Kind(integer=True, low=0)
 """Warm-up steps, delays: an integer >= 0."""
 SEED = Kind(integer=True, low=0, high=2**32 - 1, high_open=False)
 """A seed: torch's generators take 64 bits, and seeds are mixed with step numbers."""
+NUMBER = Kind(integer=False, low=-math.inf, low_open=True)
+"""Any finite number: a plug-in's float knob whose field names no kind of its own."""
+INTEGER = Kind(integer=True, low=-math.inf, low_open=True)
+"""Any integer: a plug-in's int knob whose field names no kind of its own."""
 
 
 def kind_of(action: argparse.Action) -> Kind | None:

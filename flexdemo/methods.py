@@ -6,12 +6,16 @@ default learning rate and how it is wired: whether FSDP2 shards the model, keeps
 all-reduce, and whether the method gossips or adapts its graph. Everything that asks "which
 methods ..." asks the records; :func:`flexdemo.build_optimizer` turns one into an optimizer.
 
+A user's method is the same record, its replicator the class itself, returned by a factory of
+their own module and asked for as ``module.path:factory`` (:mod:`flexdemo.plugins`).
+
 Torch-free, so that run settings are checked without torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +36,7 @@ from .knobs import (
     StridingKnobs,
     TopKKnobs,
 )
+from .plugins import call_factory, check_record, is_plugin
 
 __all__ = ["BASELINE", "FLEXDEMO_KNOBS", "METHODS", "RECORDS", "WIRED", "Method", "method_record"]
 
@@ -44,9 +49,10 @@ class Method:
     """One training method: its replicator, the knobs it reads (with defaults), lr and wiring."""
 
     name: str
-    replicator: str | None
-    """The replicator's name in ``flexdemo.replicators.REPLICATORS``; None: plain AdamW, with
-    FSDP2's all-reduce averaging the gradients across nodes."""
+    replicator: str | type | None
+    """The replicator: its class (a ``Replicator`` subclass, a plug-in's own), or its name in
+    ``flexdemo.replicators.REPLICATORS``; None: plain AdamW, with FSDP2's all-reduce averaging
+    the gradients across nodes."""
     knobs: Knobs = field(default_factory=Knobs)
     """The replicator's knobs (its ``knobs_type``) at this method's defaults."""
     lr: float = 1e-3
@@ -65,6 +71,15 @@ class Method:
     step: StepKnobs = field(default_factory=StepKnobs)
     """This method's own defaults of FlexDeMo's base step and sign (None: the replicator's);
     a run's ``base`` and ``sign`` still win."""
+
+    @property
+    def replicator_type(self) -> type | None:
+        """The replicator's class (None: plain AdamW); a name is looked up, importing torch."""
+        if self.replicator is None or isinstance(self.replicator, type):
+            return self.replicator
+        from .replicators import REPLICATORS
+
+        return REPLICATORS[self.replicator]
 
     @property
     def takes(self) -> tuple[str, ...]:
@@ -194,6 +209,23 @@ _BY_NAME = {m.name: m for m in RECORDS}
 
 
 def method_record(name: str) -> Method:
-    """The record of method ``name`` (ValueError, one sentence, naming the known ones)."""
-    check(name in _BY_NAME, f"method={name!r} is unknown; use one of {', '.join(METHODS)}.")
-    return _BY_NAME[name]
+    """The record of method ``name``: a built-in one, or the one a plug-in's factory
+    ``module.path:factory`` returns, checked and named by that path (:mod:`flexdemo.plugins`;
+    once a process). ValueError, one sentence, naming the known ones or the plug-in's file."""
+    if name in _BY_NAME:
+        return _BY_NAME[name]
+    check(is_plugin(name), f"method={name!r} is unknown; use one of {', '.join(METHODS)}, or "
+                           "your own as module.path:factory.")
+    return _plugin_record(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _plugin_record(spec: str) -> Method:
+    """A plug-in's record, checked; a failure is not kept (the next call tries again)."""
+    record, where = call_factory(spec)
+    check(isinstance(record, Method), f"method {spec!r}: its factory ({where}) returned a "
+                                      f"{type(record).__name__}; it must return a "
+                                      "flexdemo.Method (a name, a Replicator subclass, its "
+                                      "knobs, then lr and wiring).")
+    check_record(record, f"method {spec!r} ({where})")
+    return dataclasses.replace(record, name=spec)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.config import check_algorithm_on_sites, load_site_file
+from experiments.config import check_algorithm_on_sites, is_plugin, load_site_file, method_of
 from experiments.errors import ConfigError
 from experiments.plan.ada import graph_schedule, plan_ada
 from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
@@ -204,8 +205,12 @@ def _check(args: argparse.Namespace) -> None:
 def _check_methods(methods: list[str]) -> None:
     """Known methods, each planned, none twice."""
     for method in methods:
+        if is_plugin(method):
+            _check_plugin(method)
+            continue
         if method not in METHODS:
-            raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}.")
+            raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}, "
+                              "or your own as module.path:factory.")
         record = method_record(method)
         if not has_program(record):
             raise ConfigError(f"--method {method!r} has no program for the planner: its "
@@ -213,6 +218,17 @@ def _check_methods(methods: list[str]) -> None:
                               f"(Replicator.program); plan one of {', '.join(PLANNED_METHODS)}.")
     if len(set(methods)) != len(methods):
         raise ConfigError(f"--method lists a method twice ({' '.join(methods)}).")
+
+
+def _check_plugin(method: str) -> None:
+    """A plug-in is planned from the program its replicator writes (``Replicator.program``)."""
+    record = method_of(method)
+    if not has_program(record):
+        cls = record.replicator_type
+        raise ConfigError(f"--method {method}: its replicator {cls.__name__} "
+                          f"({inspect.getsourcefile(cls)}) writes no program for the planner "
+                          "(Replicator.program); the planner plans the built-in methods and "
+                          "plug-ins whose replicator has one.")
 
 
 def _check_network(args: argparse.Namespace) -> None:

@@ -34,9 +34,9 @@ from experiments.plan.synth import (
     synthesize,
     wired,
 )
+from flexdemo.build import replicator_of
 from flexdemo.graphs import busiest_degree, graph_problem, peers, period
 from flexdemo.methods import Method
-from flexdemo.replicators import replicator_of
 from netsim.model import OVERLAP_NOTE, AlgorithmChoice, algorithm_summary, simulate_each
 from netsim.sites import gossip_round
 from netsim.topology import Topology

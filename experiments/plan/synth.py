@@ -41,10 +41,10 @@ import pandas as pd
 from experiments.errors import ConfigError
 from experiments.plan.hardware import StepCompute
 from experiments.plan.models import DeclaredModel, padded_shard_elements, shard_rows
+from flexdemo.build import has_program, program_of, replicator_of
 from flexdemo.knobs import AdaKnobs
 from flexdemo.methods import RECORDS, Method
 from flexdemo.program import Op, Program
-from flexdemo.replicators import has_program, program_of, replicator_of
 from netsim.costs import collective_volume, default_algorithm
 from netsim.trace import BACKWARD, TRACE_COLUMNS, TRAIN, UNIT_BACKWARD
 
@@ -92,7 +92,7 @@ class AdaOnGraph:
 def method_program(record: Method, knobs: object, shapes: tuple[tuple[int, ...], ...],
                    replicas: int, node: int = 0) -> Program:
     """The program `record`'s replicator writes for a rank whose shards have `shapes` (fp32)
-    among `replicas` replicas, as replica `node` (`flexdemo.replicators.program_of`; cached:
+    among `replicas` replicas, as replica `node` (`flexdemo.build.program_of`; cached:
     sizing a 70B model's DeMo chunks takes seconds). ConfigError (one sentence) for a
     replicator without a program, or knobs it cannot run on the shards."""
     record = wired(record, knobs)

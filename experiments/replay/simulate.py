@@ -57,7 +57,13 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.config import RunConfig, check_algorithm_on_sites, load_site_file
+from experiments.config import (
+    RunConfig,
+    check_algorithm_on_sites,
+    is_plugin,
+    load_site_file,
+    method_of,
+)
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, is_emulated, read_json, write_atomic
 from experiments.replay.compute_profile import ComputeProfile, load_profile
@@ -175,6 +181,8 @@ def _recorded_config(run_dir: Path, meta: Any) -> RunConfig:
         raise ConfigError(f"{str(run_dir / 'run.json')!r} has no config table; is it a run?")
     names = {f.name for f in dataclasses.fields(RunConfig)}
     try:
+        method = recorded.get("method")
+        names |= set(method_of(method).takes) if is_plugin(method) else set()  # its own knobs
         return RunConfig.from_stored({k: v for k, v in recorded.items()
                                       if k in names}).check_numbers()
     except ConfigError as err:  # among several runs, which one

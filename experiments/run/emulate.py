@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from experiments.config import RunConfig
+from experiments.config import RunConfig, is_plugin
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import EMULATED
 from experiments.run.folder import RankResult, RunFolder, write_emulated_run
@@ -35,19 +35,21 @@ __all__ = ["check_emulated", "emulate", "emulation_problem", "estimate_bytes", "
            "replica_size", "unused_settings"]
 
 
-def emulation_problem(record: Method) -> str | None:
+def emulation_problem(record: Method, plugin: bool = False) -> str | None:
     """Why `--emulate` cannot train `record`'s method, in one sentence; None where it can.
 
-    The emulator runs what a method's program names, and its threaded groups run every op kind
-    a program can name; a replicator that writes no program says nothing of what it sends.
+    A built-in method is taken where its replicator writes a program: the program names the
+    collectives it runs, and the threaded groups run every op kind a program can name. A
+    `plugin`'s replicator runs as written over the threads' groups (`emulate` says so).
     """
-    from flexdemo.replicators import has_program, replicator_of
+    from flexdemo.build import has_program, replicator_of
 
-    if has_program(record):
+    if plugin or has_program(record):
         return None
     return (f"--emulate does not cover method {record.name!r}: its replicator "
             f"{replicator_of(record).__name__} writes no program "
             "(Replicator.program), so the collectives it runs are not known.")
+
 
 # Per replica: parameters, gradients and up to six more copies (AdamW's two moments, DeMo's
 # momentum, DiLoCo's outer copy and momentum, exchange buffers), the activations one forward
@@ -139,7 +141,7 @@ def _available_bytes() -> int:
 def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
     """The validated config and its memory estimate; ConfigError (one sentence) if refused."""
     cfg = cfg.validate()
-    problem = emulation_problem(cfg.record)
+    problem = emulation_problem(cfg.record, is_plugin(cfg.method))
     if problem is not None:
         raise ConfigError(problem)
     if cfg.gpus_per_node != 1:
@@ -178,6 +180,10 @@ def emulate(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
     if not quiet:
         print(f"emulating {cfg.nodes} replicas in this process (1 rank a node, data-parallel; "
               f"about {need / 2**30:.1f} GiB); no time is measured")
+        if is_plugin(cfg.method):
+            print(f"{cfg.method} is a plug-in: its replicator runs as written, over threads' "
+                  "groups; that its emulated loss equals a real run's is checked for the "
+                  "built-in methods only")
     folder = RunFolder(out).create()
     try:
         results = _train_replicas(cfg, timeout_s, quiet)

@@ -28,16 +28,12 @@ One class per scheme, each owning its knobs (``knobs_type``, a schema of
 A new scheme is one subclass of :class:`Replicator` (``base.py``), its knobs in
 :mod:`flexdemo.knobs` and one entry in ``REPLICATORS``; a named method using it is one record in
 :mod:`flexdemo.methods`. Its program (:mod:`flexdemo.program`), written by
-:meth:`Replicator.program`, is what a planner and an emulator read of it: :func:`program_of`.
+:meth:`Replicator.program`, is what a planner and an emulator read of it
+(:func:`flexdemo.build.program_of`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from ..knobs import Knobs
-from ..methods import Method
-from ..program import Program
 from .ada import AdaReplicator
 from .base import Replicator
 from .demo import DeMoReplicator
@@ -59,33 +55,6 @@ REPLICATORS: dict[str, type[Replicator]] = {
                               TopKReplicator, SparseLoCoReplicator, ReduceReplicator)
 }
 
-
-def replicator_of(record: Method) -> type[Replicator] | None:
-    """The replicator class of ``record``'s method (None: plain AdamW, FSDP2's all-reduce)."""
-    return None if record.replicator is None else REPLICATORS[record.replicator]
-
-
-def has_program(record: Method) -> bool:
-    """Whether ``record``'s replicator writes a program (plain AdamW: FSDP2's, always)."""
-    cls = replicator_of(record)
-    return cls is None or getattr(cls.program, "__func__", None) is not Replicator.program.__func__
-
-
-def program_of(record: Method, knobs: Knobs, shard_shapes: Sequence[tuple[int, ...]],
-               replicas: int, *, node: int = 0, graph: str | None = None) -> Program | None:
-    """The program of ``record``'s exchange (its knobs as ``record.settings`` gives them) for a
-    rank whose local shards have ``shard_shapes`` among ``replicas`` replicas
-    (:meth:`Replicator.program`); None where its replicator writes none. Plain AdamW
-    (``replicator`` None): FSDP2's all-reduce of every gradient in the backward, which is no
-    replicator's, so the program holds no op of its own and counts one exchange a step."""
-    cls = replicator_of(record)
-    if cls is None:
-        fsdp2 = Program()
-        fsdp2.exchanges = 1
-        return fsdp2
-    return cls.program(knobs, shard_shapes, replicas, node=node, graph=graph)
-
-
 __all__ = [
     "REPLICATORS",
     "AdaReplicator",
@@ -102,7 +71,4 @@ __all__ = [
     "StreamingDiLoCoReplicator",
     "StridingReplicator",
     "TopKReplicator",
-    "has_program",
-    "program_of",
-    "replicator_of",
 ]

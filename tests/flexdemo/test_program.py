@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from flexdemo.build import has_program, program_of
 from flexdemo.knobs import DeMoKnobs, PowerSGDKnobs, ReduceKnobs, StreamingDiLoCoKnobs
 from flexdemo.methods import RECORDS, Method, method_record
 from flexdemo.program import OPS, Op, Program
@@ -18,8 +19,6 @@ from flexdemo.replicators import (
     PowerSGDReplicator,
     ReduceReplicator,
     StreamingDiLoCoReplicator,
-    has_program,
-    program_of,
 )
 from flexdemo.replicators.powersgd import plan_powersgd
 from flexdemo.replicators.reduce import reduce_payloads
