@@ -34,10 +34,13 @@ from pathlib import Path
 
 import torch
 
+from experiments.replay import engine
+from experiments.replay.engine import loss_on_time_axis
 from experiments.replay.loss_curve import LossScaling, Recording, choose_loss_curve
-from experiments.replay.simulate import RecordedRun, loss_on_time_axis, read_run, simulate_run
+from experiments.replay.recordings import RecordedRun, read_run
+from experiments.replay.target import ComputeBasis, ReplayTarget
 from experiments.report.graphs import permutation_p, spearman
-from experiments.report.metrics import baseline_target_at, time_to_target
+from experiments.scoring.targets import baseline_target_at, time_to_target
 from flexdemo.graphs import busiest_degree, mean_degree, mixing_matrix, peers, period
 from netsim.model import Replay
 from netsim.sites import gossip_round, load_sites
@@ -93,13 +96,15 @@ def spectral_gap(graph: str, nodes: int) -> float:
 def replayed_compute_s(run: RecordedRun) -> float:
     """The median step of `run` replayed at its own shape on a link too fast to matter: the
     compute per step as the model takes it (each step its slowest rank's)."""
-    fast = simulate_run(run, inter_bw="100Tbit", inter_lat="0ms")
+    fast = engine.replay(run, ReplayTarget(inter_bw="100Tbit", inter_lat="0ms"))
     return float(fast.frame["step_time_s"].median())
 
 
 def replay(run: RecordedRun, nodes: int, network: dict, scale: float) -> Replay:
     """`run` replayed at `nodes` on `network`, its compute scaled by `scale`."""
-    return simulate_run(run, nodes=nodes, compute_scale=scale, **network)
+    # Compute rescaled on the recording CPU: intra-node and FSDP2 order as recorded.
+    return engine.replay(run, ReplayTarget(nodes=nodes, compute=ComputeBasis(scale=scale),
+                                           intra="recorded", overlap="recorded", **network))
 
 
 def refusal(run: RecordedRun, nodes: int) -> str | None:
@@ -192,7 +197,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for nodes in NODE_COUNTS:
             sites = site_file(nodes, Path(tmp))
-            networks = {**NETWORKS, SITES: {"topology_file": str(sites)}}
+            networks = {**NETWORKS, SITES: {"topology": str(sites)}}
             for arm in (*GRAPHS, BASELINE):
                 steps, targets = arm_cells(arms[arm], nodes, networks, scales, target)
                 degree, gap = (("(all-reduce)", "1 (exact mean)") if arm == BASELINE

@@ -15,9 +15,9 @@ import time
 
 import pandas as pd
 
-from experiments.replay.simulate import gossip_degrees
+from experiments.replay.gossip import recorded_schedule
 from flexdemo import graphs
-from netsim import Topology, TraceRecorder, simulate
+from netsim import ReplayOptions, Topology, TraceRecorder, simulate
 
 
 def hsdp_like_trace(steps: int, nodes: int = 2, per_node: int = 2) -> pd.DataFrame:
@@ -94,12 +94,13 @@ def main() -> None:
     print(f"{'replay 1,000 steps of 2x2 trace (s)':<46}{secs:>12.3f}{'< 2':>12}")
     big = Topology.from_strings(1024, 8, "100Gbit", "5us", nic="per-accelerator")
     short = hsdp_like_trace(100)
-    secs_big, big_out = timed(lambda: simulate(short, big, steps=100))
+    secs_big, big_out = timed(lambda: simulate(short, big, ReplayOptions(steps=100)))
     print(f"{'1,024 nodes x 8, 100 steps (s)':<46}{secs_big:>12.3f}{'< 60':>12}")
     # Every node its own link: one class per speed, paced by its slowest link.
     links = [f"{k}={1 + k * 1e-3:.4f}Gbit,{1 + (k % 13) * 0.05:.2f}ms" for k in range(10_000)]
     secs_het, het_out = timed(lambda: simulate(  # the topology's 10,000 links parsed too
-        short, Topology.from_strings(10_000, 8, "10Gbit", "1ms", node_links=links), steps=100))
+        short, Topology.from_strings(10_000, 8, "10Gbit", "1ms", node_links=links),
+ReplayOptions(steps=100)))
     print(f"{'10,000 nodes x 8, each its own link (s)':<46}{secs_het:>12.3f}{'< 60':>12}")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{'peak resident memory of this process (MB)':<46}{peak_mb:>12.0f}{'< 2048':>12}")
@@ -114,7 +115,8 @@ def main() -> None:
         topo = Topology.from_strings(
             nodes, per_node, "10Gbit", "10us", node_speed=[1.0] * (nodes - 1) + [0.8]
         )
-        row = [timed(lambda t=topo, s=s: simulate(short, t, steps=s))[0] for s in (100, 1000)]
+        row = [timed(lambda t=topo, s=s: simulate(short, t,
+                                                  ReplayOptions(steps=s)))[0] for s in (100, 1000)]
         print(f"{f'{nodes} x {per_node}':<20}" + "".join(f"{r:>15.3f}" for r in row))
     print(
         "(with a straggler node: 2 speed classes x per_node processes; cost is linear in steps and"
@@ -125,10 +127,12 @@ def main() -> None:
     for graph in ("ring", "torus", "exponential"):
         trace = gossip_trace(100, graph)
         steps = pd.DataFrame({"step": range(100)})
-        degrees, _ = gossip_degrees({"config": {"method": "gossip", "graph": graph}}, steps, 1024)
+        degrees, _, _ = recorded_schedule({"config": {"method": "gossip", "graph": graph}},
+                                          steps, 1024, None)
         topo = Topology.from_strings(1024, 1, "10Gbit", "1ms")
-        secs, out = timed(lambda t=trace, d=degrees, topo=topo: simulate(t, topo, steps=1000,
-                                                                        degrees=d))
+        secs, out = timed(lambda t=trace, d=degrees, topo=topo: simulate(t, topo,
+                                                                         ReplayOptions(steps=1000,
+                                                                        degrees=d)))
         print(f"{graph:<14}{out.p2p_degrees[0]:>8}{secs:>10.3f}"
               f"{out.frame['step_time_s'].median() * 1e3:>12.2f}{'seconds':>10}")
 

@@ -21,9 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.replay.engine import replay  # noqa: E402
+from experiments.replay.recordings import read_run  # noqa: E402
 from experiments.replay.reshard import run_layout, shard_elements  # noqa: E402
-from experiments.replay.simulate import read_run, simulate_run  # noqa: E402
-from netsim.model import simulate  # noqa: E402
+from experiments.replay.target import ReplayTarget  # noqa: E402
+from netsim.model import ReplayOptions, simulate  # noqa: E402
 
 
 def closed_form(layout: list, nodes: int, per_node: int, itemsize: int = 4) -> float:
@@ -46,12 +48,13 @@ def main() -> None:
     layout, source = run_layout(run.meta, run.config)
     want = closed_form(layout, args.nodes, args.gpus_per_node)
     network = dict(inter_bw=args.inter_bw, inter_lat=args.inter_lat, nodes=args.nodes)
-    resharded = simulate_run(run, gpus_per_node=args.gpus_per_node, **network)
+    resharded = replay(run, ReplayTarget(gpus_per_node=args.gpus_per_node, **network))
     steps = len(resharded.frame)
     got = resharded.node_egress_bytes / steps
     # The recorded shards on the target, as the replay did before it re-sharded.
     target = run.config.replace(gpus_per_node=args.gpus_per_node, **network).topology()
-    as_recorded = simulate(run.trace, target, intra="recorded").node_egress_bytes / steps
+    as_recorded = simulate(run.trace, target,
+                           ReplayOptions(intra="recorded")).node_egress_bytes / steps
     print(f"{run.config.method} recorded {run.config.nodes}x{run.config.gpus_per_node}, "
           f"replayed as {args.nodes}x{args.gpus_per_node} at {args.inter_bw}, {args.inter_lat} "
           f"(layout {source}, {run.meta['params']:,} parameters)")

@@ -22,7 +22,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.config import RunConfig, parse_overrides, shared_for  # noqa: E402
+from experiments.config import RunConfig, parse_sets, shared_for  # noqa: E402
 from experiments.replay.validate import median_step_time, parse_shape  # noqa: E402
 from experiments.run.launch import launch  # noqa: E402
 from netsim.trace import compute_outside_collectives  # noqa: E402
@@ -45,7 +45,7 @@ def main() -> int:
     args = p.parse_args()
     nodes, per_node = parse_shape(args.shape)
     base = {**RunConfig(workload="lm-tiny", steps=args.steps, eval_every=args.steps + 1,
-                        pin_cores=True).to_dict(), **parse_overrides(args.set)}
+                        pin_cores=True).to_dict(), **parse_sets(args.set)}
     print(f"{args.shaping} shaping, {args.shape}, {args.inter_bw} / {args.inter_lat}, "
           f"{args.steps} steps (median after {args.warmup}), pinned, {args.repeats} runs each, "
           f"back to back", flush=True)

@@ -28,10 +28,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.replay.engine import GPU_INTRA
+from experiments.replay.recordings import RecordedRun, read_run
 from experiments.replay.reshard import reshard_trace, run_layout, shard_elements
-from experiments.replay.simulate import GPU_INTRA, RecordedRun, read_run
 from flexdemo.wire import dense_is_cheaper
-from netsim import Topology, parse_bandwidth, parse_latency, simulate
+from netsim import ReplayOptions, Topology, parse_bandwidth, parse_latency, simulate
 from netsim.costs import ALGORITHM_CHOICES
 
 NODES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -82,7 +83,8 @@ def step_time(trace: pd.DataFrame, nodes: int, args: argparse.Namespace) -> floa
     )
     # intra="model", as `flexbench simulate` does when the compute is declared (--compute-scale).
     sim = simulate(
-        trace, topo, compute_scale=args.compute_scale, intra="model", algorithm=args.algorithm
+        trace, topo,
+ReplayOptions(compute_scale=args.compute_scale, intra="model", algorithm=args.algorithm)
     )
     return float(sim.frame["step_time_s"].median())
 

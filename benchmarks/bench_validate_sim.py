@@ -23,7 +23,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.config import parse_overrides  # noqa: E402
+from experiments.config import parse_sets  # noqa: E402
 from experiments.replay.validate import (  # noqa: E402
     COMPUTE_FROM,
     DEFAULT_BANDWIDTHS,
@@ -85,7 +85,7 @@ def main() -> int:
             calibration, how = machine_calibration(args.shaping)
             print(f"calibration: {how}", flush=True)
     compute_from = args.compute_from or ("recordings" if args.extrapolate is not None else "run")
-    settings = {**parse_overrides(args.set), "pin_cores": not args.no_pin}
+    settings = {**parse_sets(args.set), "pin_cores": not args.no_pin}
     tables = []
     for rerun in range(args.reruns):
         with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:

@@ -2,8 +2,8 @@
 
     flexbench check-comm                       # compare with results/baselines/comm_volume.json
     flexbench check-comm --update              # re-record the baseline on purpose
-    flexbench check-comm --update --methods flexdemo   # re-record flexdemo's row, keep the rest
-    flexbench check-comm --methods mymethods:make      # measure a plug-in (docs/methods.md)
+    flexbench check-comm --update --method flexdemo    # re-record flexdemo's row, keep the rest
+    flexbench check-comm --method mymethods:make       # measure a plug-in (docs/methods.md)
 
 Every method runs a couple of steps of a fixed tiny setting (lm-tiny, 2 nodes x 2 ranks, seed 0,
 shaping off) through the real launcher; the per-step inter-node bytes sent and received, the
@@ -30,8 +30,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from experiments.aliases import add_old_spelling
 from experiments.config import METHODS, RunConfig, is_plugin, method_of, shared_for
-from experiments.io import read_json, write_atomic
+from experiments.io import check_output_file, read_json, write_atomic
 from experiments.values import AT_LEAST_ZERO
 
 log = logging.getLogger(__name__)
@@ -159,32 +160,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE,
                         help=f"baseline JSON (default {DEFAULT_BASELINE})")
     parser.add_argument("--update", action="store_true",
-                        help="measure and record instead of comparing; with --methods, only "
+                        help="measure and record instead of comparing; with --method, only "
                         "their rows change")
     parser.add_argument("--tolerance", type=AT_LEAST_ZERO.arg, default=None,
                         help="allowed relative change per figure (default 0.01 = 1%%); not "
                         "with --update, which compares nothing")
-    parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
-                        help="check only these methods (default: all, and every one the "
-                        "baseline knows must still run)")
+    methods = parser.add_argument("--method", nargs="+", default=None, metavar="METHOD",
+                                  help="check only these methods (default: all, and every one the "
+                                  "baseline knows must still run)")
+    add_old_spelling(parser, "--methods", methods)
 
 
 def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
     """Run `flexbench check-comm`; 0 when nothing changed (or the update is whole), else 1."""
     methods = _checked_methods(args)
+    if args.update:  # where the measurement goes is checked before anything is measured
+        check_output_file(args.baseline, what="--baseline")
     baseline = _baseline_for(args)
     current = (measurer or measure)(methods, dict(SETTINGS))
     if args.update:
         return _record(args.baseline, baseline, methods, current)
     expected = baseline["methods"]
-    if args.methods is not None:  # an explicit subset is compared on that subset only
+    if args.method is not None:  # an explicit subset is compared on that subset only
         expected = {m: v for m, v in expected.items() if m in methods}
     return _report(expected, current, TOLERANCE if args.tolerance is None else args.tolerance)
 
 
 def _checked_methods(args: argparse.Namespace) -> list[str]:
-    """The methods to measure, once --methods and --tolerance are known to be valid."""
-    methods = list(METHODS) if args.methods is None else list(args.methods)
+    """The methods to measure, once --method and --tolerance are known to be valid."""
+    methods = list(METHODS) if args.method is None else list(args.method)
     unknown = [m for m in methods if m not in METHODS and not is_plugin(m)]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}, or "
@@ -192,7 +196,7 @@ def _checked_methods(args: argparse.Namespace) -> list[str]:
     for method in methods:
         method_of(method)  # a plug-in that cannot be used: one sentence before any run
     if len(set(methods)) < len(methods):
-        raise ValueError(f"--methods lists a method twice ({' '.join(methods)}).")
+        raise ValueError(f"--method lists a method twice ({' '.join(methods)}).")
     if args.tolerance is not None and args.update:
         raise ValueError(f"--tolerance {args.tolerance:g} judges a comparison, and --update "
                          "records without comparing; leave one of them out.")
@@ -204,18 +208,18 @@ def _checked_methods(args: argparse.Namespace) -> list[str]:
 def _baseline_for(args: argparse.Namespace) -> dict[str, Any] | None:
     """The baseline to compare with or merge into (None: a whole first recording)."""
     if args.update and not args.baseline.exists():
-        if args.methods is not None:
+        if args.method is not None:
             raise ValueError(f"no baseline at {str(args.baseline)!r} to update; record every "
-                             "method first (--update without --methods).")
+                             "method first (--update without --method).")
         return None
     baseline = _read_baseline(args.baseline)
     if baseline.get("settings") == SETTINGS:
         return baseline
-    if args.update and args.methods is None:
+    if args.update and args.method is None:
         return None  # re-recorded whole under the new settings
     raise ValueError(f"baseline {str(args.baseline)!r} was recorded with other settings "
                      f"({baseline.get('settings')}); re-record every method with --update "
-                     "(without --methods).")
+                     "(without --method).")
 
 
 def _record(path: Path, baseline: dict[str, Any] | None, methods: list[str],
@@ -256,7 +260,7 @@ def _report(expected: dict[str, Any], current: dict[str, dict[str, float]],
         for line in failures:
             print(f"  {line}", file=sys.stderr)
         print("if this is intended, re-record those methods with `flexbench check-comm "
-              "--update --methods METHOD ...`.", file=sys.stderr)
+              "--update --method METHOD ...`.", file=sys.stderr)
         return 1
     new = [m for m in current if m not in expected]
     if new:  # a plug-in, or a method added since the baseline: measured, nothing to hold it to

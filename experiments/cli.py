@@ -39,8 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("experiments.plan.command",
              "step time, utilization, bytes and memory of methods on a declared model and "
              "cluster"),
-    "sweep": ("experiments.sweep", "methods x networks x seeds: time-to-target-loss"),
-    "report": ("experiments.report", "figures and tables from a sweep's results"),
+    "sweep": ("experiments.sweep.cli", "methods x networks x seeds: time-to-target-loss"),
+    "report": ("experiments.report.figures", "figures and tables from a sweep's results"),
     "check-comm": ("experiments.check_comm", "fail when a method sends more bytes"),
 }
 

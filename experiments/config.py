@@ -18,12 +18,14 @@ import dataclasses
 import functools
 import inspect
 import textwrap
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from experiments.deadline import bounded
 from experiments.errors import ConfigError
+from experiments.sizes import Cost, Count, Term, check_work
 from experiments.values import (
     AT_LEAST_ONE,
     AT_LEAST_ZERO,
@@ -50,7 +52,7 @@ from flexdemo.plugins import is_of_kind, is_plugin, knob_type
 __all__ = ["KNOBS", "METHODS", "BACKENDS", "SCHEDULES", "SHAPING_MODES", "WORKLOADS",
            "ConfigError", "KnobSettings", "RunConfig", "RunSettings",
            "add_run_arguments", "field_help", "is_plugin", "load_site_file", "method_of",
-           "parse_overrides",
+           "parse_sets", "parse_value",
            "run_arguments", "run_flag", "shared_for", "check_algorithm_on_sites"]
 
 if TYPE_CHECKING:
@@ -140,6 +142,18 @@ KNOB_KINDS: dict[str, Kind] = {
     "density": UNIT_OPEN_LOW,
     "error_decay": UNIT_CLOSED,  # sparseloco
 }
+
+
+# What a run holds or does per item (experiments.sizes): the bound on its nodes, ranks and steps.
+# Every node has entries in the run's topology (10^7 nodes: 140 MB); every rank's row of a step
+# (losses, times: about 100 B; a real run's trace adds about 1.5 kB for lm-tiny's) is kept
+# until the run ends, then gathered by its writer; a gossip graph's checks look at every pair
+# of nodes (Ada's ladder of 10^4 nodes: 11 s).
+_NODE_BYTES = Cost("a node's entries in the run's topology", bytes=16)
+_STEP_RECORD = Cost("a rank's row of a step, kept until the run ends", bytes=100)
+_NODE_PAIR = Cost("to check a pair of nodes of the gossip graphs", seconds=1e-7)
+# A torch thread's stack (glibc's default for a new thread), for every thread of a node's ranks.
+_THREAD = Cost("a thread's stack", bytes=8 * 2**20)
 
 
 def _knob_fields() -> list[tuple[str, str, Any]]:
@@ -243,13 +257,14 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
             value = getattr(self, f.name)
             _check_type(f, value)
         method_of(self.method)
-        _workload(self.workload)
         for name, allowed in (("shaping", SHAPING_MODES), ("schedule", SCHEDULES),
                               ("backend", BACKENDS)):
             _choice(name, getattr(self, name), allowed)
         # Every numeric field is checked by its kind, the same check as its flag's; a knob's
         # schema speaks first, its sentence naming the method's rule.
         self._check_kinds(knobs=False)
+        self._check_size()  # before anything that works per node or calls the user's code
+        _workload(self.workload)
         self._check_knobs()
         self._check_kinds(knobs=True)
         self._check_warmup_steps()
@@ -277,6 +292,21 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
             for name, value in self.plugin_knobs.items():
                 if name in schema.names() and value is not None:
                     _check_plugin_value(schema, name, value)
+
+    def _check_size(self) -> None:
+        """Refuse nodes, ranks, steps and threads whose records or stacks pass this machine's
+        memory, or a graph too large to check (experiments.sizes), before any is made."""
+        nodes = Count("nodes", self.nodes, "nodes")
+        ranks = Count("gpus_per_node", self.gpus_per_node, "ranks a node")
+        steps = Count("steps", self.steps or BUILTIN_BUDGETS.get(self.workload, (1,))[0], "steps",
+                      given=self.steps is not None)
+        threads = Count("threads_per_rank", self.threads_per_rank, "threads a rank")
+        terms = [Term(_NODE_BYTES, (nodes,)),
+                 Term(_STEP_RECORD, (steps, nodes, ranks)),
+                 Term(_THREAD, (ranks, threads))]
+        if self.record.gossips:
+            terms.append(Term(_NODE_PAIR, (nodes, nodes)))
+        check_work("the run", terms)
 
     def _check_warmup_steps(self) -> None:
         """warmup_steps: a count below steps, not beside a warmup fraction of its own.
@@ -594,31 +624,43 @@ def run_arguments(args: argparse.Namespace) -> dict[str, Any]:
 _CLI_TYPES = {"int": int, "float": float, "str": str}
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, str]:
-    """Turn ["key=value", ...] into a dict, rejecting items without '=' and a key given twice
-    with two values (which one was meant cannot be told)."""
-    out: dict[str, str] = {}
+def parse_value(text: str) -> Any:
+    """A --set value, every command's one grammar: a TOML value where the text is one (true,
+    3, 0.5, inf, "text", [0, 1]), else the text itself (ring, 100Mbit, 1=100Mbit;2=1Gbit)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_sets(pairs: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` pairs as one mapping, each value by `parse_value`; an item without
+    '=' and a key given twice with two values (which one was meant cannot be told) refused."""
+    out: dict[str, Any] = {}
+    texts: dict[str, str] = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
+        key, sep, text = pair.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set takes key=value, got {pair!r}.")
-        key, value = key.strip(), value.strip()
-        if out.get(key, value) != value:
-            raise ConfigError(f"--set gives {key} twice, {key}={out[key]} and {key}={value}; "
+        key, text = key.strip(), text.strip()
+        value = parse_value(text)
+        if key in out and out[key] != value:
+            raise ConfigError(f"--set gives {key} twice, {key}={texts[key]} and {key}={text}; "
                               "give it once.")
-        out[key] = value
+        out[key], texts[key] = value, text
     return out
 
 
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
-    """Turn a CLI string into the field's type; leave typed values (from TOML) alone."""
+    """Turn a CLI string into the field's type; leave typed values (from TOML) alone, but for a
+    number given to a text setting (`--set inter_bw=100`), which is read as its text."""
     return _coerce_as(f.name, str(f.type), value)
 
 
 def _coerce_as(name: str, kind: str, value: Any) -> Any:
     """Turn a CLI string into a value of type ``kind`` (as a field declares it, "int | None")."""
     if not isinstance(value, str):
-        return value
+        return _number_as_text(kind, value)
     text = value.strip()
     if text.lower() in ("none", "null") and "None" in kind:
         return None
@@ -638,6 +680,13 @@ def _coerce_as(name: str, kind: str, value: Any) -> Any:
     except ValueError:
         raise ConfigError(f"{name} must be of type {kind}, got {value!r}.") from None
     return text
+
+
+def _number_as_text(kind: str, value: Any) -> Any:
+    """A number given to a text setting as its text; any other typed value as it is."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and kind.startswith("str"):
+        return str(value)
+    return value
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:

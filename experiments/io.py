@@ -24,9 +24,9 @@ from typing import Any
 from experiments.errors import ConfigError
 from netsim.processes import pid_alive
 
-__all__ = ["EMULATED", "is_emulated",
+__all__ = ["EMULATED", "RECORD_FILES", "is_emulated",
            "check_output_file", "check_output_folder", "cpu_model", "exclusive", "provenance",
-           "missing_run_file", "read_json", "run_digest", "write_atomic"]
+           "read_json", "run_digest", "write_atomic"]
 
 # The umask can only be read by setting it: once, at import, before any worker thread runs.
 _UMASK = os.umask(0o022)
@@ -122,17 +122,6 @@ def read_json(path: Path | str, what: str) -> Any:
         raise ConfigError(f"{where} cannot be read: {err}.") from None
 
 
-def missing_run_file(run_dir: Path | str) -> str | None:
-    """The first file a finished run folder lacks (an emulated run has no trace), or None."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "run.json").is_file():
-        return "run.json"
-    meta = read_json(run_dir / "run.json", "run record")
-    emulated = isinstance(meta, dict) and is_emulated(meta)
-    return next((name for name in RUN_FILES[1:] if not (run_dir / name).is_file()
-                 and not (emulated and name == "trace.parquet")), None)
-
-
 def run_digest(run_dir: Path) -> str:
     """A hash of what a replay reads from a run: its run.json and its trace."""
     digest = hashlib.sha256()
@@ -163,21 +152,40 @@ def _check_creatable(path: Path, what: str) -> None:
     if not parent.is_dir():
         raise ConfigError(f"{what} {str(path)!r} cannot be created: {str(parent)!r} is a file, "
                           f"not a folder.")
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not _writable(parent):
         raise ConfigError(f"{what} {str(path)!r} cannot be created: {str(parent)!r} is not "
                           f"writable.")
 
 
+def _writable(folder: Path) -> bool:
+    """Whether a file can be made in `folder`: tried, as permissions alone do not say (root
+    passes them, a read-only mount or /proc does not take files)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".flexbench-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
 def check_output_folder(out: Path | str, *, what: str = "output folder",
-                        must_be_empty: bool = True) -> Path:
-    """Refuse an output folder that is a file, holds files, or cannot be created; return it."""
+                        must_be_empty: bool = True, reads: Iterable[Path | str] = ()) -> Path:
+    """Refuse an output folder that is a file, holds files, cannot be created, or holds or is
+    what the command reads (`check_output_file` says which); return it."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{what} {str(out)!r} is a file; choose a folder.")
+    _check_not_read(out, what, reads, folder=True)
+    if (out / "run.json").is_file():  # a run's files are never written over by another's
+        raise ConfigError(f"{what} {str(out)!r} is the folder of a run (it holds run.json); "
+                          "choose another.")
     if must_be_empty and out.is_dir() and any(out.iterdir()):
         raise ConfigError(f"{what} {str(out)!r} already holds files; choose a new one.")
     if out.is_dir():
-        if not os.access(out, os.W_OK | os.X_OK):
+        if not _writable(out):
             raise ConfigError(f"{what} {str(out)!r} is not writable.")
     else:
         _check_creatable(out, what)
@@ -195,27 +203,55 @@ def is_emulated(meta: dict[str, Any]) -> bool:
     return meta.get("executor") == EMULATED
 
 
+# What `flexbench run` and `flexbench sweep` write into their folders, beside the file that
+# marks the folder as theirs (run.json, sweep.json): another command's output never replaces one.
+RECORD_FILES = {"run.json": RUN_FILES,
+                "sweep.json": ("sweep.json", "runs.parquet", "steps.parquet",
+                               "speedups.parquet")}
+
+
 def check_output_file(path: Path | str, *, what: str = "output file",
                       reads: Iterable[Path | str] = ()) -> Path:
-    """Refuse an output file that is a folder or whose folder cannot be created; return it.
+    """Refuse an output file that is a folder, sits under a file, cannot be written, or would
+    replace an input; return it.
 
-    Outputs never clobber inputs: a path inside a folder the command `reads`, or a run's own
-    file (run.json, steps.parquet, trace.parquet beside a run.json), is refused too.
+    Outputs never clobber inputs: a file the command `reads`, a path inside a folder it reads,
+    or a run's or sweep's own file (run.json, steps.parquet, ... beside its run.json or
+    sweep.json) is refused too.
     """
     path = Path(path)
-    for folder in map(Path, reads):
-        if path.resolve().is_relative_to(folder.resolve()):
-            raise ConfigError(f"{what} {str(path)!r} is inside {str(folder)!r}, which this "
-                              "command reads; write it elsewhere.")
-    if path.name in RUN_FILES and (path.parent / "run.json").exists():
-        raise ConfigError(f"{what} {str(path)!r} is a file of the run in {str(path.parent)!r}; "
-                          "write it elsewhere.")
+    _check_not_read(path, what, reads)
+    for marker, names in RECORD_FILES.items():
+        if path.name in names and (path.parent / marker).is_file():
+            kind = "run" if marker == "run.json" else "sweep"
+            raise ConfigError(f"{what} {str(path)!r} is a file of the {kind} in "
+                              f"{str(path.parent)!r}; write it elsewhere.")
     if path.is_dir():
         raise ConfigError(f"{what} {str(path)!r} is a folder; give a file name.")
     if path.exists() and not os.access(path, os.W_OK):
         raise ConfigError(f"{what} {str(path)!r} is not writable.")
     _check_creatable(path, what)
     return path
+
+
+def _check_not_read(path: Path, what: str, reads: Iterable[Path | str], *,
+                    folder: bool = False) -> None:
+    """Refuse `path` where it is an input, lies inside an input folder, or (a `folder` the
+    command writes into) holds an input."""
+    target = path.resolve()
+    for given in map(Path, reads):
+        source = given.resolve()
+        same = target == source or (target.exists() and source.exists()
+                                    and os.path.samefile(target, source))
+        if same:
+            raise ConfigError(f"{what} {str(path)!r} is {str(given)!r}, which this command "
+                              "reads; write it elsewhere.")
+        if source.is_dir() and target.is_relative_to(source):
+            raise ConfigError(f"{what} {str(path)!r} is inside {str(given)!r}, which this "
+                              "command reads; write it elsewhere.")
+        if folder and source.is_relative_to(target):
+            raise ConfigError(f"{what} {str(path)!r} holds {str(given)!r}, which this command "
+                              "reads; write it elsewhere.")
 
 
 def provenance() -> dict[str, Any]:

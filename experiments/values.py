@@ -16,7 +16,7 @@ from typing import Any
 
 from experiments.errors import ConfigError
 
-__all__ = ["AT_LEAST_ONE", "AT_LEAST_ZERO", "COUNT", "FRACTION", "INTEGER", "NUMBER",
+__all__ = ["AT_LEAST_ONE", "AT_LEAST_ZERO", "COUNT", "FRACTION", "INT64_MAX", "INTEGER", "NUMBER",
            "POSITIVE", "POSITIVE_INT", "SEED", "UNIT_CLOSED", "UNIT_OPEN_LOW", "Kind", "kind_of",
            "BANDWIDTH", "LATENCY", "Quantity"]
 
@@ -30,6 +30,11 @@ class Kind:
     low_open: bool = False
     high: float = math.inf
     high_open: bool = True
+    most: float = math.inf
+    """For a count or size: the largest value what holds it can take (above it the refusal
+    says so, with `why`); the kind's own range is `high`."""
+    why: str = ""
+    """What sets `most`, in words: "numpy's and torch's int64"."""
 
     @property
     def text(self) -> str:
@@ -53,12 +58,19 @@ class Kind:
             return False
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
-        return above and below
+        return above and below and value <= self.most
+
+    def allowed(self, value: Any) -> str:
+        """What is allowed, in words, as said to ``value``: the range, or the size bound and
+        why when ``value`` is a number past it."""
+        past = (isinstance(value, int | float) and not isinstance(value, bool)
+                and value > self.most)
+        return f"at most {_number(self.most)} ({self.why})" if past else self.text
 
     def check(self, name: str, value: Any) -> Any:
         """``value`` if it is of this kind, else ConfigError: "NAME must be ..., got VALUE."."""
         if not self.allows(value):
-            raise ConfigError(f"{name} must be {self.text}, got {value!r}.")
+            raise ConfigError(f"{name} must be {self.allowed(value)}, got {value!r}.")
         return value
 
     def parse(self, text: str) -> int | float:
@@ -68,7 +80,7 @@ class Kind:
         except (TypeError, ValueError):
             value = None  # type: ignore[assignment]
         if value is None or not self.allows(value):
-            raise ValueError(f"must be {self.text}, got {text!r}")
+            raise ValueError(f"must be {self.allowed(value)}, got {text!r}")
         return value
 
     def arg(self, text: str) -> int | float:
@@ -108,6 +120,12 @@ LATENCY = Quantity("latency")
 """A time with its unit: "20ms", "5us"."""
 
 
+# Every count is held as a 64-bit integer somewhere (numpy arrays, torch tensors, Parquet
+# columns), so none may exceed one; tighter bounds come from what a command's work costs
+# (experiments.sizes).
+INT64_MAX = 2**63 - 1
+_INT64 = "a count is held as a 64-bit integer by numpy, torch and Parquet"
+
 POSITIVE = Kind(integer=False, low=0.0, low_open=True)
 """Rates, scales, seconds, learning rates, losses: a finite number above zero."""
 AT_LEAST_ZERO = Kind(integer=False, low=0.0)
@@ -120,9 +138,9 @@ UNIT_OPEN_LOW = Kind(integer=False, low=0.0, low_open=True, high=1.0, high_open=
 """A share of the whole, all of it included: (0, 1]."""
 UNIT_CLOSED = Kind(integer=False, low=0.0, high=1.0, high_open=False)
 """A weight between two things: [0, 1]."""
-POSITIVE_INT = Kind(integer=True, low=1)
+POSITIVE_INT = Kind(integer=True, low=1, most=INT64_MAX, why=_INT64)
 """Nodes, ranks, steps, batches, repeats, fragments: an integer >= 1."""
-COUNT = Kind(integer=True, low=0)
+COUNT = Kind(integer=True, low=0, most=INT64_MAX, why=_INT64)
 """Warm-up steps, delays: an integer >= 0."""
 SEED = Kind(integer=True, low=0, high=2**32 - 1, high_open=False)
 """A seed: torch's generators take 64 bits, and seeds are mixed with step numbers."""

@@ -33,8 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from experiments.deadline import bounded
-from experiments.errors import ConfigError, RunFailed, users_location
+from experiments.deadline import users_call, users_factory
+from experiments.errors import ConfigError
 from experiments.workload_budgets import BUILTIN_BUDGETS
 
 __all__ = ["Workload", "BuiltinWorkload", "make_workload", "check_workload", "WORKLOAD_NAMES",
@@ -193,13 +193,8 @@ def make_workload(name: str) -> Workload:
     module or attribute does not exist, or the object lacks part of the `Workload` protocol.
     """
     factory = _factory(name)
-    try:
-        workload = bounded(f"workload {name!r}: its factory", factory)
-    except RunFailed:
-        raise  # the run's timeout passed inside it: said by bounded, not a config error
-    except Exception as err:  # the user's factory: show where in their code it failed
-        raise ConfigError(f"workload {name!r}: the factory raised {type(err).__name__}: {err}"
-                          f"{users_location(err)}.") from None
+    workload = users_call(f"workload {name!r}: its factory", factory,
+                          who=f"workload {name!r}: the factory")
     _check_protocol(name, workload)
     return workload
 
@@ -217,15 +212,10 @@ def _check_outputs(name: str, workload: Workload) -> None:
     Calls `model()` and one `batch()` here, once, so a wrong type is one sentence before any
     rank starts rather than an error inside all of them.
     """
-    try:
-        model = bounded(f"workload {name!r}: its model()", workload.model)
-        batch = bounded(f"workload {name!r}: its batch()",
-                        lambda: workload.batch(step=0, rank=0, batch_size=2, seed=0))
-    except RunFailed:
-        raise
-    except Exception as err:
-        raise ConfigError(f"workload {name!r}: calling it raised {type(err).__name__}: {err}"
-                          f"{users_location(err)}.") from None
+    who = f"workload {name!r}: calling it"
+    model = users_call(f"workload {name!r}: its model()", workload.model, who=who)
+    batch = users_call(f"workload {name!r}: its batch()",
+                       lambda: workload.batch(step=0, rank=0, batch_size=2, seed=0), who=who)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"workload {name!r}: model() returned a {type(model).__name__}; it must "
                           "return a torch.nn.Module.")
@@ -243,29 +233,7 @@ def _factory(name: str) -> Callable[[], Any]:
     if not (sep and module_name and attr):
         raise ConfigError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOAD_NAMES)} "
                           "or give your own as module.path:factory.")
-    try:
-        target: Any = bounded(f"workload {name!r}: importing {module_name!r}",
-                              lambda: importlib.import_module(module_name))
-    except RunFailed:
-        raise
-    except ImportError as err:
-        if err.name != module_name.split(".")[0] and users_location(err):  # raised inside it
-            raise ConfigError(f"workload {name!r}: importing {module_name!r} raised "
-                              f"{type(err).__name__}: {err}{users_location(err)}.") from None
-        raise ConfigError(f"workload {name!r}: cannot import module {module_name!r} ({err}); "
-                          "install it or put its folder on PYTHONPATH.") from None
-    except Exception as err:  # the user's module failed while it ran: show where
-        raise ConfigError(f"workload {name!r}: importing {module_name!r} raised "
-                          f"{type(err).__name__}: {err}{users_location(err)}.") from None
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise ConfigError(f"workload {name!r}: module {module_name!r} has no attribute "
-                              f"{attr!r}.")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ConfigError(f"workload {name!r} is a {type(target).__name__}, not a factory: it "
-                          "must be callable with no arguments and return a workload.")
-    return target
+    return users_factory(name, f"workload {name!r}", "a workload")
 
 
 def _check_protocol(name: str, workload: Any) -> None:

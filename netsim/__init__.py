@@ -16,7 +16,7 @@ from netsim.costs import (
     ring_all_reduce_time,
     ring_reduce_scatter_time,
 )
-from netsim.model import MODEL_NOTE, Replay, SharedLink, simulate
+from netsim.model import MODEL_NOTE, Replay, ReplayOptions, SharedLink, simulate
 from netsim.topology import Link, Topology, ring_nic_share
 from netsim.trace import (
     EVAL,
@@ -45,6 +45,7 @@ __all__ = [
     "hierarchical_all_reduce_time",
     "point_to_point_time",
     "simulate",
+    "ReplayOptions",
     "Replay",
     "SharedLink",
     "MODEL_NOTE",

@@ -18,3 +18,12 @@ def test_readme_docs_and_sweep_readmes_hold() -> None:
     assert docs_check.ROOT / "README.md" in files
     problems = docs_check.check(files)
     assert not problems, f"{len(problems)} problems in the docs:\n" + "\n".join(map(str, problems))
+
+
+def test_the_license_file_is_the_license_the_package_declares() -> None:
+    import tomllib
+
+    declared = tomllib.loads((docs_check.ROOT / "pyproject.toml").read_text())["project"]
+    names = {"BSD-3-Clause": "BSD 3-Clause License"}
+    first = (docs_check.ROOT / "LICENSE").read_text().splitlines()[0]
+    assert first == names[declared["license"]["text"]]

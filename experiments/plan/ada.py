@@ -20,9 +20,10 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.errors import ConfigError
-from experiments.io import read_json
 from experiments.plan.plan import MethodPlan
 from experiments.plan.synth import AdaOnGraph
+from experiments.run_record import RunRecord
+from experiments.values import POSITIVE_INT
 from flexdemo.graphs import graph_ladder
 from flexdemo.knobs import AdaKnobs
 
@@ -79,7 +80,7 @@ def _given(text: str) -> dict[str, int]:
                               "with a whole number of steps >= 1.")
         if graph in steps:
             raise ConfigError(f"--ada-graphs {text!r} names {graph} twice.")
-        steps[graph] = int(count)
+        steps[graph] = POSITIVE_INT.check(f"--ada-graphs {graph}", int(count))
     return steps
 
 
@@ -92,11 +93,7 @@ def _recorded(run: Path, replicas: int, model: str) -> dict[str, int]:
     missing = next((f.name for f in (meta, table) if not f.is_file()), None)
     if missing is not None:
         raise ConfigError(f"--ada-graphs {run} is not a finished run: {missing} is missing.")
-    recorded = read_json(meta, "--ada-graphs run record")
-    config = recorded.get("config") if isinstance(recorded, dict) else None
-    if not isinstance(config, dict):
-        raise ConfigError(f"--ada-graphs {run} is not a run folder (its run.json holds no "
-                          "config).")
+    config = RunRecord.load(run, "--ada-graphs run record").config
     if config.get("method") != "ada":
         raise ConfigError(f"--ada-graphs {run} is a run of {config.get('method')!r}, not ada; "
                           "give a run of ada.")

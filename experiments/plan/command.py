@@ -11,33 +11,51 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import io
 import json
 import math
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from experiments.config import check_algorithm_on_sites, is_plugin, load_site_file, method_of
-from experiments.errors import ConfigError
+from experiments.aliases import add_old_spelling
+from experiments.config import (
+    check_algorithm_on_sites,
+    is_plugin,
+    load_site_file,
+    method_of,
+    parse_sets,
+)
+from experiments.deadline import bounded, run_deadline
+from experiments.errors import ConfigError, RunFailed
+from experiments.io import check_output_file, write_atomic
 from experiments.plan.ada import graph_schedule, plan_ada
-from experiments.plan.hardware import DEFAULT_MFU, GPUS, given_compute, gpu, rule_compute
-from experiments.plan.models import declare_model
+from experiments.plan.hardware import (
+    DEFAULT_MFU,
+    GPUS,
+    StepCompute,
+    given_compute,
+    gpu,
+    rule_compute,
+)
+from experiments.plan.models import PRESETS, DeclaredModel, declare_model, parse_gpt
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
 from experiments.plan.replicas import check_nodes_per_replica, replica_line, replica_topology
 from experiments.plan.synth import (
     PLANNED_METHODS,
     Precision,
     has_program,
+    local_shard_shapes,
+    method_program,
     sync_in_backward,
     wired,
 )
 from experiments.plan.target import MISSING, StepsSource, steps_source
 from experiments.replay.compute_profile import load_profile
+from experiments.sizes import Cost, Count, Term, check_work
 from experiments.values import BANDWIDTH, LATENCY, POSITIVE, POSITIVE_INT, UNIT_OPEN_LOW
 from flexdemo.methods import METHODS, method_record
 from netsim.costs import ALGORITHM_CHOICES
@@ -45,13 +63,33 @@ from netsim.sites import hierarchy_line
 from netsim.topology import Link, Topology
 from netsim.units import format_bandwidth, parse_bandwidth, parse_latency
 
-__all__ = ["configure", "main", "parse_bandwidths", "parse_sets"]
+__all__ = ["DEFAULT_TIMEOUT_S", "configure", "grid_points", "main", "parse_bandwidths",
+           "split_sets"]
 
 OUTPUTS = (".csv", ".json", ".png")
 # --set keys that are the plan's own (FSDP2's mixed precision, ...), not a method's knob.
 PLAN_KEYS = ("param_dtype", "reduce_dtype", "optimizer_s", "backend", "sync_in_backward")
 _RANGE = re.compile(r"^([^:]+):([^:]+):([^:]+)$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|TB)\s*$")
+# A plan of the largest preset on a few methods and a dozen bandwidths takes seconds; ten
+# minutes is a plan that lost its way (or a factory that never returns).
+DEFAULT_TIMEOUT_S = 600.0
+
+# What a plan's work costs per item (measured on 2 cores: 4,000 layers built and laid out in
+# 8 s, 1,000 layers replayed at 20 bandwidths in 15 s, 8,192 GPUs a node in 16 GB and 150 s for
+# 3 units and 2 methods, 10^7 nodes in 8 s and 140 MB, Ada's ladder of 10^4 replicas in 11 s):
+# the bound on every count it takes (experiments.sizes).
+_BUILD = Cost("to build and lay out a unit on the meta device", seconds=2e-3)
+_REPLAY = Cost("to replay a unit of a method at a bandwidth", seconds=7e-4)
+_RANK_PAIR_BYTES = Cost("a pair of a node's GPUs in a unit's synthesized trace (each row names "
+                        "its group's GPUs)", bytes=64)
+_RANK_PAIR = Cost("to synthesize a pair of a node's GPUs in a unit's trace, per method",
+                  seconds=3e-7)
+_NODE_BYTES = Cost("a node in the topology of a bandwidth", bytes=16)
+_NODE = Cost("to replay a node of a method at a bandwidth", seconds=8e-7)
+_ROW = Cost("a method's row at a bandwidth", bytes=512)
+_REPLICA_PAIR = Cost("to weigh a pair of replicas in Ada's graph ladder", seconds=1e-7)
+_PERIOD_STEP = Cost("to walk a step of the method's schedule", seconds=5e-7)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -71,8 +109,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "nodes of a site, the method's exchange between replicas")
     compute = parser.add_mutually_exclusive_group(required=True)
     compute.add_argument("--gpu", help=f"GPU kind: {', '.join(GPUS)}")
-    compute.add_argument("--step-time", type=POSITIVE.arg, metavar="S",
-                         help="compute seconds per step, as given")
+    step = compute.add_argument("--step-compute", type=POSITIVE.arg, metavar="SECONDS",
+                                help="compute seconds per step, as given")
+    add_old_spelling(compute, "--step-time", step)
     compute.add_argument("--compute-profile", default=None, metavar="P",
                          help="a `flexbench profile-compute` file of the same model: its "
                               "forward+backward and optimizer seconds per step")
@@ -114,6 +153,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "recorded graph per step gives them")
     parser.add_argument("--out", required=True,
                         help=f"file to write: {', '.join(OUTPUTS)} by its extension")
+    parser.add_argument("--timeout", type=POSITIVE.arg, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help="seconds before the plan is stopped, a model factory's own code "
+                             f"included (default {DEFAULT_TIMEOUT_S:g}); a plan estimated to "
+                             "take longer is refused before it starts")
+
+
+def grid_points(values: list[str]) -> int:
+    """How many rates the --inter-bw values make (ConfigError on a malformed A:B:COUNT), counted
+    before any is made."""
+    points = 0
+    for value in values:
+        match = _RANGE.match(value)
+        if match is None:
+            points += 1
+            continue
+        count = match.group(3)
+        if not count.isdigit() or int(count) < 2:
+            raise ConfigError(f"--inter-bw {value!r}: COUNT {count!r} must be a whole number "
+                              ">= 2 (a range of one point is empty; give the rate alone).")
+        points += int(count)
+    return points
 
 
 def _rates_arg(text: str) -> str:
@@ -126,6 +186,7 @@ def _rates_arg(text: str) -> str:
 
 def parse_bandwidths(values: list[str]) -> list[float]:
     """Bytes/s of each --inter-bw value; A:B:COUNT is COUNT rates log-spaced from A to B."""
+    grid_points(values)  # every COUNT checked before any range is made
     rates: list[float] = []
     for value in values:
         match = _RANGE.match(value)
@@ -133,44 +194,20 @@ def parse_bandwidths(values: list[str]) -> list[float]:
             rates.append(parse_bandwidth(value))
             continue
         low, high = parse_bandwidth(match.group(1)), parse_bandwidth(match.group(2))
-        count = match.group(3)
-        if not count.isdigit() or int(count) < 2:
-            raise ConfigError(f"--inter-bw {value!r}: COUNT {count!r} must be a whole number "
-                              ">= 2 (a range of one point is empty; give the rate alone).")
         if not low < high:
             raise ConfigError(f"--inter-bw {value!r} runs from {match.group(1)} down to "
                               f"{match.group(2)}; give A:B:COUNT with A below B.")
-        rates.extend(float(r) for r in np.geomspace(low, high, int(count)))
+        rates.extend(float(r) for r in np.geomspace(low, high, int(match.group(3))))
     return sorted(set(rates))
 
 
-def _value(text: str) -> object:
-    """A --set value as the knob schemas take it: bool, int, float or the string."""
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_sets(items: list[str], methods: list[str]) -> tuple[dict, dict[str, dict]]:
+def split_sets(items: list[str], methods: list[str]) -> tuple[dict, dict[str, dict]]:
     """(the plan's own settings, per method the knobs it reads); one sentence on a bad one."""
     own: dict = {}
     knobs: dict[str, dict] = {m: {} for m in methods}
-    given: dict[str, str] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r} must be KEY=VALUE, such as diloco_h=100.")
-        if given.setdefault(key, text.strip()) != text.strip():
-            raise ConfigError(f"--set gives {key} twice, {key}={given[key]} and "
-                              f"{key}={text.strip()}; give it once.")
+    for key, value in parse_sets(items).items():
         if key in PLAN_KEYS:
-            own[key] = text.strip()
+            own[key] = value
             continue
         readers = [m for m in methods if key in method_record(m).takes]
         if not readers:
@@ -179,7 +216,7 @@ def parse_sets(items: list[str], methods: list[str]) -> tuple[dict, dict[str, di
                               f"{', '.join(methods)} take {', '.join(takes) or 'no knobs'}, "
                               f"and the plan itself {', '.join(PLAN_KEYS)}.")
         for m in readers:
-            knobs[m][key] = _value(text.strip())
+            knobs[m][key] = value
     return own, knobs
 
 
@@ -188,18 +225,70 @@ def _check(args: argparse.Namespace) -> None:
     suffix = Path(args.out).suffix.lower()
     if suffix not in OUTPUTS:
         raise ConfigError(f"--out {args.out!r} must end in {', '.join(OUTPUTS)}.")
+    check_output_file(args.out, what="--out", reads=_inputs(args))
     _check_methods(args.method)
     if args.ada_graphs is not None and "ada" not in args.method:
         raise ConfigError("--ada-graphs gives ada's graphs, but --method does not plan ada.")
     _check_network(args)
     _check_compute(args)
     check_nodes_per_replica(args.nodes_per_replica, args.nodes)
+    check_work_size(args, _known_units(args.model))
     if args.nodes_per_replica > 1:
         for method in args.method:
             if not method_record(method).shards:
                 raise ConfigError(f"--method {method} shards nothing (every GPU a replica), so "
                                   "a replica spans no nodes; plan it without "
                                   "--nodes-per-replica.")
+
+
+def _inputs(args: argparse.Namespace) -> list[str]:
+    """Every file and folder the plan reads: its output may be none of them, nor inside one."""
+    given = [*(args.steps_from or ()), args.compute_profile, args.topology]
+    if args.ada_graphs is not None and Path(args.ada_graphs).exists():
+        given.append(args.ada_graphs)  # a run's folder, not GRAPH=STEPS
+    if args.model.endswith(".json"):
+        given.append(args.model)  # a Hugging Face config.json
+    return [path for path in given if path is not None]
+
+
+def _known_units(spec: str) -> int | None:
+    """FSDP2 units of a preset or gpt: model, known from its sizes before it is built (its
+    parameters bounded there); None for a model known only once built."""
+    if spec in PRESETS:
+        return PRESETS[spec].layers + 1
+    if spec.startswith("gpt:"):
+        return parse_gpt(spec).layers + 1
+    return None
+
+
+def check_work_size(args: argparse.Namespace, units: int | None, *, built: bool = False,
+                    periods: dict[str, int] | None = None) -> None:
+    """Refuse a plan whose work passes this machine's memory or --timeout (experiments.sizes):
+    its layers, methods, bandwidths, nodes, GPUs per node and each method's period in steps
+    (where known: `periods`), each times what it costs."""
+    layers = Count("--model", units or 1, "FSDP2 units",
+                   said=f"--model {args.model!r} with {units or 1:,} FSDP2 units")
+    methods = Count("--method", len(args.method), "methods")
+    points = Count("--inter-bw", grid_points(args.inter_bw) if args.inter_bw else 1,
+                   "bandwidths")
+    points = dataclasses.replace(points, said=f"--inter-bw's grid of {points.value:,} points")
+    nodes = Count("--nodes", args.nodes, "nodes")
+    per_node = Count("--gpus-per-node", args.gpus_per_node, "GPUs per node")
+    terms = [Term(_REPLAY, (methods, points, layers)), Term(_RANK_PAIR_BYTES,
+                                                             (layers, per_node, per_node)),
+             Term(_RANK_PAIR, (methods, layers, per_node, per_node)),
+             Term(_NODE_BYTES, (points, nodes)), Term(_NODE, (methods, points, nodes)),
+             Term(_ROW, (methods, points))]
+    if not built:
+        terms.append(Term(_BUILD, (layers,)))
+    if "ada" in args.method:
+        replicas = Count("--nodes", max(1, args.nodes // args.nodes_per_replica), "replicas")
+        terms.append(Term(_REPLICA_PAIR, (replicas, replicas)))
+    for method, period in (periods or {}).items():
+        terms.append(Term(_PERIOD_STEP, (Count("--set", period, f"steps of {method}'s period",
+                                               said=f"{method}'s period of {period:,} steps "
+                                               "(its --set knobs)"),)))
+    check_work("the plan", terms, budget_s=args.timeout, budget=f"--timeout {args.timeout:g} s")
 
 
 def _check_methods(methods: list[str]) -> None:
@@ -247,10 +336,10 @@ def _check_network(args: argparse.Namespace) -> None:
 
 def _check_compute(args: argparse.Namespace) -> None:
     """The rule's flags only with --gpu, and all of them there."""
-    if args.step_time is not None or args.compute_profile is not None:
+    if args.step_compute is not None or args.compute_profile is not None:
         for flag, value in (("--mfu", args.mfu), ("--batch", args.batch), ("--seq", args.seq)):
             if value is not None:
-                raise ConfigError(f"{flag} sizes the compute with --gpu; --step-time or "
+                raise ConfigError(f"{flag} sizes the compute with --gpu; --step-compute or "
                                   "--compute-profile gives it already, so leave it out.")
     elif args.batch is None or args.seq is None:
         raise ConfigError("--gpu needs --batch and --seq (sequences per GPU and tokens per "
@@ -261,7 +350,7 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[float | None, str]:
     """Bytes of memory per GPU and where the figure comes from (None: not known)."""
     if args.gpu_memory is not None:
         match = _MEMORY.match(args.gpu_memory)
-        if match is None or not float(match.group(1)) > 0:
+        if match is None or not 0 < float(match.group(1)) < math.inf:
             raise ConfigError(f"--gpu-memory {args.gpu_memory!r} is not a size above zero; "
                               "give GB, GiB or TB, such as 80GB.")
         scale = {"GB": 1e9, "GiB": 2**30, "TB": 1e12}[match.group(2)]
@@ -273,35 +362,43 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[float | None, str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Plan every method on every bandwidth, print the figures and assumptions, write --out."""
+    """Plan every method on every bandwidth, print the figures and assumptions, write --out.
+
+    The plan runs under --timeout (a model factory's code included): past it, one sentence,
+    exit 1 and nothing written, as `flexbench run`'s timeout."""
     _check(args)
+    try:
+        with run_deadline(args.timeout, command="plan", stopped=""):
+            return bounded("the plan", lambda: _plan(args))
+    except RunFailed as err:
+        print(f"flexbench plan: failed: {err}", file=sys.stderr)
+        return 1
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """The plan itself, its flags checked."""
     topologies, labels, network = _network(args)
     # A site file's sites first: the replicas' check below counts on whole ones.
     check_nodes_per_replica(args.nodes_per_replica, args.nodes, topologies[0].sites)
-    own, knobs = parse_sets(args.set, args.method)
-    args.set_keys = set(own)
+    own, knobs = split_sets(args.set, args.method)
     precision = Precision(own.get("param_dtype", "bf16"), own.get("reduce_dtype", "fp32"))
-    optimizer_s = _seconds(own.get("optimizer_s", "0"))
+    optimizer_s = _seconds(own["optimizer_s"]) if "optimizer_s" in own else None
     backend = own.get("backend", "nccl")
     if backend not in ("nccl", "gloo"):
         raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
     in_backward = _sync_in_backward(own.get("sync_in_backward"), args.method)
     settings = {m: _knobs_on(m, knobs[m], args) for m in args.method}
+    check_work_size(args, _known_units(args.model))
     memory_cap, memory_source = _gpu_memory(args)
     source = steps_source(args.steps_to_target, args.steps_from, args.target, args.model,
                           args.method)
-    schedule = (graph_schedule(args.ada_graphs, args.nodes // args.nodes_per_replica,
-                               args.model) if "ada" in args.method else None)
+    graphs = (graph_schedule(args.ada_graphs, args.nodes // args.nodes_per_replica,
+                             args.model) if "ada" in args.method else None)
     model = declare_model(args.model)
-    unit_params = [model.unit_params(u) for u in range(len(model.units))]
-    if args.gpu is not None:
-        compute = rule_compute(unit_params, gpu(args.gpu),
-                               DEFAULT_MFU if args.mfu is None else args.mfu, args.batch,
-                               args.seq, optimizer_s)
-    elif args.compute_profile is not None:
-        compute = _profiled(args, unit_params, optimizer_s)
-    else:
-        compute = given_compute(unit_params, args.step_time, optimizer_s)
+    # The model's size, known now if only a factory or a config could tell it, and each
+    # method's period as its program says (a schedule of 10^12 steps is a count like any other).
+    check_work_size(args, len(model.units), built=True, periods=_periods(args, settings, model))
+    compute = _compute(args, [model.unit_params(u) for u in range(len(model.units))], optimizer_s)
     k = args.nodes_per_replica
     replicas = [replica_topology(t, k) for t in topologies]
 
@@ -311,7 +408,7 @@ def main(args: argparse.Namespace) -> int:
                            args.algorithm, backend=backend, nodes_per_replica=k,
                            sync_in_backward=in_backward and sync_in_backward(record))
 
-    plans = [plan_ada(settings[m], schedule, lambda on_graph: plan_of("ada", on_graph))
+    plans = [plan_ada(settings[m], graphs, lambda on_graph: plan_of("ada", on_graph))
              if m == "ada" else plan_of(m, settings[m]) for m in args.method]
     frame = pd.concat([p.frame() for p in plans], ignore_index=True)
     frame["memory_over"] = (frame["memory_per_gpu_bytes"] > memory_cap
@@ -328,6 +425,28 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _periods(args: argparse.Namespace, settings: dict[str, object],
+             model: DeclaredModel) -> dict[str, int]:
+    """Each method's period in steps, as its program says (Ada's is its graphs')."""
+    shapes = local_shard_shapes(model, args.gpus_per_node, 0)
+    replicas = max(1, args.nodes // args.nodes_per_replica)
+    return {m: method_program(method_record(m), settings[m], shapes, replicas).period
+            for m in args.method if m != "ada"}
+
+
+def _compute(args: argparse.Namespace, unit_params: list[int],
+             optimizer_s: float | None) -> StepCompute:
+    """A step's compute: by the rule from --gpu, from --compute-profile, or --step-compute's;
+    `optimizer_s` (--set optimizer_s; None: not given, 0 s) beside the first and the last."""
+    if args.compute_profile is not None:
+        return _profiled(args, unit_params, optimizer_s)
+    if args.gpu is not None:
+        return rule_compute(unit_params, gpu(args.gpu),
+                            DEFAULT_MFU if args.mfu is None else args.mfu, args.batch, args.seq,
+                            optimizer_s or 0.0)
+    return given_compute(unit_params, args.step_compute, optimizer_s or 0.0)
+
+
 def _knobs_on(method: str, given: dict, args: argparse.Namespace) -> object:
     """The method's knobs, refused where they cannot run between the plan's replicas: the
     check `run` makes at its nodes (`Method.settings_on`)."""
@@ -340,19 +459,19 @@ def _knobs_on(method: str, given: dict, args: argparse.Namespace) -> object:
         raise ConfigError(f"--method {method} on {replicas} replica(s){shape}: {err}") from None
 
 
-def _sync_in_backward(text: str | None, methods: list[str]) -> bool:
+def _sync_in_backward(value: object, methods: list[str]) -> bool:
     """The sync_in_backward setting (None: not given, false): true or false, and given only
     where a method reads it."""
-    if text is None:
+    if value is None:
         return False
-    if text.lower() not in ("true", "false"):
-        raise ConfigError(f"sync_in_backward={text!r} must be true or false.")
+    if not isinstance(value, bool):
+        raise ConfigError(f"sync_in_backward={value!r} must be true or false.")
     if not any(sync_in_backward(method_record(m)) for m in methods):
         able = [m for m in METHODS if sync_in_backward(method_record(m))]
-        raise ConfigError(f"sync_in_backward={text} says when the outer sync of "
+        raise ConfigError(f"sync_in_backward={str(value).lower()} says when the outer sync of "
                           f"{', '.join(able)} starts, and --method plans none of them; "
                           "plan one of them or leave it out.")
-    return text.lower() == "true"
+    return value
 
 
 def _sync_lines(plans: list[MethodPlan], in_backward: bool) -> list[str]:
@@ -370,7 +489,7 @@ def _sync_lines(plans: list[MethodPlan], in_backward: bool) -> list[str]:
             "replicator does (sync_in_backward=true starts it unit by unit in the backward)"]
 
 
-def _profiled(args: argparse.Namespace, unit_params: list[int], optimizer_s: float):
+def _profiled(args: argparse.Namespace, unit_params: list[int], optimizer_s: float | None):
     """Compute per step from a profile-compute file, refused for another model or shape."""
     profile = load_profile(args.compute_profile)
     if profile.workload != args.model:
@@ -381,25 +500,24 @@ def _profiled(args: argparse.Namespace, unit_params: list[int], optimizer_s: flo
         raise ConfigError(f"--compute-profile {args.compute_profile} was measured at "
                           f"{profile.gpus_per_node} GPUs per node, not --gpus-per-node "
                           f"{args.gpus_per_node}; profile at the planned shape.")
-    if "optimizer_s" in args.set_keys:
+    if optimizer_s is not None:
         raise ConfigError("--set optimizer_s and --compute-profile both give the optimizer "
                           "step's seconds; give one.")
-    del optimizer_s
     fb, opt = profile.phase_seconds
     compute = given_compute(unit_params, fb, opt)
-    rule = compute.rule.replace(f"{fb:g} s per step as given (--step-time)",
+    rule = compute.rule.replace(f"{fb:g} s per step as given (--step-compute)",
                                 f"{fb:g} s forward+backward per step measured for "
                                 f"{profile.method} ({profile.describe()})")
     return dataclasses.replace(compute, rule=rule)
 
 
-def _seconds(text: str) -> float:
+def _seconds(given: object) -> float:
     try:
-        value = float(text)
-    except ValueError:
+        value = float(given) if not isinstance(given, bool) else -1.0
+    except (TypeError, ValueError):
         value = -1.0
     if not (math.isfinite(value) and value >= 0):
-        raise ConfigError(f"optimizer_s={text!r} must be seconds >= 0.")
+        raise ConfigError(f"optimizer_s={given!r} must be seconds >= 0.")
     return value
 
 
@@ -531,27 +649,22 @@ def _print_needed(needed: pd.DataFrame, plans: list[MethodPlan]) -> None:
 
 def _write(path: Path, frame: pd.DataFrame, needed: pd.DataFrame, assumptions: list[str]) -> None:
     """The CSV rows, the JSON (rows, bandwidth needed, assumptions) or the figure; atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        suffix = path.suffix.lower()
-        if suffix == ".csv":
-            frame.to_csv(tmp, index=False)
-        elif suffix == ".json":
-            doc = {"rows": frame.to_dict(orient="records"),
-                   "bandwidth_needed": needed.to_dict(orient="records"),
-                   "assumptions": assumptions}
-            Path(tmp).write_text(json.dumps(doc, indent=2, default=float) + "\n")
-        else:
-            _figure(frame, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        data: bytes | str = frame.to_csv(index=False)
+    elif suffix == ".json":
+        doc = {"rows": frame.to_dict(orient="records"),
+               "bandwidth_needed": needed.to_dict(orient="records"),
+               "assumptions": assumptions}
+        data = json.dumps(doc, indent=2, default=float) + "\n"
+    else:
+        buf = io.BytesIO()
+        _figure(frame, buf)
+        data = buf.getvalue()
+    write_atomic(path, data)
 
 
-def _figure(frame: pd.DataFrame, path: str) -> None:
+def _figure(frame: pd.DataFrame, path: io.BytesIO) -> None:
     """Compute utilization against inter-node bandwidth, log x, one line per method."""
     import matplotlib
 

@@ -105,11 +105,11 @@ def rule_compute(unit_params: list[int], device: Gpu, mfu: float, batch: int, se
 
 
 def given_compute(unit_params: list[int], step_s: float, optimizer_s: float = 0.0) -> StepCompute:
-    """Compute per step as given (--step-time), split as the rule splits it."""
+    """Compute per step as given (--step-compute), split as the rule splits it."""
     if isinstance(step_s, bool) or not isinstance(step_s, int | float) or not (
             math.isfinite(step_s) and step_s > 0):
-        raise ConfigError(f"--step-time {step_s!r} must be a positive number of seconds.")
+        raise ConfigError(f"--step-compute {step_s!r} must be a positive number of seconds.")
     forward, backward = _split(float(step_s), unit_params)
-    rule = (f"compute: {step_s:g} s per step as given (--step-time); forward 1/3, backward 2/3, "
+    rule = (f"compute: {step_s:g} s per step as given (--step-compute); forward 1/3, backward 2/3, "
             f"each unit by its share of the parameters; optimizer step {optimizer_s:g} s")
     return StepCompute(forward, backward, float(optimizer_s), rule)

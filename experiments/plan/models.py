@@ -8,7 +8,6 @@ then the root.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 
@@ -17,12 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import flexdemo
-from experiments.errors import ConfigError, users_location
+from experiments.deadline import bounded, users_call, users_factory
+from experiments.errors import ConfigError
 from experiments.io import read_json
 from experiments.workloads import WORKLOAD_NAMES, builtin_model
 
-__all__ = ["GPT_KEYS", "PRESETS", "DeclaredModel", "Decoder", "GPTSizes", "declare_model",
-           "shard_rows", "padded_shard_elements"]
+__all__ = ["GPT_KEYS", "MAX_PARAMS", "PRESETS", "DeclaredModel", "Decoder", "GPTSizes",
+           "check_params", "declare_model", "shard_rows", "padded_shard_elements"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,16 @@ class GPTSizes:
     """Biases on the query, key and value projections (Qwen2's attention has them)."""
     source: str = ""
     """Where a preset's sizes come from (empty for sizes given on the command line)."""
+
+    @property
+    def params(self) -> int:
+        """Parameters of the decoder these sizes build (tied embeddings once), exactly."""
+        head = self.dim // self.heads
+        kv = (self.kv_heads or self.heads) * head
+        attention = self.dim * self.heads * head * 2 + self.dim * kv * 2
+        bias = (self.heads * head + 2 * kv) if self.bias else 0
+        layer = attention + bias + 3 * self.dim * self.ffn + 2 * self.dim  # + two RMSNorms
+        return self.layers * layer + self.vocab * self.dim * (1 if self.tied else 2) + self.dim
 
     def spec(self) -> str:
         """The `gpt:` spec that declares these sizes."""
@@ -75,6 +85,10 @@ PRESETS: dict[str, GPTSizes] = {
 }
 
 GPT_KEYS = ("dim", "layers", "heads", "vocab", "ffn", "tied", "kv_heads", "bias")
+# The plan adds up a model's bytes in float64, exact to 2^53; its largest sum is the memory, 16
+# bytes a parameter (fp32 master copy, gradient and AdamW's two moments).
+BYTES_PER_PARAM = 16
+MAX_PARAMS = 2**53 // BYTES_PER_PARAM
 _REQUIRED = ("dim", "layers", "heads", "vocab", "ffn")
 _FLAGS = ("tied", "bias")
 _GPT_EXAMPLE = "gpt:dim=4096,layers=32,heads=32,vocab=128256,ffn=14336,tied=false"
@@ -233,7 +247,17 @@ def parse_gpt(spec: str) -> GPTSizes:
     if sizes.dim % sizes.heads or sizes.heads % kv:
         raise ConfigError(f"--model {spec!r}: dim={sizes.dim} must be a multiple of "
                           f"heads={sizes.heads}, and heads a multiple of kv_heads={kv}.")
+    check_params(spec, sizes.params)
     return sizes
+
+
+def check_params(spec: str, params: int) -> None:
+    """Refuse a model of more parameters than the planner adds up exactly (`MAX_PARAMS`)."""
+    if params > MAX_PARAMS:
+        raise ConfigError(f"--model {spec!r} would hold {params:,} parameters ({params:.3g}); "
+                          f"the planner builds layouts up to {MAX_PARAMS:,} ({MAX_PARAMS:.3g}): "
+                          f"it adds up {BYTES_PER_PARAM} bytes a parameter in float64, exact to "
+                          "2^53.")
 
 
 def _gpt_value(spec: str, key: str, value: str) -> int | bool:
@@ -260,35 +284,30 @@ def _from_hf_config(spec: str) -> nn.Module:
         raise ConfigError(f"--model {spec!r}: reading a Hugging Face config.json needs the "
                           "optional transformers package, which is not installed; install it "
                           "or give the sizes as gpt:dim=...,layers=....") from None
-    try:
+
+    def build() -> nn.Module:
         config = transformers.AutoConfig.from_pretrained(spec)
         with torch.device("meta"):
             return transformers.AutoModelForCausalLM.from_config(config)
+
+    try:  # a config of millions of layers is stopped at the plan's --timeout
+        return bounded(f"--model {spec!r}: building it with transformers", build)
     except (OSError, ValueError) as err:
         raise ConfigError(f"--model {spec!r} is not a config.json transformers can build: "
                           f"{err}") from None
 
 
 def _from_factory(spec: str) -> nn.Module:
-    """The user's factory called under torch.device("meta"); its parameters checked."""
-    module_name, _, attr = spec.partition(":")
-    try:
-        target = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"--model {spec!r}: cannot find {attr!r} in module {module_name!r} "
-                          f"({err}); give module:function of a function that returns an "
-                          "nn.Module.") from None
-    if not callable(target):
-        raise ConfigError(f"--model {spec!r} is a {type(target).__name__}, not a function that "
-                          "returns an nn.Module.")
-    try:
+    """The user's factory called under torch.device("meta") and the plan's --timeout; its
+    parameters checked."""
+    label = f"--model {spec!r}"
+    factory = users_factory(spec, label, "an nn.Module")
+
+    def build() -> nn.Module:
         with torch.device("meta"):  # tensors made without an explicit device land on meta
-            model = target()
-    except Exception as err:  # the user's code: say where it failed
-        raise ConfigError(f"--model {spec!r}: the factory raised {type(err).__name__}: {err}"
-                          f"{users_location(err)}.") from None
+            return factory()
+
+    model = users_call(f"{label}: its factory", build, who=f"{label}: the factory")
     if not isinstance(model, nn.Module):
         raise ConfigError(f"--model {spec!r} returned a {type(model).__name__}; the factory must "
                           "return an nn.Module.")
@@ -307,6 +326,7 @@ def _declared(spec: str, model: nn.Module, source: str) -> DeclaredModel:
     except ValueError as err:
         raise ConfigError(f"--model {spec!r}: {err}") from None
     units = tuple(tuple(tuple(shape) for shape in unit) for unit in layout)
+    check_params(spec, sum(math.prod(shape) for unit in units for shape in unit))
     return DeclaredModel(spec, source, units, tuple(tuple(p.shape) for p in model.parameters()),
                          tuple(flexdemo.parameter_units(model)))
 

@@ -34,11 +34,17 @@ from experiments.plan.synth import (
     synthesize,
     wired,
 )
+from experiments.replay import gossip
 from flexdemo.build import replicator_of
-from flexdemo.graphs import busiest_degree, graph_problem, peers, period
+from flexdemo.graphs import busiest_degree, period
 from flexdemo.methods import Method
-from netsim.model import OVERLAP_NOTE, AlgorithmChoice, algorithm_summary, simulate_each
-from netsim.sites import gossip_round
+from netsim.model import (
+    OVERLAP_NOTE,
+    AlgorithmChoice,
+    ReplayOptions,
+    algorithm_summary,
+    simulate_each,
+)
 from netsim.topology import Topology
 
 __all__ = ["CU_TARGETS", "MethodPlan", "Memory", "PlanPoint", "bandwidth_needed", "memory",
@@ -223,9 +229,9 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
     algorithms: list[AlgorithmChoice] = []  # what each trace's replay on the target assumed
     for trace, length, count, whole in traces.values():
         # Without sharding there are no FSDP2 units to overlap: the trace's order is the plan.
-        replays = simulate_each(trace, topologies, overlap="fsdp2" if record.shards
+        replays = simulate_each(trace, topologies, ReplayOptions(overlap="fsdp2" if record.shards
                                 else "recorded", intra="model", algorithm=algorithm,
-                                degrees=degrees, site_rounds=site_rounds)
+                                degrees=degrees, site_rounds=site_rounds))
         for total, replay in zip(totals, replays, strict=True):
             times = replay.frame["step_time_s"]
             if whole:  # a window: every step of it, and every byte it sent
@@ -255,27 +261,9 @@ def gossip_graph(record: Method, knobs: object, target: Topology) -> tuple[objec
     (`site_rounds=`); (None, None) for other methods."""
     if not record.gossips:
         return None, None
-    graph, nodes = knobs.graph, target.nodes
-    problem = graph_problem(graph, nodes) if nodes > 1 else None
-    if problem is not None:
-        raise ConfigError(f"--method {record.name}: {problem}")
-
-    def round_of(step: int, round_: int) -> int:
-        del step  # the replay counts the gossip rounds itself
-        return round_ % period(graph, nodes)
-
-    def degrees(step: int, round_: int) -> int:
-        return busiest_degree(graph, nodes, round_of(step, round_))
-
-    sites = target.sites
-    if sites is None or len(sites.sites) < 2:
-        return degrees, None
-
-    def site_rounds(step: int, round_: int) -> object:
-        r = round_of(step, round_)
-        return gossip_round(sites, lambda node: peers(graph, sites.nodes, node, r))
-
-    return degrees, site_rounds
+    graph = knobs.graph
+    return gossip.schedule(lambda step: graph, [graph], target.nodes, target.sites,
+                           f"--method {record.name}")
 
 
 def _signature(trace: pd.DataFrame, first: int) -> tuple:

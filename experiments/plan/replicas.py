@@ -20,7 +20,8 @@ from experiments.errors import ConfigError
 from netsim.sites import Site, Sites
 from netsim.topology import Link, Topology
 
-__all__ = ["check_nodes_per_replica", "replica_line", "replica_topology"]
+__all__ = ["check_nodes_per_replica", "divisors", "divisors_text", "replica_line",
+           "replica_topology"]
 
 
 def check_nodes_per_replica(k: int, nodes: int, sites: Sites | None = None) -> None:
@@ -28,14 +29,42 @@ def check_nodes_per_replica(k: int, nodes: int, sites: Sites | None = None) -> N
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"--nodes-per-replica {k!r} must be a whole number >= 1.")
     if nodes % k:
-        divisors = [d for d in range(1, nodes + 1) if nodes % d == 0]
         raise ConfigError(f"--nodes-per-replica {k} does not divide --nodes {nodes} into whole "
-                          f"replicas; use one of {', '.join(map(str, divisors))}.")
+                          f"replicas; use {divisors_text(nodes)}.")
     for site in () if sites is None else sites.sites:
         if len(site.nodes) % k:
             raise ConfigError(f"--nodes-per-replica {k} does not divide site {site.name!r}'s "
                               f"{len(site.nodes)} nodes: a replica spans nodes of one site; "
                               "use a K that divides every site's node count.")
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of `n` in order, found up to its square root (so a count of 10^12 nodes
+    takes 10^6 trials, not 10^12)."""
+    low, high = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            low.append(d)
+            if d != n // d:
+                high.append(n // d)
+        d += 1
+    return low + high[::-1]
+
+
+# Divisors named in a refusal: the smallest and the largest, with an ellipsis between.
+_SHOWN = 12
+
+
+def divisors_text(n: int) -> str:
+    """ "one of 1, 2, 4" or, for a count of many divisors, "one of its 64 divisors: 1, 2, ...,
+    N" (the few smallest and largest)."""
+    found = divisors(n)
+    if len(found) <= _SHOWN:
+        return f"one of {', '.join(map(str, found))}"
+    half = _SHOWN // 2
+    return (f"one of its {len(found)} divisors: {', '.join(map(str, found[:half]))}, ..., "
+            f"{', '.join(map(str, found[-half:]))}")
 
 
 def replica_topology(topology: Topology, k: int) -> Topology:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.errors import ConfigError
-from experiments.io import read_json
+from experiments.run_record import RunRecord
+from experiments.values import POSITIVE_INT
 
 __all__ = ["MISSING", "StepsSource", "steps_source"]
 
@@ -52,6 +53,7 @@ def _given(values: list[str], methods: list[str]) -> StepsSource:
         if sep and method not in methods:
             raise ConfigError(f"--steps-to-target {value!r} names {method!r}, which is not "
                               f"planned; name one of {', '.join(methods)}.")
+        POSITIVE_INT.check("--steps-to-target", int(count))  # a count, as every count is
         for m in [method] if sep else methods:
             if steps.setdefault(m, float(count)) != float(count):
                 raise ConfigError(f"--steps-to-target gives {m} {steps[m]:g} and {count} steps; "
@@ -109,14 +111,11 @@ def _config(run: Path, text: str) -> dict:
     """A --steps-from run's recorded config, once its run.json and steps.parquet are there."""
     if not (run / "run.json").is_file():
         raise ConfigError(f"--steps-from {text!r} is not a run folder (no run.json there).")
-    meta = read_json(run / "run.json", "--steps-from run record")
-    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
-        raise ConfigError(f"--steps-from {text!r} is not a run folder (its run.json holds no "
-                          "config).")
-    if not (run / "steps.parquet").is_file():
+    record = RunRecord.load(run, "--steps-from run record")
+    if not record.has("steps.parquet"):
         raise ConfigError(f"--steps-from {text!r} is not a finished run: steps.parquet is "
                           "missing.")
-    return meta["config"]
+    return record.config
 
 
 def steps_source(given: list[str] | None, runs: list[str] | None, target: float | None,

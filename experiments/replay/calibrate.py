@@ -32,7 +32,8 @@ import numpy as np
 from tqdm import tqdm
 
 from experiments.errors import ConfigError
-from experiments.io import check_output_file, write_atomic
+from experiments.io import check_output_file, cpu_model, write_atomic
+from experiments.sizes import Cost, Count, Term, check_work
 from experiments.values import BANDWIDTH, POSITIVE_INT
 from netsim import parse_bandwidth
 from netsim.calibration import Calibration, Sample, fit_calibration, load_calibration
@@ -42,7 +43,7 @@ from netsim.processes import init_process_group, loopback_interface
 from netsim.topology import Link
 
 __all__ = ["calibrate", "configure", "main", "DEFAULT_RATES", "DEFAULT_PAYLOADS", "OPS",
-           "this_machine", "cpu_model", "machine_calibration", "cache_path", "loopback_link",
+           "this_machine", "machine_calibration", "cache_path", "loopback_link",
            "machine_loopback"]
 
 DEFAULT_RATES = ("20Mbit", "100Mbit")
@@ -241,20 +242,8 @@ def this_machine() -> str:
     A calibration prices links by what this machine's CPUs and kernel make of them, so one made
     elsewhere (or before a kernel upgrade) is not taken as this machine's.
     """
-    return (f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, {cpu_model()}, "
-            f"{platform.system()} {platform.release()}")
-
-
-def cpu_model() -> str:
-    """This machine's CPU model, as /proc/cpuinfo names it."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as info:
-            model = next((line.split(":", 1)[1].strip() for line in info
-                          if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return model
+    return (f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, "
+            f"{cpu_model() or 'unknown CPU'}, {platform.system()} {platform.release()}")
 
 
 def cache_path(shaping: str) -> Path:
@@ -307,6 +296,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="JSON file for the calibration")
 
 
+def _check_size(args: argparse.Namespace, gap_s: float = 0.1) -> None:
+    """Refuse payloads the ranks cannot hold, or timings the slowest rate cannot finish within
+    a measurement's timeout (`_TIMEOUT_S`), before any rank starts (experiments.sizes)."""
+    largest = Count("--payloads", max(args.payloads), "bytes a rank")
+    # Each of the ranks holds the payload and an all-gather's result of every rank's.
+    held = Cost(f"for {_RANKS} ranks' payload and all-gathered copies", bytes=_RANKS * (1 + _RANKS))
+    slowest = min(args.rates, key=parse_bandwidth)
+    sent = Count("--payloads", sum(args.payloads), "bytes a rank",
+                 said=f"--payloads {' '.join(map(str, args.payloads))}")
+    repeats = Count("--repeats", args.repeats, "repeats")
+    ops = Count("OPS", len(OPS), "collectives")
+    points = Count("--payloads", len(args.payloads), "payloads",
+                   said=f"--payloads with {len(args.payloads)} sizes")
+    wire = Cost(f"to send a byte at {slowest}, as a collective of {_RANKS} ranks sends it at "
+                "most twice", seconds=2 / parse_bandwidth(slowest))
+    gap = Cost("of idle link before each timing", seconds=gap_s)
+    check_work("the calibration", [Term(held, (largest,))])
+    check_work(f"timing at {slowest}", [Term(wire, (ops, repeats, sent)),
+                                        Term(gap, (ops, repeats, points))],
+               budget_s=_TIMEOUT_S, budget=f"the {_TIMEOUT_S:g} s a rate's timings may take")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench calibrate`."""
     out = check_output_file(args.out, what="--out")
@@ -321,6 +332,7 @@ def main(args: argparse.Namespace) -> int:
                           f"{args.payloads}.")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}.")
+    _check_size(args)
     if args.shaping == "kernel":
         from netsim.kernel import check_privileges
 

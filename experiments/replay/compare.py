@@ -6,10 +6,11 @@
         --loss-scaling linear-to-critical-batch:512 --target 2.7 --out cmp.json --out cmp.csv
 
 Every recorded run (or every training unit of a sweep folder) is replayed on the one network and
-cluster the flags describe, with `flexbench simulate`'s flags and replay (`simulate.replay_with`);
+cluster a `ReplayTarget` describes (`flexbench simulate`'s flags, `experiments.replay.flags`),
+with the one replay (`experiments.replay.engine.replay`);
 each run's loss curve on its replayed time axis gives its time to target. Runs of one method are
 its seeds; methods are ranked by their median time to target with a bracket over seeds
-(`experiments.report.intervals`: a bootstrap interval from 3 seeds, the range with 2), speed-ups
+(`experiments.scoring.intervals`: a bootstrap interval from 3 seeds, the range with 2), speed-ups
 are paired by seed against hsdp-adamw, and the verdict between the first two says "tie" where
 their brackets do not separate them. Every assumption a replay printed is printed once below the
 table.
@@ -25,7 +26,8 @@ compute is scaled uniformly (its intra-node collectives stay as recorded). A dec
 --compute-profile or --step-compute already puts every run on one basis.
 
 Several --nodes or --inter-bw make a map over their cells instead (`node_map`, each cell this
-module's `rank`); the command's flags and printing are in `compare_cli`.
+module's `rank`); the command's flags and printing are in `compare_cli`. What a comparison asks
+beside the target (its runs, the target loss, --step-noise, --loss-from) is a `Question`.
 
 `--loss-from RUN` (repeatable) adds loss curves, as `simulate --loss-from` does: each goes with
 the compared run of its variant and seed, which then takes the curve, its own included, whose
@@ -43,8 +45,6 @@ a variant and seed with.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import math
 from contextlib import nullcontext
@@ -58,28 +58,18 @@ from tqdm import tqdm
 
 from experiments.config import METHODS, RunConfig, is_plugin, shared_for
 from experiments.errors import ConfigError
-from experiments.io import read_json
 from experiments.logs import progress
-from experiments.replay import step_noise
-from experiments.replay.loss_curve import Recording, choose_loss_curve
-from experiments.replay.simulate import (
-    RecordedRun,
-    ReplaySettings,
-    check_loss_from,
-    check_replay_arguments,
-    declared_compute_scale,
-    read_loss_run,
-    read_run,
-    replay_settings,
-    replay_with,
-)
-from experiments.report import intervals, metrics, ranking
-from experiments.sweep.plan import variant_label
+from experiments.replay.engine import replay
+from experiments.replay.loss_curve import Recording, check_loss_from, choose_loss_curve
+from experiments.replay.recordings import RecordedRun, read_loss_run, read_run
+from experiments.replay.target import ReplayTarget
+from experiments.run_record import RunRecord
+from experiments.scoring import formats, intervals, ranking, speedups, step_noise, targets
+from experiments.scoring.variants import variant_label
 
-__all__ = ["SAME_COMPUTE", "Candidate", "Comparison", "Inputs", "LossCurveRefused",
-           "NothingToRank", "Scored", "cells", "compare", "compute_basis", "find_candidates",
-           "gather", "json_rows", "json_value", "rank", "record", "score", "score_run",
-           "table_text"]
+__all__ = ["Candidate", "Comparison", "Inputs", "LossCurveRefused", "NothingToRank", "Question",
+           "Scored", "compare", "compute_basis", "find_candidates", "gather", "json_rows",
+           "json_value", "rank", "record", "score", "table_text"]
 
 OUT_SUFFIXES = (".json", ".csv")
 AS_RECORDED = ("compute, intra-node collectives, payloads and their order as recorded (the "
@@ -87,7 +77,6 @@ AS_RECORDED = ("compute, intra-node collectives, payloads and their order as rec
 ON_BASIS = ("intra-node collectives, payloads and their order as recorded, compute on the "
             "basis above; only the inter-node links are modeled")
 LOSS_AS_RECORDED = "loss curve: each run's own per step, at its recorded cluster shape and batch"
-SAME_COMPUTE = ("method", "all")
 COMPUTE_SPREAD = 0.20
 """Recorded computes per step further apart than this (largest / smallest - 1) are warned of
 when each run replays its own: the machine's load, not the method, may then decide."""
@@ -120,6 +109,25 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Question:
+    """What a comparison asks beside the target it replays on: runs, target loss, rules."""
+
+    runs: tuple[Path, ...]
+    """Run folders (`flexbench run`) or sweep folders (every training unit)."""
+    target_loss: float | None = None
+    """--target: the validation loss to reach (None: a sweep's own, else the default rule)."""
+    step_noise: bool = False
+    """--step-noise: widen each bracket by the runs' recorded step-time variation."""
+    loss_from: tuple[Path, ...] = ()
+    """--loss-from: more loss curves of the compared runs' variants and seeds."""
+
+    def __post_init__(self) -> None:
+        if self.target_loss is not None and not (math.isfinite(self.target_loss)
+                                                 and self.target_loss > 0):
+            raise ConfigError(f"--target must be a finite loss > 0, got {self.target_loss}.")
+
+
+@dataclass(frozen=True)
 class Comparison:
     """A comparison's result: per-run times, the ranked table, the sentence and the assumptions."""
 
@@ -129,7 +137,7 @@ class Comparison:
     runs: pd.DataFrame
     """One row per replayed run: variant, method, seed, time_to_target_s, reached, diverged."""
     table: pd.DataFrame
-    """`metrics.speedups` of `runs`, ranked fastest first (a miss last)."""
+    """`speedups.speedups` of `runs`, ranked fastest first (a miss last)."""
     first: pd.Series
     """`ranking.winners` of `runs`: first, runner-up, margin, verdict."""
     sentence: str
@@ -178,10 +186,9 @@ def _stored_config(path: Path) -> dict[str, Any] | None:
     """A run folder's recorded config, or None for a failed unit or a broken record (read_run
     says so with its own sentence)."""
     try:
-        config = json.loads((path / "run.json").read_text())["config"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return RunRecord.load(path).config
+    except ConfigError:
         return None
-    return config if isinstance(config, dict) else None
 
 
 def _check_one_workload(found: list[Candidate]) -> None:
@@ -248,15 +255,14 @@ def _run_candidate(path: Path) -> Candidate:
     """A run folder as a candidate: its variant is its method labelled with the knobs it set
     away from the method's defaults, as a sweep labels its variants (`flexdemo[decay=0.9]`);
     its config's seed is its seed."""
-    meta = read_json(path / "run.json", "run record")
+    record = RunRecord.load(path)
     try:
-        config = meta["config"]
-        method, seed = str(config["method"]), int(config.get("seed", 0))
-    except (ValueError, KeyError, TypeError):
+        method, seed = str(record.config["method"]), record.seed
+    except (KeyError, TypeError, ValueError):
         raise ConfigError(f"{str(path / 'run.json')!r} is not a run's record (no config with a "
                           "method).") from None
     try:
-        return Candidate(path, _variant(config, method), method, seed)
+        return Candidate(path, _variant(record.config, method), method, seed)
     except ConfigError as err:  # among several runs, which one
         raise ConfigError(f"{str(path / 'run.json')!r}: {err}") from None
 
@@ -275,24 +281,24 @@ def _variant(config: dict, method: str) -> str:
 
 
 def _check_same_training(runs: list[tuple[Candidate, RecordedRun]],
-                         args: argparse.Namespace) -> None:
+                         target: ReplayTarget) -> None:
     """One workload, and one recorded cluster shape unless the flags set the target's."""
     workloads = {r.config.workload for _, r in runs}
     if len(workloads) > 1:
         raise ConfigError(f"the runs train different workloads ({', '.join(sorted(workloads))}); "
                           "compare runs of one workload.")
     shapes = {(r.config.nodes, r.config.gpus_per_node) for _, r in runs}
-    if len(shapes) > 1 and (args.nodes is None or args.gpus_per_node is None):
+    if len(shapes) > 1 and (target.nodes is None or target.gpus_per_node is None):
         listed = ", ".join(f"{n}x{g}" for n, g in sorted(shapes))
         raise ConfigError(f"the runs were recorded on different clusters ({listed}); give "
                           "--nodes and --gpus-per-node to replay them on one.")
 
 
-def _target(args: argparse.Namespace, sweep_target: float | None,
+def _target(given: float | None, sweep_target: float | None,
             runs: list[tuple[Candidate, RecordedRun]]) -> tuple[float, str]:
     """The target val_loss and a sentence saying where it came from (ConfigError if none)."""
-    if args.target is not None:
-        return float(args.target), "given (--target)"
+    if given is not None:
+        return float(given), "given (--target)"
     if sweep_target is not None:
         return sweep_target, "the sweep's own target (runs.parquet)"
     finals = pd.DataFrame(
@@ -300,18 +306,18 @@ def _target(args: argparse.Namespace, sweep_target: float | None,
          for c, r in runs if r.meta.get("status", "done") != "diverged"],
         columns=["method", "final_val_loss"]).astype({"final_val_loss": float})
     try:
-        target = metrics.default_target(finals)
+        target = targets.default_target(finals)
     except ValueError:
-        baseline = [str(c.path) for c, _ in runs if c.method == metrics.BASELINE]
+        baseline = [str(c.path) for c, _ in runs if c.method == targets.BASELINE]
         if baseline:  # there, but diverged or with a run.json that holds no final val_loss
-            raise ConfigError(f"no --target, and no {metrics.BASELINE} run records a final "
+            raise ConfigError(f"no --target, and no {targets.BASELINE} run records a final "
                               f"val_loss to derive one from ({', '.join(baseline)}); give "
                               "--target.") from None
-        raise ConfigError(f"no --target and no {metrics.BASELINE} run to derive one from; give "
-                          f"--target or a {metrics.BASELINE} run.") from None
-    count = int((finals["method"] == metrics.BASELINE).sum())
-    return target, (f"derived: {metrics.BASELINE}'s median final val_loss over its {count} "
-                    f"run(s) + {metrics.TARGET_MARGIN:.0%} (the sweeps' default rule)")
+        raise ConfigError(f"no --target and no {targets.BASELINE} run to derive one from; give "
+                          f"--target or a {targets.BASELINE} run.") from None
+    count = int((finals["method"] == targets.BASELINE).sum())
+    return target, (f"derived: {targets.BASELINE}'s median final val_loss over its {count} "
+                    f"run(s) + {targets.TARGET_MARGIN:.0%} (the sweeps' default rule)")
 
 
 def _grouped(notes: dict[str, list[str]]) -> list[str]:
@@ -326,62 +332,29 @@ def _grouped(notes: dict[str, list[str]]) -> list[str]:
     return lines
 
 
-def _time_to_target(args: argparse.Namespace, run: RecordedRun, settings: ReplaySettings,
-                    target: float, notes: list[str], compute_s: float | None = None,
-                    loss_from: tuple[Recording, ...] = (),
-                    ) -> tuple[float, np.ndarray | None, pd.DataFrame]:
-    """One run replayed on the flags' network: its time to target (inf for a miss), with
-    --step-noise its times to target over resampled compute (`step_noise`), else None, and the
-    replayed time axis (step, step_time_s, time_s). `loss_from`: more curves of the run's
-    variant and seed (--loss-from), the one nearest the target's global batch is used.
-
-    The replay's basis, loss curve and model notes are added to `notes`."""
-    curve = choose_loss_curve(
-        [Recording.of(run.path, run.config, run.meta, run.steps), *loss_from],
-        nodes=args.nodes or run.config.nodes,
-        gpus_per_node=args.gpus_per_node or run.config.gpus_per_node, rule=settings.rule)
-    if curve.refusal is not None:
-        raise LossCurveRefused(run.path, curve.refusal)
-    replay, basis = replay_with(args, run, settings, steps=curve.steps_needed(),
-                                compute_s=compute_s)
-    notes += [*(basis or [AS_RECORDED if compute_s is None else ON_BASIS]), *replay.graphs,
-              curve.summary() if curve.stated else LOSS_AS_RECORDED]
-    notes += [f"model: {replay.note}"] if replay.note else []
-    points = curve.on_time_axis(replay.frame)
-    ttt = metrics.time_to_target(points["time_s"], points["val_loss"], target)
-    if not getattr(args, "step_noise", False):
-        return ttt, None, replay.frame
-    recorded = run.steps.sort_values("step")["compute_s"].to_numpy(dtype=float)
-    scale = declared_compute_scale(args, run.steps)
-    if compute_s is not None:
-        scale *= compute_s / _recorded_compute(run)
-    return ttt, step_noise.time_to_target_samples(replay.frame, points, target, recorded, scale,
-                                                  name=run.path.name), replay.frame
-
-
 def _recorded_compute(run: RecordedRun) -> float:
     """A run's median recorded compute per step (outside inter-node calls), seconds."""
     return float(run.steps["compute_s"].median())
 
 
-def compute_basis(args: argparse.Namespace,
+def compute_basis(target: ReplayTarget,
                   runs: list[tuple[Candidate, RecordedRun]]) -> tuple[dict[str, float], str]:
     """Per variant, the compute per step its runs replay at ({}: each run's own), and the basis.
 
     Diverged runs are misses, never replayed: their compute does not enter a median.
     """
     replayed = [(c, r) for c, r in runs if r.meta.get("status", "done") != "diverged"]
-    mode = getattr(args, "same_compute", None)
-    if mode is None:
-        if not args.compute_profile and args.step_compute is None:
+    compute = target.compute
+    if compute.same is None:
+        if compute.profile is None and compute.step_s is None:
             _warn_compute_spread(replayed)
-        return {}, _declared_basis(args)
+        return {}, _declared_basis(target)
     for c, r in replayed:
         if not _recorded_compute(r) > 0:  # nothing to rescale: a basis would divide by zero
             raise ConfigError(f"{str(c.path)!r} records no compute per step (median compute_s "
                               f"{_recorded_compute(r)}); --same-compute cannot rescale it.")
-    scaled = f", x{args.compute_scale:.4g} (declared)" if args.compute_scale else ""
-    if mode == "all":
+    scaled = f", x{compute.scale:.4g} (declared)" if compute.scale else ""
+    if compute.same == "all":
         value = float(pd.Series([_recorded_compute(r) for _, r in replayed]).median())
         return ({c.variant: value for c, _ in replayed},
                 f"compute basis: one compute per step for every run, {value:.4g} s (the median "
@@ -413,34 +386,24 @@ def _warn_compute_spread(replayed: list[tuple[Candidate, RecordedRun]]) -> None:
                     medians[low], high, medians[high])
 
 
-def _declared_basis(args: argparse.Namespace) -> str:
+def _declared_basis(target: ReplayTarget) -> str:
     """The basis sentence without --same-compute: each run's own compute, or a declared one."""
-    if args.compute_profile:
-        return f"compute basis: the declared profile {args.compute_profile}, every run alike"
-    if args.step_compute is not None:
-        return f"compute basis: declared {args.step_compute:.4g} s per step, every run alike"
-    scaled = f" x{args.compute_scale:.4g} (declared; " if args.compute_scale else " ("
+    compute = target.compute
+    if compute.profile is not None:
+        return f"compute basis: the declared profile {compute.profile_file}, every run alike"
+    if compute.step_s is not None:
+        return f"compute basis: declared {compute.step_s:.4g} s per step, every run alike"
+    scaled = f" x{compute.scale:.4g} (declared; " if compute.scale else " ("
     return ("compute basis: each run's own recorded compute" + scaled + "the machine's load "
             "while it trained included; --same-compute puts the methods on one)")
 
 
-def _check_same_compute(args: argparse.Namespace) -> None:
-    """ConfigError for --same-compute beside a declared compute (that is one basis already)."""
-    if getattr(args, "same_compute", None) is None:
-        return
-    for flag, value in (("--compute-profile", args.compute_profile),
-                        ("--step-compute", args.step_compute)):
-        if value is not None:
-            raise ConfigError(f"--same-compute {args.same_compute} rescales the recorded compute, "
-                              f"and {flag} already sets every run's; give one of the two.")
-
-
-def _check_step_noise(args: argparse.Namespace,
+def _check_step_noise(question: Question, target: ReplayTarget,
                       runs: list[tuple[Candidate, RecordedRun]]) -> None:
     """ConfigError where --step-noise has no recorded compute per step to resample."""
-    if not getattr(args, "step_noise", False):
+    if not question.step_noise:
         return
-    if args.compute_profile is not None:
+    if target.compute.profile is not None:
         raise ConfigError("--step-noise resamples the recorded compute per step, and "
                           "--compute-profile replaces it phase by phase; give one of the two.")
     for c, r in runs:
@@ -458,7 +421,6 @@ class Inputs:
     candidates: list[Candidate]
     runs: list[tuple[Candidate, RecordedRun]]
     """The finished candidates, read once."""
-    settings: ReplaySettings
     target: float
     target_rule: str
     bases: dict[str, float]
@@ -466,28 +428,27 @@ class Inputs:
     basis_text: str
     loss_from: dict[tuple[str, int], tuple[Recording, ...]]
     """--loss-from's curves by the (variant, seed) of the compared run they go with."""
+    step_noise: bool = False
+    """Whether each run's times to target are resampled over its recorded step times."""
 
     def curves_for(self, c: Candidate) -> tuple[Recording, ...]:
         """The --loss-from curves of c's variant and seed."""
         return self.loss_from.get((c.variant, c.seed), ())
 
 
-def gather(args: argparse.Namespace) -> Inputs:
-    """Read and check the runs the flags name, their target and compute basis (ConfigError)."""
-    check_replay_arguments(args)
-    _check_same_compute(args)
-    candidates, sweep_target = find_candidates([Path(p) for p in args.runs])
-    settings = replay_settings(args)
+def gather(question: Question, target: ReplayTarget) -> Inputs:
+    """Read and check the runs `question` names, their target and compute basis (ConfigError)."""
+    candidates, sweep_target = find_candidates(list(question.runs))
     runs = [(c, read_run(c.path)) for c in candidates if c.status == "done"]
-    _check_same_training(runs, args)
-    _check_step_noise(args, runs)
-    target, rule = _target(args, sweep_target, runs)
-    bases, basis_text = compute_basis(args, runs)
-    return Inputs(candidates, runs, settings, target, rule, bases, basis_text,
-                  _loss_curves(getattr(args, "loss_from", None) or (), candidates))
+    _check_same_training(runs, target)
+    _check_step_noise(question, target, runs)
+    loss, rule = _target(question.target_loss, sweep_target, runs)
+    bases, basis_text = compute_basis(target, runs)
+    return Inputs(candidates, runs, loss, rule, bases, basis_text,
+                  _loss_curves(question.loss_from, candidates), question.step_noise)
 
 
-def _loss_curves(paths: list[str], candidates: list[Candidate],
+def _loss_curves(paths: tuple[Path, ...], candidates: list[Candidate],
                  ) -> dict[tuple[str, int], tuple[Recording, ...]]:
     """--loss-from's runs, each under the (variant, seed) of the compared run it goes with.
 
@@ -508,58 +469,31 @@ def _loss_curves(paths: list[str], candidates: list[Candidate],
     return {key: tuple(recs) for key, recs in found.items()}
 
 
-def cells(args: argparse.Namespace) -> list[argparse.Namespace]:
-    """One namespace per (node count, bandwidth), each checked as a single comparison's flags
-    (ConfigError, one sentence, before anything is read)."""
-    nodes, bws = _values(args.nodes), _values(args.inter_bw)
-    if len(nodes) * len(bws) > 1 and args.topology is not None:
-        raise ConfigError("--topology fixes the node count and every link; a map over --nodes "
-                          "needs --inter-bw instead (drop one of them).")
-    for flag, values in (("--nodes", nodes), ("--inter-bw", bws)):
-        if len(set(values)) < len(values):
-            raise ConfigError(f"{flag} lists a value twice ({' '.join(map(str, values))}); give "
-                              "each once.")
-    made = [argparse.Namespace(**{**vars(args), "nodes": n, "inter_bw": bw})
-            for n in nodes for bw in bws]
-    for cell in made:
-        check_replay_arguments(cell)
-    return made
+def compare(question: Question, target: ReplayTarget) -> Comparison:
+    """Replay every run of `question` on `target` and rank the methods (ConfigError if refused)."""
+    return rank(target, gather(question, target))
 
 
-def _values(given: object) -> list:
-    """A flag that takes one value or several, as a list ([None]: not given)."""
-    return list(given) if isinstance(given, (list, tuple)) else [given]
-
-
-def compare(args: argparse.Namespace) -> Comparison:
-    """Replay every run on the flags' network and rank the methods (ConfigError if refused)."""
-    grid = cells(args)
-    if len(grid) > 1:
-        raise ConfigError("compare() answers for one network; several --nodes or --inter-bw "
-                          "make a map (experiments.replay.node_map).")
-    return rank(grid[0], gather(grid[0]))
-
-
-def rank(args: argparse.Namespace, given: Inputs, *,
+def rank(target: ReplayTarget, given: Inputs, *,
          left_out: dict[str, str] | None = None, bar: tqdm | None = None) -> Comparison:
-    """Every run of `given` replayed on the flags' network, the methods ranked.
+    """Every run of `given` replayed on `target`, the methods ranked.
 
-    A run whose loss curve cannot be carried to the flags' shape (gossip at a node count no
+    A run whose loss curve cannot be carried to the target's shape (gossip at a node count no
     recording has) is refused with a ConfigError; with `left_out` its method is left out of
     the ranking instead, and `left_out[variant]` says why. `bar`: a progress bar counting
     replayed runs across several calls (a map's cells); else each call shows its own.
     """
-    network = (f"the sites of {args.topology}" if args.topology is not None
-               else f"{args.inter_bw} / {args.inter_lat or '0ms'}")
+    network = (f"the sites of {target.topology}" if target.topology is not None
+               else f"{target.inter_bw} / {target.inter_lat or '0ms'}")
     skipped = {} if left_out is None else left_out
-    frame, notes = _replayed(args, given, network, skipped if left_out is not None else None,
+    frame, notes = _replayed(target, given, network, skipped if left_out is not None else None,
                              bar)
     if frame.empty:
         raise NothingToRank(f"no method can be timed on {network}: "
                             + "; ".join(f"{v}: {why}" for v, why in skipped.items()))
-    if not getattr(args, "step_noise", False):  # brackets over seeds alone
+    if not given.step_noise:  # brackets over seeds alone
         frame = frame.drop(columns=intervals.SAMPLES_COLUMN)
-    table = metrics.speedups(frame, by=("network",))
+    table = speedups.speedups(frame, by=("network",))
     order = intervals.ranked({v: intervals.Interval(m, m, m, 1, "single")
                               for v, m in zip(table["variant"], table["ttt_median_s"],
                                               strict=True)})
@@ -568,13 +502,13 @@ def rank(args: argparse.Namespace, given: Inputs, *,
     kinds = set(table["ttt_interval"]) | set(table["speedup_interval"])
     assumptions = [f"target val_loss {given.target:.4f}: {given.target_rule}",
                    *_grouped(notes), intervals.interval_note(kinds),
-                   step_noise.note() if getattr(args, "step_noise", False) else ""]
+                   step_noise.note() if given.step_noise else ""]
     frame = frame.drop(columns=intervals.SAMPLES_COLUMN, errors="ignore")
     return Comparison(network, given.target, given.target_rule, frame, table, first,
                       _sentence(table, first), [a for a in assumptions if a], given.basis_text)
 
 
-def _replayed(args: argparse.Namespace, given: Inputs, network: str,
+def _replayed(target: ReplayTarget, given: Inputs, network: str,
               left_out: dict[str, str] | None, bar: tqdm | None = None,
               ) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     """One row per run timed on the network (with its resampled times), and each method's
@@ -587,7 +521,7 @@ def _replayed(args: argparse.Namespace, given: Inputs, network: str,
             total=len(todo), desc="compare", unit="run") as counted:
         for c, run in todo:
             counted.update(1)
-            row = _replayed_row(args, given, network, left_out, notes, c, run)
+            row = _replayed_row(target, given, network, left_out, notes, c, run)
             if row is not None:
                 rows.append(row)
     frame = pd.DataFrame(rows, columns=["variant", "method", "seed", "network",
@@ -598,7 +532,7 @@ def _replayed(args: argparse.Namespace, given: Inputs, network: str,
             {v: n for v, n in notes.items() if v not in dropped})
 
 
-def _replayed_row(args: argparse.Namespace, given: Inputs, network: str,
+def _replayed_row(target: ReplayTarget, given: Inputs, network: str,
                   left_out: dict[str, str] | None, notes: dict[str, list[str]], c: Candidate,
                   run: RecordedRun | None) -> dict[str, Any] | None:
     """`_replayed`'s row of one candidate (None: its method left out), its notes added."""
@@ -606,18 +540,19 @@ def _replayed_row(args: argparse.Namespace, given: Inputs, network: str,
         return None
     first_of_variant = c.variant not in notes
     mine = notes.setdefault(c.variant, [])
-    try:  # the replay's rules are the same for every seed of a method: its first run's shown
-        ttt, samples = score_run(args, c, run, given.settings, given.target,
-                                 mine if first_of_variant else [], mine,
-                                 given.bases.get(c.variant), given.curves_for(c))
+    try:
+        scored = score(target, given, c, run)
     except LossCurveRefused as refused:
         if left_out is None:
             raise ConfigError(str(refused)) from None
         left_out[c.variant] = refused.reason
         return None
+    # The replay's rules are the same for every seed of a method: its first run's shown.
+    mine += [*(scored.notes if first_of_variant else ()), *scored.misses]
     return {"variant": c.variant, "method": c.method, "seed": c.seed, "network": network,
-            "time_to_target_s": ttt, "reached": math.isfinite(ttt), "run": str(c.path),
-            intervals.SAMPLES_COLUMN: samples}
+            "time_to_target_s": scored.time_to_target_s,
+            "reached": math.isfinite(scored.time_to_target_s), "run": str(c.path),
+            intervals.SAMPLES_COLUMN: scored.samples}
 
 
 @dataclass(frozen=True)
@@ -629,32 +564,58 @@ class Scored:
     """Its times to target over resampled compute (--step-noise), else its own time in each."""
     axis: pd.DataFrame | None
     """The replayed time axis (step, step_time_s, time_s); None for a miss never replayed."""
+    notes: tuple[str, ...] = ()
+    """What its replay stood on: the compute basis, graphs, loss curve and the model's note."""
+    misses: tuple[str, ...] = ()
+    """Why it is a miss without a replay (failed in the sweep, diverged), if it is."""
 
 
-def score(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
-          settings: ReplaySettings, target: float, replay_notes: list[str], notes: list[str],
-          compute_s: float | None, loss_from: tuple[Recording, ...] = ()) -> Scored:
-    """One candidate replayed on the flags' network (a failed or diverged one: a miss, inf);
-    `loss_from`: more loss curves of its variant and seed (`Inputs.curves_for`)."""
+def score(target: ReplayTarget, given: Inputs, c: Candidate, run: RecordedRun | None, *,
+          noise: bool | None = None) -> Scored:
+    """One candidate replayed on `target` (a failed or diverged one: a miss, inf), with its
+    --loss-from curves; `noise` (default: `given.step_noise`) resamples its compute per step."""
     miss = np.full(step_noise.RESAMPLES, math.inf)
     if run is None:  # a sweep unit that failed or never ran: a miss, as in the sweep's table
-        notes.append(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)")
-        return Scored(math.inf, miss, None)
+        return Scored(math.inf, miss, None,
+                      misses=(f"{c.path.name}: {c.status} in the sweep: counted as a miss (inf)",))
     if run.meta.get("status") == "diverged":  # as a sweep scores it: never reached
-        notes.append(f"{c.path.name} diverged (run.json status): counted as a miss (inf)")
-        return Scored(math.inf, miss, None)
-    ttt, samples, axis = _time_to_target(args, run, settings, target, replay_notes, compute_s,
-                                         loss_from)
-    return Scored(ttt, np.full(step_noise.RESAMPLES, ttt) if samples is None else samples, axis)
+        return Scored(math.inf, miss, None,
+                      misses=(f"{c.path.name} diverged (run.json status): counted as a miss "
+                              "(inf)",))
+    noise = given.step_noise if noise is None else noise
+    return _time_to_target(target, run, given.target, given.bases.get(c.variant),
+                           given.curves_for(c), noise)
 
 
-def score_run(args: argparse.Namespace, c: Candidate, run: RecordedRun | None,
-              settings: ReplaySettings, target: float, replay_notes: list[str],
-              notes: list[str], compute_s: float | None,
-              loss_from: tuple[Recording, ...] = ()) -> tuple[float, np.ndarray]:
-    """One candidate's time to target and its step-time resamples (a miss: inf in all)."""
-    scored = score(args, c, run, settings, target, replay_notes, notes, compute_s, loss_from)
-    return scored.time_to_target_s, scored.samples
+def _time_to_target(target: ReplayTarget, run: RecordedRun, loss: float,
+                    compute_s: float | None, loss_from: tuple[Recording, ...],
+                    noise: bool) -> Scored:
+    """One run replayed on `target`: its time to target (inf for a miss), with `noise` its
+    times to target over resampled compute (`step_noise`), and the replayed time axis (step,
+    step_time_s, time_s). `loss_from`: more curves of the run's variant and seed
+    (--loss-from), the one nearest the target's global batch is used."""
+    curve = choose_loss_curve(
+        [Recording.of(run.path, run.config, run.meta, run.steps), *loss_from],
+        nodes=target.nodes or run.config.nodes,
+        gpus_per_node=target.gpus_per_node or run.config.gpus_per_node, rule=target.loss_rule)
+    if curve.refusal is not None:
+        raise LossCurveRefused(run.path, curve.refusal)
+    replayed = replay(run, target, steps=curve.steps_needed(), compute_s=compute_s)
+    notes = [*(replayed.basis or [AS_RECORDED if compute_s is None else ON_BASIS]),
+             *replayed.graphs, curve.summary() if curve.stated else LOSS_AS_RECORDED]
+    notes += [f"model: {replayed.note}"] if replayed.note else []
+    points = curve.on_time_axis(replayed.frame)
+    ttt = targets.time_to_target(points["time_s"], points["val_loss"], loss)
+    if not noise:
+        return Scored(ttt, np.full(step_noise.RESAMPLES, ttt), replayed.frame,
+                      tuple(notes))
+    recorded = run.steps.sort_values("step")["compute_s"].to_numpy(dtype=float)
+    scale = target.compute.scale_of(run.steps)
+    if compute_s is not None:
+        scale *= compute_s / _recorded_compute(run)
+    samples = step_noise.time_to_target_samples(replayed.frame, points, loss, recorded,
+                                                       scale, name=run.path.name)
+    return Scored(ttt, samples, replayed.frame, tuple(notes))
 
 
 def _sentence(table: pd.DataFrame, first: pd.Series) -> str:
@@ -664,10 +625,10 @@ def _sentence(table: pd.DataFrame, first: pd.Series) -> str:
     if math.isinf(rows.loc[lead, "ttt_median_s"]):
         return "no method reaches the target on this network (median over seeds)."
     text = f"{lead} first"
-    base = rows[rows["method"] == metrics.BASELINE]
-    if rows.loc[lead, "method"] != metrics.BASELINE and len(base):
+    base = rows[rows["method"] == targets.BASELINE]
+    if rows.loc[lead, "method"] != targets.BASELINE and len(base):
         speed = _speed_interval(rows.loc[lead])
-        text += f", {metrics.format_speedup_interval(speed)} ahead of {base.index[0]}"
+        text += f", {formats.format_speedup_interval(speed)} ahead of {base.index[0]}"
         if speed.includes(1.0):
             text += " (no clear winner: the bracket includes 1)"
     lead_ttt = _ttt_interval(rows.loc[lead])
@@ -697,12 +658,12 @@ def _speed_interval(row: pd.Series) -> intervals.Interval:
 
 def table_text(result: Comparison) -> str:
     """The ranked table as aligned text: time to target and speed-up, each with its bracket."""
-    speed_head = f"speed-up vs {metrics.BASELINE}"
+    speed_head = f"speed-up vs {targets.BASELINE}"
     width = max([32, *(len(v) + 2 for v in result.table["variant"])])  # long knob lists fit
     lines = [f"{'rank':<5}{'method':<{width}}{'time to target':<26}{speed_head:<30}seeds reached"]
     for i, (_, row) in enumerate(result.table.iterrows(), start=1):
-        time_text = metrics.format_time_interval(_ttt_interval(row))
-        speed_text = metrics.format_speedup_interval(_speed_interval(row))
+        time_text = formats.format_time_interval(_ttt_interval(row))
+        speed_text = formats.format_speedup_interval(_speed_interval(row))
         lines.append(f"{i:<5}{row['variant']:<{width}}{time_text:<26}{speed_text:<30}"
                      f"{row['reached']}/{row['seeds']}")
     return "\n".join(lines)

@@ -4,7 +4,8 @@
     flexbench compare results/standard --nodes 2 8 64 512 --inter-bw 10Mbit 100Mbit 1Gbit \\
         --inter-lat 1ms --loss-scaling linear-to-critical-batch:512 --out crossover_nodes.png
 
-The ranking is `experiments.replay.compare`'s, the map `experiments.replay.node_map`'s.
+The ranking is `experiments.replay.compare`'s, the map `experiments.replay.node_map`'s; the
+flags become one `ReplayTarget` per cell (`experiments.replay.flags`) and one `Question`.
 """
 
 from __future__ import annotations
@@ -16,15 +17,9 @@ from pathlib import Path
 from experiments.errors import ConfigError
 from experiments.io import check_output_file, write_atomic
 from experiments.replay import node_map
-from experiments.replay.compare import (
-    OUT_SUFFIXES,
-    SAME_COMPUTE,
-    cells,
-    compare,
-    record,
-    table_text,
-)
-from experiments.replay.simulate import add_replay_arguments
+from experiments.replay.compare import OUT_SUFFIXES, Question, compare, record, table_text
+from experiments.replay.flags import add_replay_arguments, replay_inputs, target_from_flags
+from experiments.replay.target import SAME_COMPUTE, ReplayTarget
 from experiments.values import POSITIVE
 
 __all__ = ["configure", "main"]
@@ -66,18 +61,45 @@ def _check_outs(args: argparse.Namespace, is_map: bool) -> list[Path]:
             raise ConfigError(f"--out {out!r} must end in {', '.join(allowed)}"
                               + ("" if is_map else " (a figure is drawn for a map: several "
                                  "--nodes or --inter-bw)") + ".")
-        outs.append(check_output_file(out, what="--out",
-                                      reads=[*args.runs, *(args.loss_from or ())]))
+        outs.append(check_output_file(out, what="--out", reads=replay_inputs(args, args.runs)))
     return outs
+
+
+def grid_targets(args: argparse.Namespace) -> list[ReplayTarget]:
+    """One target per (node count, bandwidth) of the flags, each checked as a single
+    comparison's (ConfigError, one sentence, before anything is read)."""
+    nodes, bws = _values(args.nodes), _values(args.inter_bw)
+    if len(nodes) * len(bws) > 1 and args.topology is not None:
+        raise ConfigError("--topology fixes the node count and every link; a map over --nodes "
+                          "needs --inter-bw instead (drop one of them).")
+    for flag, values in (("--nodes", nodes), ("--inter-bw", bws)):
+        if len(set(values)) < len(values):
+            raise ConfigError(f"{flag} lists a value twice ({' '.join(map(str, values))}); give "
+                              "each once.")
+    first = target_from_flags(args, nodes=nodes[0], inter_bw=bws[0],
+                              same_compute=args.same_compute)
+    return [first.at(nodes=n, inter_bw=bw) for n in nodes for bw in bws]
+
+
+def _values(given: object) -> list:
+    """A flag that takes one value or several, as a list ([None]: not given)."""
+    return list(given) if isinstance(given, (list, tuple)) else [given]
+
+
+def question_of(args: argparse.Namespace) -> Question:
+    """What the flags ask beside the target: the runs, --target, --step-noise, --loss-from."""
+    return Question(tuple(map(Path, args.runs)), args.target, args.step_noise,
+                    tuple(map(Path, args.loss_from or ())))
 
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench compare`: one network's ranking, or a map over several."""
-    grid = cells(args)
-    outs = _check_outs(args, is_map=len(grid) > 1)
+    outs = _check_outs(args, is_map=len(_values(args.nodes)) * len(_values(args.inter_bw)) > 1)
+    question = question_of(args)
+    grid = grid_targets(args)
     if len(grid) > 1:
-        return node_map.main(args, grid, outs)
-    result = compare(grid[0])
+        return node_map.main(question, grid, outs)
+    result = compare(question, grid[0])
     print(f"time to val_loss <= {result.target:.4f} on {result.network} "
           f"({len(result.runs)} runs replayed):")
     print(result.compute_basis)

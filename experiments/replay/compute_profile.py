@@ -9,7 +9,7 @@ profile is the compute of each step phase there, outside every collective, as th
 it (`netsim.model.compute_phases`): forward+backward (to the "backward" mark: the model, its
 loss and FSDP2's hooks) and the optimizer step (the base optimizer, and the method's DCT/top-k
 encode and decode when the run has another node to exchange with), the median over the steps
-after `--warmup`. On a GPU the run waits for the device at each phase's end (`sync_phases`),
+after `--skip-steps`. On a GPU the run waits for the device at each phase's end (`sync_phases`),
 so the host's timestamps are the device's compute, not the kernel launches. `flexbench
 simulate --compute-profile FILE` replays a recording of the same workload, method and batch
 with each phase scaled to those seconds.
@@ -24,16 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
+from experiments.aliases import add_old_spelling
 from experiments.config import RunConfig
-from experiments.errors import ConfigError
-from experiments.io import check_output_file, read_json, write_atomic
-from experiments.replay.calibrate import cpu_model
-from experiments.values import COUNT, POSITIVE_INT
+from experiments.errors import ConfigError, RunFailed, Stopped
+from experiments.io import check_output_file, cpu_model, read_json, write_atomic
+from experiments.run_record import RunRecord
+from experiments.values import COUNT, POSITIVE, POSITIVE_INT
 from flexdemo.devices import backend_for, visible_cuda_devices
 from flexdemo.methods import METHODS, method_record
 from netsim.model import compute_phases
@@ -129,9 +131,10 @@ def load_profile(path: Path | str) -> ComputeProfile:
 def measure_profile(workload: str, method: str, *, nodes: int = 2, gpus_per_node: int = 1,
                     steps: int = _DEFAULT_STEPS, warmup: int = _DEFAULT_WARMUP,
                     backend: str = "auto", batch_size: int | None = None,
-                    work_dir: Path | None = None) -> ComputeProfile:
-    """Run the method unshaped on this machine's device and return its per-phase compute."""
-    import pandas as pd
+                    work_dir: Path | None = None,
+                    timeout_s: float | None = None) -> ComputeProfile:
+    """Run the method unshaped on this machine's device and return its per-phase compute
+    (RunFailed if the run fails or passes `timeout_s`, the workload's own code included)."""
     import torch
 
     from experiments.run.launch import launch
@@ -140,15 +143,16 @@ def measure_profile(workload: str, method: str, *, nodes: int = 2, gpus_per_node
                     steps=steps, eval_every=steps + 1, backend=backend, batch_size=batch_size,
                     sync_phases=True)
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
-        run_dir = launch(cfg, Path(tmp) / "profile")
-        trace = pd.read_parquet(run_dir / "trace.parquet")
-        resolved = json.loads((run_dir / "run.json").read_text())["config"]
+        run_dir = launch(cfg, Path(tmp) / "profile", timeout_s=timeout_s)
+        record = RunRecord.load(run_dir)
+        trace, resolved = record.trace(), record.config
     kept = trace[trace["step"] > warmup]
     fb, opt = compute_phases(kept)
     # The launcher's own choice (it refused nccl without a GPU before the run started).
     backend_used = backend_for(backend, visible_cuda_devices(), nodes * gpus_per_node)
     device = "cuda" if "nccl" in backend_used else "cpu"
-    device_name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_model()
+    device_name = (torch.cuda.get_device_name(0) if device == "cuda"
+                   else cpu_model() or "unknown CPU")
     return ComputeProfile(
         workload=workload, method=method, batch_size=int(resolved["batch_size"]), nodes=nodes,
         gpus_per_node=gpus_per_node, device=device, device_name=device_name,
@@ -169,13 +173,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="ranks per node (default 1)")
     parser.add_argument("--steps", type=POSITIVE_INT.arg, default=_DEFAULT_STEPS,
                         help=f"steps to run (default {_DEFAULT_STEPS})")
-    parser.add_argument("--warmup", type=COUNT.arg, default=_DEFAULT_WARMUP,
-                        help=f"first steps left out of the medians (default {_DEFAULT_WARMUP})")
+    skip = parser.add_argument("--skip-steps", type=COUNT.arg, default=_DEFAULT_WARMUP,
+                               help="first steps left out of the medians (default "
+                               f"{_DEFAULT_WARMUP})")
+    add_old_spelling(parser, "--warmup", skip)
     parser.add_argument("--batch-size", type=POSITIVE_INT.arg, default=None,
                         help="per-rank batch (default: the workload's)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="as `flexbench run --backend`: auto takes nccl with a GPU per rank")
     parser.add_argument("--out", required=True, help="JSON file for the profile")
+    parser.add_argument("--timeout", type=POSITIVE.arg, default=None, metavar="S",
+                        help="seconds before the profiled run is stopped, the workload's own "
+                        "code included (default: none), as `flexbench run --timeout`")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -185,13 +194,20 @@ def main(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got "
                               f"{getattr(args, name)}.")
-    if not 0 <= args.warmup < args.steps:
-        raise ConfigError(f"--warmup must be >= 0 and below --steps {args.steps}, got "
-                          f"{args.warmup}.")
-    profile = measure_profile(args.workload, args.method, nodes=args.nodes,
-                              gpus_per_node=args.gpus_per_node, steps=args.steps,
-                              warmup=args.warmup, backend=args.backend,
-                              batch_size=args.batch_size, work_dir=out.parent)
+    if not 0 <= args.skip_steps < args.steps:
+        raise ConfigError(f"--skip-steps must be >= 0 and below --steps {args.steps}, got "
+                          f"{args.skip_steps}.")
+    try:
+        profile = measure_profile(args.workload, args.method, nodes=args.nodes,
+                                  gpus_per_node=args.gpus_per_node, steps=args.steps,
+                                  warmup=args.skip_steps, backend=args.backend,
+                                  batch_size=args.batch_size, work_dir=out.parent,
+                                  timeout_s=args.timeout)
+    except Stopped:
+        raise  # SIGTERM: said by the command line, exit 143
+    except RunFailed as err:
+        print(f"flexbench profile-compute: failed: {err}", file=sys.stderr)
+        return 1
     write_atomic(out, json.dumps({"format": FORMAT, **asdict(profile)}, indent=2) + "\n")
     print(f"{args.method} on {args.workload}: {profile.describe()} -> {out}")
     return 0

@@ -31,6 +31,7 @@ global batch or node count is not its recording's therefore states which loss cu
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -42,8 +43,8 @@ from experiments.errors import ConfigError
 from experiments.io import is_emulated
 from flexdemo.methods import method_record
 
-__all__ = ["LOSS_SCALING_CHOICES", "LossCurve", "LossScaling", "Recording", "choose_loss_curve",
-           "parse_loss_scaling"]
+__all__ = ["LOSS_SCALING_CHOICES", "LossCurve", "LossScaling", "Recording", "check_loss_from",
+           "choose_loss_curve", "parse_loss_scaling"]
 
 LOSS_SCALING_CHOICES = "none|linear-to-critical-batch:B"
 _LINEAR = "linear-to-critical-batch"
@@ -275,3 +276,15 @@ def _check_same_training(first: Recording, other: Recording) -> None:
             raise ConfigError(f"--loss-from {str(other.path)!r} has {what} {theirs!r}, not "
                               f"{mine!r} as {str(first.path)!r}; a loss curve must come from a "
                               "run of the same method, workload and graph.")
+
+
+def check_loss_from(paths: Iterable[Path | str], replayed: Iterable[Path | str]) -> None:
+    """ConfigError for a --loss-from run given twice, or one already replayed (its own curve
+    is among the candidates already): a second copy of a curve is no second recording."""
+    seen = {Path(p).resolve(): "a run replayed" for p in replayed}
+    for path in paths:
+        if Path(path).resolve() in seen:
+            raise ConfigError(f"--loss-from {str(path)!r} is given already, as "
+                              f"{seen[Path(path).resolve()]}; its loss curve is a candidate "
+                              "once.")
+        seen[Path(path).resolve()] = "--loss-from"

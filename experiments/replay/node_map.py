@@ -16,12 +16,11 @@ that cell, and the reason is printed beside the map (never a guess).
 Per bandwidth, each method against hsdp-adamw: the node count from which it is faster (or
 slower), per seed pair (method seed s, hsdp-adamw seed s), between the grid node counts where
 the pair changes order, by bisection over whole node counts with both runs replayed there
-(`crossover.crossover_nodes`); its median over the pairs that cross, with its bracket.
+(`crossings.crossover_nodes`); its median over the pairs that cross, with its bracket.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
@@ -32,10 +31,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments import winner_cells
 from experiments.io import write_atomic
 from experiments.logs import progress
 from experiments.replay import compare
-from experiments.report import crossover, intervals, metrics, ranking
+from experiments.replay.compare import Question
+from experiments.replay.target import ReplayTarget
+from experiments.scoring import crossings, intervals, ranking, targets
 from netsim.units import parse_bandwidth
 
 __all__ = ["FIGURE_SUFFIXES", "NodeMap", "main", "map_text", "node_map", "plot_node_map"]
@@ -61,9 +63,9 @@ class NodeMap:
     assumptions: list[str]
 
 
-def node_map(args: argparse.Namespace, grid: list[argparse.Namespace]) -> NodeMap:
+def node_map(question: Question, grid: list[ReplayTarget]) -> NodeMap:
     """Every run replayed in every cell of `grid`, the first per cell and the crossovers."""
-    given = compare.gather(grid[0])
+    given = compare.gather(question, grid[0])
     rows, times, notes = [], [], []
     runs_per_cell = len(given.runs) + sum(c.status != "done" for c in given.candidates)
     with progress(total=len(grid) * runs_per_cell, desc=f"compare map ({len(grid)} cells)",
@@ -83,8 +85,8 @@ def node_map(args: argparse.Namespace, grid: list[argparse.Namespace]) -> NodeMa
     first = pd.DataFrame(rows, columns=[*_cell_keys(grid[0]), *ranking.WINNER_COLUMNS,
                                         "left_out"])
     runs = pd.concat(times, ignore_index=True) if times else pd.DataFrame()
-    return NodeMap(first, _crossovers(args, given, runs), grid[0].inter_lat or "0ms",
-                   given.settings.rule.describe(), given.target, given.target_rule,
+    return NodeMap(first, _crossovers(grid[0], given, runs), grid[0].inter_lat or "0ms",
+                   grid[0].loss_rule.describe(), given.target, given.target_rule,
                    given.basis_text, _cell_notes(notes))
 
 
@@ -108,13 +110,13 @@ def _nodes_text(nodes: object) -> str:
     return "own" if missing else str(int(nodes))
 
 
-def _cell_keys(cell: argparse.Namespace) -> dict:
+def _cell_keys(cell: ReplayTarget) -> dict:
     """A cell's key columns: its node count (None: each run's own) and bandwidth."""
     return {"nodes": cell.nodes, "inter_bw": cell.inter_bw,
             "inter_bw_bps": parse_bandwidth(cell.inter_bw)}
 
 
-def _empty_row(cell: argparse.Namespace, left_out: dict[str, str]) -> dict:
+def _empty_row(cell: ReplayTarget, left_out: dict[str, str]) -> dict:
     """A cell where no method can be timed: blank, with every method's reason."""
     return {**_cell_keys(cell), "first": None, "runner_up": None, "verdict": "none",
             "margin_interval": "none", "left_out": _left_out_text(left_out)}
@@ -125,7 +127,7 @@ def _left_out_text(left_out: dict[str, str]) -> str:
     return "; ".join(f"{v}: {why}" for v, why in left_out.items())
 
 
-def _crossovers(args: argparse.Namespace, given: compare.Inputs,
+def _crossovers(target: ReplayTarget, given: compare.Inputs,
                 runs: pd.DataFrame) -> pd.DataFrame:
     """Per bandwidth and method: where it changes order with the baseline between node counts."""
     columns = ["inter_bw", "variant", "faster", "nodes_median", "nodes_low", "nodes_high",
@@ -139,15 +141,15 @@ def _crossovers(args: argparse.Namespace, given: compare.Inputs,
                 strict=True)}
     rows = []
     for (bw, variant), mine in runs.groupby(["inter_bw", "variant"], sort=False):
-        if mine["method"].iloc[0] == metrics.BASELINE:
+        if mine["method"].iloc[0] == targets.BASELINE:
             continue
-        base = runs[(runs["inter_bw"] == bw) & (runs["method"] == metrics.BASELINE)]
+        base = runs[(runs["inter_bw"] == bw) & (runs["method"] == targets.BASELINE)]
         found, pairs = [], 0
         for seed in sorted(set(mine["seed"]) & set(base["seed"])):
             pairs += 1
             a = mine[mine["seed"] == seed].sort_values("nodes")
             b = base[base["seed"] == seed].sort_values("nodes")
-            time_of = [_time_at(args, given, replayed.get(r), bw, memo)
+            time_of = [_time_at(target, given, replayed.get(r), bw, memo)
                        for r in (a["run"].iloc[0], b["run"].iloc[0])]
             found += _pair_crossing(list(a["nodes"]), list(a["time_to_target_s"]),
                                     list(b["time_to_target_s"]), *time_of)
@@ -175,13 +177,13 @@ def _pair_crossing(nodes: list[int], mine: list[float], theirs: list[float],
             continue  # a miss at either end: no time to compare
         if (mine[i] < theirs[i]) == (mine[i + 1] < theirs[i + 1]):
             continue
-        swap = crossover.crossover_nodes(mine_at, theirs_at, nodes[i], nodes[i + 1])
+        swap = crossings.crossover_nodes(mine_at, theirs_at, nodes[i], nodes[i + 1])
         side = "above" if mine[i + 1] < theirs[i + 1] else "below"
         return [(swap, side)]
     return []
 
 
-def _time_at(args: argparse.Namespace, given: compare.Inputs, found: tuple | None, bw: str,
+def _time_at(target: ReplayTarget, given: compare.Inputs, found: tuple | None, bw: str,
              memo: dict[tuple[str, str, int], float]) -> Callable[[int], float]:
     """One run's time to target at any node count on bandwidth `bw` (replayed, memoised)."""
     candidate, run = found if found is not None else (None, None)
@@ -189,11 +191,9 @@ def _time_at(args: argparse.Namespace, given: compare.Inputs, found: tuple | Non
     def at(nodes: int) -> float:
         key = (str(candidate.path) if candidate else "", bw, nodes)
         if key not in memo:
-            cell = argparse.Namespace(**{**vars(args), "nodes": nodes, "inter_bw": bw,
-                                         "step_noise": False})
-            memo[key], _ = compare.score_run(cell, candidate, run, given.settings, given.target,
-                                          [], [], given.bases.get(candidate.variant),
-                                          given.curves_for(candidate))
+            cell = target.at(nodes=nodes, inter_bw=bw)
+            memo[key] = compare.score(cell, given, candidate, run,
+                                      noise=False).time_to_target_s
         return memo[key]
 
     return at
@@ -246,7 +246,7 @@ def _legend(result: NodeMap) -> list[str]:
         where = f"{span.median:g} nodes{span.bracket(lambda v: f'{v:g}')}"
         side = {"below": f"faster below {where}", "above": f"faster from {where} on"}.get(
             row.faster, f"changes order at {where} (the seed pairs disagree on the side)")
-        lines.append(f"{row.variant} against {metrics.BASELINE} at {row.inter_bw}: {side} "
+        lines.append(f"{row.variant} against {targets.BASELINE} at {row.inter_bw}: {side} "
                      f"({row.crossing}/{row.pairs} seed pairs cross between the grid's node "
                      "counts; per pair the first node count of the new order, by bisection)")
     return lines
@@ -274,7 +274,7 @@ def plot_node_map(result: NodeMap):
     palette = dict(zip(names, sns.color_palette("tab10", max(len(names), 1)), strict=False))
     fig, ax = plt.subplots(figsize=(2.4 * max(len(bws), 2) + 2.8,
                                     1.1 * max(len(nodes), 2) + 1.6))
-    crossover.draw_cells(ax, first, ("inter_bw_bps", bws), ("nodes", nodes), palette)
+    winner_cells.draw_cells(ax, first, ("inter_bw_bps", bws), ("nodes", nodes), palette)
     ax.set(xlabel=f"inter-node bandwidth (latency {result.latency})", ylabel="nodes")
     ax.set_xticks([i + 0.5 for i in range(len(bws))],
                   [first.loc[first["inter_bw_bps"] == b, "inter_bw"].iloc[0] for b in bws])
@@ -301,9 +301,9 @@ def _record(result: NodeMap) -> dict:
             "crossovers": rows(result.crossovers), "notes": _notes(result)}
 
 
-def main(args: argparse.Namespace, grid: list[argparse.Namespace], outs: list[Path]) -> int:
+def main(question: Question, grid: list[ReplayTarget], outs: list[Path]) -> int:
     """Print (and write to `outs`) the map over `grid`'s cells."""
-    result = node_map(args, grid)
+    result = node_map(question, grid)
     print(_title(result) + ":")
     print(result.compute_basis)
     print(map_text(result))

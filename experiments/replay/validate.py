@@ -30,7 +30,7 @@ found or made by `experiments.replay.calibrate.machine_calibration`; `--calibrat
 configured rates). Exit 1 when a point is outside the bound.
 
     flexbench validate-sim            # flexdemo and hsdp-adamw, 3 bandwidths x 2 latencies
-    flexbench validate-sim --methods flexdemo --inter-bw 100Mbit --inter-lat 1ms --steps 6
+    flexbench validate-sim --method flexdemo --inter-bw 100Mbit --inter-lat 1ms --steps 6
     flexbench validate-sim --extrapolate --methods flexdemo hsdp-adamw diloco --inter-lat 1ms
     flexbench validate-sim --shaping kernel --calibration results/calibration/kernel.json
 """
@@ -49,12 +49,16 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.config import RunConfig, parse_overrides, shared_for
+from experiments.aliases import add_old_spelling
+from experiments.config import RunConfig, parse_sets, shared_for
 from experiments.errors import ConfigError, RunFailed
-from experiments.io import check_output_file
-from experiments.replay.simulate import RecordedRun, read_run, simulate_run
-from experiments.report.metrics import markdown_table
-from experiments.run.launch import launch
+from experiments.io import check_output_file, check_output_folder, write_atomic
+from experiments.replay.engine import replay
+from experiments.replay.recordings import RecordedRun, read_run
+from experiments.replay.target import ComputeBasis, ReplayTarget
+from experiments.run.launch import check_spawnable, launch
+from experiments.scoring.formats import markdown_table
+from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.values import COUNT, POSITIVE, POSITIVE_INT
 from netsim.calibration import Calibration, load_calibration
 
@@ -181,18 +185,21 @@ def validate(
                      f"-{lat}", quiet=True)
         measured = median_step_time(pd.read_parquet(out / "steps.parquet")["wall_time_s"], warmup)
         factor = host_contention(source, target, cores)
+        # Intra-node durations and FSDP2's order as recorded (real runs never shape them); the
+        # links FSDP2's added traffic is timed on, where a recording lacks it (`_loopback_for`).
+        shape = ReplayTarget(inter_bw=bw, inter_lat=lat, calibration=calibration,
+                             intra="recorded", overlap="recorded",
+                             **intra.get((source, target), {}))
         predictions = sorted(
-            median_step_time(simulate_run(run, inter_bw=bw, inter_lat=lat, nodes=target[0],
-                                          gpus_per_node=target[1], compute_scale=factor,
-                                          calibration=calibration,
-                                          **intra.get((source, target), {})).frame["time_s"],
-                             warmup)
+            median_step_time(replay(run, shape.at(nodes=target[0], gpus_per_node=target[1],
+                                                  compute=ComputeBasis(scale=factor)))
+                             .frame["time_s"], warmup)
             for run in recorded[(method, source)]
         )
         # The run itself replayed on its own network: its compute as measured, the links as
         # modeled; what is left of the error is the network model's alone.
-        own = median_step_time(simulate_run(out, inter_bw=bw, inter_lat=lat,
-                                            calibration=calibration).frame["time_s"], warmup)
+        own = median_step_time(replay(read_run(out), ReplayTarget(
+            inter_bw=bw, inter_lat=lat, calibration=calibration)).frame["time_s"], warmup)
         rows.append(_point_row(cfg, source, measured, predictions, own))
         rows[-1]["within_bound"] = abs(rows[-1][JUDGED_COLUMN[compute_from]]) <= 100 * bound
     assumed = _assumed(base, shaping, recordings, calibration, pairs, cores) + intra_line
@@ -274,7 +281,9 @@ def _point_row(cfg: RunConfig, source: Shape, measured: float, predictions: list
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench validate-sim`."""
-    parser.add_argument("--methods", nargs="+", default=["flexdemo", "hsdp-adamw"])
+    methods = parser.add_argument("--method", nargs="+", default=["flexdemo", "hsdp-adamw"],
+                                  metavar="METHOD", help="methods recorded and measured")
+    add_old_spelling(parser, "--methods", methods)
     parser.add_argument("--inter-bw", nargs="+", default=None,
                         help=f"default {' '.join(DEFAULT_BANDWIDTHS)} (wall), "
                         f"{' '.join(KERNEL_BANDWIDTHS)} (kernel)")
@@ -295,8 +304,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "recordings with --extrapolate); both errors are shown")
     parser.add_argument("--workload", default="lm-tiny")
     parser.add_argument("--steps", type=POSITIVE_INT.arg, default=8, help="steps per run")
-    parser.add_argument("--warmup", type=COUNT.arg, default=2,
-                        help="first steps left out of medians")
+    skip = parser.add_argument("--skip-steps", type=COUNT.arg, default=2,
+                               help="first steps left out of medians")
+    add_old_spelling(parser, "--warmup", skip)
     parser.add_argument("--bound", type=POSITIVE.arg, default=0.10, help="allowed relative error")
     parser.add_argument("--recordings", type=POSITIVE_INT.arg, default=3,
                         help="recorded runs per method whose predictions are pooled (median)")
@@ -312,15 +322,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench validate-sim`."""
-    settings, pairs = _check_arguments(args)
+    reads = [args.calibration] if args.calibration not in (None, "none") else []
     if args.out:
-        check_output_file(args.out, what="--out")
+        check_output_file(args.out, what="--out", reads=reads)
+    if args.keep:
+        check_output_folder(args.keep, what="--keep", reads=reads)
+    settings, pairs = _check_arguments(args)
     calibration = _calibration(args.calibration, args.shaping)
     with tempfile.TemporaryDirectory(prefix="validate-sim-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         try:
-            result = validate(args.methods, args.inter_bw, args.inter_lat, workload=args.workload,
-                              steps=args.steps, warmup=args.warmup, bound=args.bound, work_dir=work,
+            result = validate(args.method, args.inter_bw, args.inter_lat, workload=args.workload,
+                              steps=args.steps, warmup=args.skip_steps, bound=args.bound,
+                              work_dir=work,
                               settings=settings, shaping=args.shaping,
                               recordings=args.recordings, calibration=calibration, pairs=pairs,
                               compute_from=args.compute_from)
@@ -330,7 +344,7 @@ def main(args: argparse.Namespace) -> int:
     table = result.table
     _print_table(result)
     if args.out:
-        table.to_csv(args.out, index=False)
+        write_atomic(Path(args.out), table.to_csv(index=False))
     bad = table[~table["within_bound"]]
     if len(bad):
         print(f"{len(bad)} of {len(table)} points are outside ±{args.bound:.0%}.")
@@ -379,8 +393,8 @@ def _pairs(args: argparse.Namespace) -> list[tuple[Shape, Shape]]:
 def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
     """Fill the grid's defaults and check every run it will start; the --set settings and the
     (recorded, measured) shape pairs."""
-    if args.steps <= args.warmup:
-        raise ConfigError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}).")
+    if args.steps <= args.skip_steps:
+        raise ConfigError(f"--steps ({args.steps}) must exceed --skip-steps ({args.skip_steps}).")
     if not 0 < args.bound < 1:
         raise ConfigError(f"--bound must be in (0, 1), got {args.bound}.")
     if args.recordings < 1:
@@ -392,7 +406,7 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
         args.compute_from = "recordings" if args.extrapolate is not None else "run"
     _check_lists(args)
     settings = _settings(args.set)
-    for method in args.methods:
+    for method in args.method:
         base = _for_method(RunConfig(workload=args.workload).replace(**settings), method)
         for shape in dict.fromkeys(s for pair in pairs for s in pair):
             for bw in args.inter_bw:
@@ -400,19 +414,40 @@ def _check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], list]:
                     shaped = base.replace(inter_bw=bw, inter_lat=lat, shaping=args.shaping,
                                           nodes=shape[0], gpus_per_node=shape[1])
                     _check_launchable(shaped, wall)
+    _check_size(args, pairs)
     return settings, pairs
 
 
+# A validation is real runs: each starts its ranks (seconds: imports, rendezvous) and trains
+# its steps (an lm-tiny step takes tens of ms on 2 cores). It runs for an hour or more on
+# purpose, so it is held to a day (LONG_S) rather than to experiments.sizes' default.
+_RUN = Cost("to start a run's ranks", seconds=2.0)
+_RUN_STEP = Cost("to train a step of a run", seconds=0.01)
+
+
+def _check_size(args: argparse.Namespace, pairs: list[tuple[Shape, Shape]]) -> None:
+    """Refuse a grid of runs that would take more than a day (experiments.sizes)."""
+    sources = len(dict.fromkeys(source for source, _ in pairs))
+    count = len(args.method) * (sources * args.recordings
+                                 + len(pairs) * len(args.inter_bw) * len(args.inter_lat))
+    runs = Count("--recordings", count, "runs", said=f"--recordings {args.recordings} with "
+                 f"{len(args.method)} methods, {len(pairs)} shapes and "
+                 f"{len(args.inter_bw) * len(args.inter_lat)} network points ({count:,} runs)")
+    steps = Count("--steps", args.steps, "steps")
+    check_work("the validation", [Term(_RUN, (runs,)), Term(_RUN_STEP, (runs, steps))],
+               budget_s=LONG_S, budget="a day, the longest a validation is let start")
+
+
 # Run settings validate-sim sets from its own flags: a --set of one would be overwritten
-# (method, shaping, the grid's network) or would change what --steps and --warmup were
+# (method, shaping, the grid's network) or would change what --steps and --skip-steps were
 # checked against.
-_OWN_FLAGS = {"method": "--methods", "workload": "--workload", "steps": "--steps",
+_OWN_FLAGS = {"method": "--method", "workload": "--workload", "steps": "--steps",
               "shaping": "--shaping", "inter_bw": "--inter-bw", "inter_lat": "--inter-lat"}
 
 
-def _settings(given: list[str]) -> dict[str, str]:
+def _settings(given: list[str]) -> dict[str, Any]:
     """The --set run settings, none of which the shapes or validate-sim's own flags set."""
-    settings = parse_overrides(given)
+    settings = parse_sets(given)
     for key in ("nodes", "gpus_per_node"):
         if key in settings:
             raise ConfigError(f"--set {key} is taken from the shapes; give --shape NODESxRANKS "
@@ -425,9 +460,9 @@ def _settings(given: list[str]) -> dict[str, str]:
 
 
 def _check_lists(args: argparse.Namespace) -> None:
-    """Each of --methods, --inter-bw and --inter-lat lists a value once (a grid point twice is
+    """Each of --method, --inter-bw and --inter-lat lists a value once (a grid point twice is
     a run twice, and its row twice in the table)."""
-    for flag, values in (("--methods", args.methods), ("--inter-bw", args.inter_bw),
+    for flag, values in (("--method", args.method), ("--inter-bw", args.inter_bw),
                          ("--inter-lat", args.inter_lat)):
         if len(set(values)) < len(values):
             raise ConfigError(f"{flag} lists a value twice ({' '.join(values)}).")
@@ -446,6 +481,7 @@ def _fill_network(args: argparse.Namespace) -> None:
 def _check_launchable(cfg: RunConfig, wall: bool) -> None:
     """ConfigError (one sentence) if `cfg` cannot run here; kernel: privileges, before any run."""
     topology = cfg.validate().topology()
+    check_spawnable(cfg.world_size)
     if not wall:
         from experiments.run.kernel import kernel_settings
 

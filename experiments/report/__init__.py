@@ -1,38 +1,46 @@
 """`flexbench report`: figures and tables from a sweep's results folder (also what notebooks call).
 
-Where things live: ``metrics.py`` (time to target, speed-ups, summary tables), ``figures.py``
-(loss against wall-clock, time to target, bytes per step, the frontier, and the command),
-``graphs.py`` (the gossip and Ada study: loss against degree and replica variance),
-``intervals.py`` (medians over seeds with bootstrap intervals or ranges, paired speed-ups),
-``ranking.py`` (who is first per network point, the margin, tie or not), ``crossover.py`` (the
-winner map over bandwidth x latency and the bandwidth where a method overtakes hsdp-adamw),
-``same_compute.py`` (`--same-compute`: the simulated rows replayed on one compute basis).
+Where things live: ``metrics.py`` (the summary tables in Markdown), ``figures.py`` (loss against
+wall-clock, time to target, bytes per step, the frontier, and the command), ``graphs.py`` (the
+gossip and Ada study: loss against degree and replica variance), ``crossover.py`` (the winner
+map over bandwidth x latency and the bandwidth where a method overtakes hsdp-adamw),
+``step_times.py`` (the step-time variation columns), ``validation.py`` (the shaped runs'
+own-compute replays). The statistics are `experiments.scoring`'s; the replays (`--same-compute`,
+the crossover bandwidths) are `experiments.replay`'s, which never imports this package.
 """
 
-from experiments.report.figures import (
-    Results,
-    configure,
-    frontier_table,
-    load_results,
-    main,
-    plot_bytes_per_step,
-    plot_frontier,
-    plot_loss_vs_time,
-    plot_time_to_target,
-    results_folder,
-    write_report,
-)
+from __future__ import annotations
 
-__all__ = [
-    "Results",
-    "configure",
-    "frontier_table",
-    "load_results",
-    "main",
-    "plot_bytes_per_step",
-    "plot_frontier",
-    "plot_loss_vs_time",
-    "plot_time_to_target",
-    "results_folder",
-    "write_report",
-]
+import importlib
+from typing import Any
+
+# Name -> the module that defines it, imported on first use (PEP 562): importing the package
+# (or one of its modules) loads nothing else.
+_WHERE = {
+    "Results": "figures",
+    "frontier_table": "figures",
+    "load_results": "figures",
+    "plot_bytes_per_step": "figures",
+    "plot_frontier": "figures",
+    "plot_loss_vs_time": "figures",
+    "plot_time_to_target": "figures",
+    "results_folder": "figures",
+    "write_report": "figures",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining ``name`` on first use and keep the name here."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public names and this module's own."""
+    return sorted(set(globals()) | set(__all__))

@@ -9,158 +9,34 @@ two. The crossover bandwidth is found per seed pair (method seed s against basel
 between the two grid bandwidths where their times change order, the two units are replayed at
 extra bandwidths with `flexbench simulate`'s replay (`experiments.replay.simulate`) and the
 point where log(t_method / t_baseline) = 0 is found by regula falsi (Illinois) on log bandwidth,
-to `RTOL`. Its bracket over seed pairs is `intervals.median_interval`'s (the range at 2 seeds).
+to `RTOL` (`experiments.scoring.crossings`). Its bracket over seed pairs is
+`intervals.median_interval`'s (the range at 2 seeds).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from experiments import winner_cells
 from experiments.logs import progress
-from experiments.report import intervals, metrics, ranking
+from experiments.report import metrics
+from experiments.scoring import formats, intervals, ranking, targets
+from experiments.scoring.crossings import RTOL, Crossing, TimeAt, crossings
 
-__all__ = ["FTOL", "RTOL", "Crossing", "crossover_bandwidth", "crossover_markdown",
-           "crossover_nodes", "crossover_table", "crossings", "draw_cells", "plot_crossover_map"]
-
-RTOL = 0.005  # relative bandwidth tolerance of a crossover: 0.5%, far inside any seed spread
-FTOL = 1e-4  # or: the two times to target within 0.01% of each other
-_MAX_EVALS = 40
-
-# bandwidth (bytes/s) -> time to target (s)
-TimeAt = Callable[[float], float]
+__all__ = ["crossover_markdown", "crossover_table", "plot_crossover_map"]
 
 
-@dataclass(frozen=True)
-class Crossing:
-    """A bandwidth where a method's time to target equals the baseline's, and its side."""
-
-    bandwidth: float
-    """bytes/s."""
-    faster: str
-    """"below" (the method is faster at lower bandwidths) or "above"."""
-
-
-def _gap(method: TimeAt, baseline: TimeAt) -> Callable[[float], float]:
-    """log(t_method / t_baseline) at log bandwidth x: < 0 where the method is faster."""
-    def gap(x: float) -> float:
-        bw = math.exp(x)
-        return math.log(method(bw) / baseline(bw))
-
-    return gap
-
-
-def crossover_bandwidth(method: TimeAt, baseline: TimeAt, low: float, high: float, *,
-                        rtol: float = RTOL, ftol: float = FTOL,
-                        ends: tuple[float, float] | None = None) -> float:
-    """The bandwidth in [low, high] (bytes/s) where the two times to target are equal.
-
-    Found to `rtol` in bandwidth, or where the two times differ by less than `ftol` (relative).
-    NaN when they do not change order between `low` and `high`. `ends` are the gaps
-    log(t_method / t_baseline) at low and high when already known (a sweep's grid points).
-    """
-    gap = _gap(method, baseline)
-    a, b = math.log(low), math.log(high)
-    fa, fb = ends if ends is not None else (gap(a), gap(b))
-    if fa == 0.0 or fb == 0.0:
-        return low if fa == 0.0 else high
-    if not (np.isfinite(fa) and np.isfinite(fb)) or (fa > 0) == (fb > 0):
-        return math.nan
-    moved = 0  # Illinois: the end that stayed twice in a row has its weight halved
-    for _ in range(_MAX_EVALS):
-        x = (a * fb - b * fa) / (fb - fa)
-        if b - a <= math.log1p(rtol):
-            return math.exp(x)
-        fx = gap(x)
-        if abs(fx) <= ftol:
-            return math.exp(x)
-        if (fx > 0) == (fb > 0):
-            b, fb = x, fx
-            fa, moved = (fa / 2 if moved == 1 else fa), 1
-        else:
-            a, fa = x, fx
-            fb, moved = (fb / 2 if moved == -1 else fb), -1
-    return math.exp((a * fb - b * fa) / (fb - fa))
-
-
-def crossings(grid: list[float], method: TimeAt, baseline: TimeAt, *,
-              known: tuple[list[float], list[float]] | None = None,
-              rtol: float = RTOL) -> list[Crossing]:
-    """Every crossover between consecutive `grid` bandwidths (sorted), lowest first.
-
-    `known` gives the two times at the grid points when already computed (else they are)."""
-    grid = sorted(grid)
-    t_method, t_base = known if known is not None else (
-        [method(bw) for bw in grid], [baseline(bw) for bw in grid])
-    gaps = [math.log(m / b) if 0 < m < math.inf and 0 < b < math.inf else math.nan
-            for m, b in zip(t_method, t_base, strict=True)]
-    found = []
-    for i in range(len(grid) - 1):
-        lo, hi = gaps[i], gaps[i + 1]
-        if not (np.isfinite(lo) and np.isfinite(hi)) or (lo < 0) == (hi < 0):
-            continue
-        bw = crossover_bandwidth(method, baseline, grid[i], grid[i + 1], rtol=rtol,
-                                 ends=(lo, hi))
-        found.append(Crossing(bw, "below" if lo < 0 else "above"))
-    return found
-
-
-def crossover_nodes(method: Callable[[int], float], baseline: Callable[[int], float],
-                    low: int, high: int) -> int | None:
-    """The first node count in (low, high] from which the method and baseline keep the order
-    they have at `high` (method faster or not), by bisection over whole node counts.
-
-    `method` and `baseline` map a node count to a time to target. None when the order at
-    `low` is already the order at `high` (no swap between them); like `crossover_bandwidth`
-    it assumes one swap between the two ends.
-    """
-    def faster(n: int) -> bool:
-        return method(n) < baseline(n)
-
-    side = faster(high)
-    if low >= high or faster(low) == side:
-        return None
-    while high - low > 1:  # invariant: faster(low) != side == faster(high)
-        middle = (low + high) // 2
-        if faster(middle) == side:
-            high = middle
-        else:
-            low = middle
-    return high
-
-
-def _unit_time(run_dir: Path, latency: str, target: float) -> TimeAt:
-    """A sweep unit's time to target at any bandwidth, by replaying it (memoised per bandwidth)."""
-    from experiments.replay.simulate import read_run, simulate_run
-    from netsim.units import format_bandwidth
-
-    run = read_run(run_dir)
-    evals = run.steps.loc[run.steps["val_loss"].notna(), ["step", "val_loss"]]
-    memo: dict[float, float] = {}
-
-    def time_at(bw: float) -> float:
-        if bw not in memo:
-            frame = simulate_run(run, inter_bw=format_bandwidth(bw), inter_lat=latency).frame
-            points = evals.merge(frame[["step", "time_s"]], on="step")
-            memo[bw] = metrics.time_to_target(points["time_s"], points["val_loss"], target)
-        return memo[bw]
-
-    return time_at
-
-
-def crossover_table(res: Any, unit_time: Callable[[str, str, float], TimeAt] | None = None,
+def crossover_table(res: Any, unit_time: Callable[[str, str, float], TimeAt],
                     ) -> pd.DataFrame:  # res: figures.Results (it imports this)
     """Per variant and grid latency: the bandwidth where it overtakes the baseline, over seeds.
 
-    `unit_time(unit, latency, target)` replays a unit between grid points (default: at its
-    recorded compute; `same_compute.OnBasis.unit_time` on a --same-compute basis).
+    `unit_time(unit, latency, target)` replays a unit between grid points (at its recorded
+    compute: `experiments.replay.on_basis.recorded_unit_time`; on a --same-compute basis:
+    `OnBasis.unit_time`).
 
     One row per (variant, latency) with a crossing on any seed pair: `faster` (below, above, or
     mixed when seed pairs disagree), the median crossover (bytes/s) with its bracket over the
@@ -174,7 +50,7 @@ def crossover_table(res: Any, unit_time: Callable[[str, str, float], TimeAt] | N
     groups = sim.groupby(["variant", "inter_lat"], sort=False)
     for (variant, lat), here in progress(groups, total=groups.ngroups,
                                          desc="report: crossovers", unit="variant"):
-        if here["method"].iloc[0] == metrics.BASELINE:
+        if here["method"].iloc[0] == targets.BASELINE:
             continue
         base = _baseline_of(sim, here)
         base = base[base["inter_lat"] == lat]
@@ -196,14 +72,14 @@ def crossover_table(res: Any, unit_time: Callable[[str, str, float], TimeAt] | N
 
 def _baseline_of(sim: pd.DataFrame, here: pd.DataFrame) -> pd.DataFrame:
     """The baseline runs `here` is scored against: those of its baseline cluster, if named."""
-    base = sim[sim["method"] == metrics.BASELINE]
+    base = sim[sim["method"] == targets.BASELINE]
     if "baseline_cluster" not in sim.columns:
         return base
     return base[base["cluster"].isin(set(here["baseline_cluster"].dropna()))]
 
 
 def _seed_crossings(res: Any, mine: pd.DataFrame, theirs: pd.DataFrame,
-                    unit_time: Callable[[str, str, float], TimeAt] | None) -> list[Crossing]:
+                    unit_time: Callable[[str, str, float], TimeAt]) -> list[Crossing]:
     """The first crossing of one seed pair at one latency (none when they never swap)."""
     mine, theirs = mine.sort_values("inter_bw_bps"), theirs.sort_values("inter_bw_bps")
     if list(mine["inter_bw_bps"]) != list(theirs["inter_bw_bps"]) or len(mine) < 2:
@@ -212,10 +88,7 @@ def _seed_crossings(res: Any, mine: pd.DataFrame, theirs: pd.DataFrame,
     if math.isnan(target) or (mine["status"] != "done").any() or (theirs["status"] != "done").any():
         return []
     lat = str(mine["inter_lat"].iloc[0])
-    def recorded(unit: str, lat: str, target: float) -> TimeAt:
-        return _unit_time(res.path / "units" / unit, lat, target)
-
-    times = [(unit_time or recorded)(str(u), lat, target)
+    times = [unit_time(str(u), lat, target)
              for u in (mine["unit"].iloc[0], theirs["unit"].iloc[0])]
     found = crossings(list(mine["inter_bw_bps"]), *times,
                       known=(list(mine["time_to_target_s"]), list(theirs["time_to_target_s"])))
@@ -252,21 +125,21 @@ def crossover_markdown(table: pd.DataFrame) -> str:
     """The crossover table in Markdown, or a sentence when no method swaps places in the grid."""
     skipped = "".join(f"\n- not replayed: {s}" for s in table.attrs.get("skipped", []))
     if table.empty:
-        return (f"No method changes places with {metrics.BASELINE} between the grid's "
+        return (f"No method changes places with {targets.BASELINE} between the grid's "
                 f"bandwidths.{skipped}")
     shown = pd.DataFrame({
         "latency": table["inter_lat"],
-        f"faster than {metrics.BASELINE}": [f"{side} the crossover" for side in table["faster"]],
+        f"faster than {targets.BASELINE}": [f"{side} the crossover" for side in table["faster"]],
         "crossover bandwidth": [_crossover_text(row) for row in table.itertuples()],
         "seed pairs crossing in the grid": [f"{c}/{p}" for c, p in
                                             zip(table["crossing"], table["pairs"], strict=True)],
     })
     shown.index = table["variant"]
-    note = (f"Per seed pair (method seed s, {metrics.BASELINE} seed s): both units replayed "
+    note = (f"Per seed pair (method seed s, {targets.BASELINE} seed s): both units replayed "
             f"between the grid points where they change order, the crossover found to "
             f"{RTOL:.1%} in bandwidth; a pair that does not cross keeps its order across the "
             f"whole grid. {intervals.interval_note(set(table['interval']))}")
-    return metrics.markdown_table(shown, index_name="method") + "\n\n" + note + skipped
+    return formats.markdown_table(shown, index_name="method") + "\n\n" + note + skipped
 
 
 def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
@@ -299,7 +172,7 @@ def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
     handles.append(Patch(facecolor="white", hatch="//", edgecolor="grey", label="tie"))
     axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     if table is not None and len(table):
-        lines = [f"{row.variant} against {metrics.BASELINE} at {row.inter_lat}: faster "
+        lines = [f"{row.variant} against {targets.BASELINE} at {row.inter_lat}: faster "
                  f"{row.faster} {_crossover_text(row)}"
                  f" ({row.crossing}/{row.pairs} seed pairs cross in the grid)"
                  for row in table.itertuples()]
@@ -316,37 +189,7 @@ def plot_crossover_map(res: Any, table: pd.DataFrame | None = None):
 def _draw_cells(ax, first: pd.DataFrame, bws: list[float], lats: list[float],
                 palette: dict) -> None:
     """One panel of the map: a coloured cell per (bandwidth, latency) with its winner's text."""
-    draw_cells(ax, first, ("inter_bw_bps", bws), ("inter_lat_s", lats), palette)
+    winner_cells.draw_cells(ax, first, ("inter_bw_bps", bws), ("inter_lat_s", lats), palette)
     ax.set(xlabel="inter-node bandwidth", ylabel="inter-node latency")
     ax.set_xticks([i + 0.5 for i in range(len(bws))], [_bits(b) for b in bws])
     ax.set_yticks([i + 0.5 for i in range(len(lats))], [f"{v * 1e3:g}ms" for v in lats])
-
-
-def draw_cells(ax, first: pd.DataFrame, x: tuple[str, list], y: tuple[str, list],
-               palette: dict) -> None:
-    """A coloured cell per `ranking.winners` row at (x column's value, y column's value), with
-    the winner, its margin over the runner-up and the verdict; a tie hatched. `x` and `y` are
-    (column, the values in axis order); a row without a first (nothing timed) stays blank."""
-    from matplotlib.patches import Rectangle
-
-    (x_key, xs), (y_key, ys) = x, y
-    for _, row in first.iterrows():
-        i, j = xs.index(row[x_key]), ys.index(row[y_key])
-        if not isinstance(row["first"], str):
-            ax.text(i + 0.5, j + 0.5, "no method\ntimed", ha="center", va="center",
-                    fontsize=6.5, color="grey")
-            continue
-        tie = row["verdict"] == "tie"
-        ax.add_patch(Rectangle((i, j), 1, 1, facecolor=palette.get(row["first"], "white"),
-                               alpha=0.55, hatch="//" if tie else None, edgecolor="white"))
-        runner_up = (f"\nvs {_short(row['runner_up'])}" if isinstance(row["runner_up"], str)
-                     else "")
-        ax.text(i + 0.5, j + 0.5, f"{_short(row['first'])}\n{ranking.margin_text(row)}"
-                f"{runner_up}\n{row['verdict']}", ha="center", va="center", fontsize=6.5,
-                wrap=True)
-    ax.set(xlim=(0, len(xs)), ylim=(0, len(ys)))
-
-
-def _short(variant: str) -> str:
-    """'demo[chunking=flat,topk=4]' -> 'demo[flat,4]': a cell has little room."""
-    return re.sub(r"\w+=", "", variant)

@@ -6,20 +6,22 @@
 Figures: validation loss against (simulated or measured) wall-clock per method at every network
 point; time-to-target against bandwidth (log-log) with the speed-up over hsdp-adamw; bytes per
 step per method; bytes against loss; who is first in each bandwidth x latency cell, and where
-each method overtakes hsdp-adamw (`crossover.py`, which replays units between grid points).
+each method overtakes hsdp-adamw (`crossover.py`; `experiments.replay.on_basis` replays units
+between grid points).
 A sweep with gossip or Ada units adds `graphs.py`'s
 loss against graph degree and replica variance, and time to target per graph. Every file is
 written atomically.
 
 The simulated times are the sweep's: each unit on its own recorded compute. `--same-compute
 method|all` replays them on one basis first, as `flexbench compare --same-compute` does
-(`same_compute.py`), and says so in summary.md, in the figures' titles, in speedups.parquet's
-`same_compute` column and in compute_basis.json.
+(`experiments.replay.on_basis`), and says so in summary.md, in the figures' titles, in
+speedups.parquet's `same_compute` column and in compute_basis.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import math
@@ -31,9 +33,14 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.io import missing_run_file, read_json, run_digest, write_atomic
-from experiments.report import crossover, graphs, intervals, metrics, step_times, validation
-from experiments.report import same_compute as same_compute_basis
+from experiments.errors import ConfigError
+from experiments.io import check_output_folder, read_json, run_digest, write_atomic
+from experiments.replay import on_basis
+from experiments.replay.target import SAME_COMPUTE
+from experiments.report import crossover, graphs, metrics, step_times, validation
+from experiments.run_record import RunRecord
+from experiments.scoring import intervals, targets
+from experiments.scoring.speedups import speedups, sweep_speedups
 
 __all__ = [
     "Results",
@@ -148,7 +155,7 @@ def _check_units(path: Path, runs: pd.DataFrame) -> None:
     digests = scored.get("run_digest", pd.Series(None, index=scored.index))
     for unit, digest in dict(zip(scored["unit"], digests, strict=True)).items():
         run_dir = path / "units" / str(unit)
-        missing = missing_run_file(run_dir)
+        missing = RunRecord.missing_file(run_dir)
         if missing not in (None, "run.json"):  # half there: a sweep would refuse it too
             raise ValueError(f"unit {unit!r} of {str(path)!r} lacks its {missing} since the "
                              f"sweep scored it; remove {str(run_dir)!r} and run `flexbench "
@@ -232,7 +239,7 @@ def plot_time_to_target(res: Results):
 
     _, lats = _networks(res.runs)
     sim = res.runs[(res.runs["source"] == "sim") & res.runs["on_grid"]]
-    table = metrics.speedups(sim, by=("network", "inter_bw_bps", "inter_lat"))
+    table = speedups(sim, by=("network", "inter_bw_bps", "inter_lat"))
     fig, axes = plt.subplots(2, len(lats), figsize=(4.5 * len(lats), 6.5), sharex=True,
                              squeeze=False)
     palette = res.palette()
@@ -259,7 +266,7 @@ def plot_time_to_target(res: Results):
         axes[0][j].set(title=f"latency {lat}", ylabel="time to target (s)" if j == 0 else "")
         axes[1][j].axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
         axes[1][j].set(xlabel="inter-node bandwidth (bit/s)",
-                       ylabel=f"speed-up vs {metrics.BASELINE}" if j == 0 else "")
+                       ylabel=f"speed-up vs {targets.BASELINE}" if j == 0 else "")
         for ax in (axes[0][j], axes[1][j]):
             _log_x(ax)
             _log_y_plain(ax)
@@ -400,8 +407,9 @@ def write_report(path: Path | str, *, step_noise: bool = False,
     `step_noise` widens every time-to-target bracket, and the tie/clear verdicts with it, by
     each unit's recorded step-time variation (`step_times`); speedups.parquet stays over seeds.
     `same_compute` (method or all) replays the simulated rows on that compute basis first
-    (`same_compute`), as `flexbench compare --same-compute` does, and writes the basis to
-    compute_basis.json; without it a compute_basis.json of an earlier report is removed.
+    (`experiments.replay.on_basis`), as `flexbench compare --same-compute` does, and writes the
+    basis to compute_basis.json; without it a compute_basis.json of an earlier report is
+    removed.
     """
     import matplotlib
 
@@ -409,20 +417,24 @@ def write_report(path: Path | str, *, step_noise: bool = False,
     import matplotlib.pyplot as plt
 
     res = load_results(path)
+    _check_outputs(res.path)
     if "own_compute_final_s" not in res.runs and (res.runs["source"] == "measured").any():
-        res.runs = validation.own_compute(res.path, res.runs)  # scored before it was recorded
-    recorded, on_basis = res.runs, None
+        # scored before it was recorded
+        res.runs = validation.own_compute(res.path, res.runs, on_basis.run_axis)
+    recorded, onto = res.runs, None
     if same_compute is not None:  # every replay before anything is written: refusals first
-        on_basis = same_compute_basis.replay_on_basis(str(res.path), res.runs, res.steps,
-                                                      same_compute, step_noise=step_noise)
-        res.runs, res.steps, res.basis = on_basis.runs, on_basis.steps, on_basis.label
+        onto = on_basis.replay_on_basis(str(res.path), res.runs, res.steps, same_compute,
+                                        noise=step_noise)
+        res.runs, res.steps, res.basis = onto.runs, onto.steps, onto.label
     elif step_noise:  # checked before anything is written: a unit without compute_s is refused
         res.runs = step_times.with_step_noise(res.runs, res.steps)
-    basis_line = metrics.COMPUTE_BASIS if on_basis is None else on_basis.summary_line
+    basis_line = metrics.COMPUTE_BASIS if onto is None else onto.summary_line
     written: list[Path] = []
     figures = {"loss_vs_wallclock": plot_loss_vs_time, "time_to_target": plot_time_to_target,
                "bytes_per_step": plot_bytes_per_step, "frontier": plot_frontier}
-    crossings = crossover.crossover_table(res, None if on_basis is None else on_basis.unit_time)
+    unit_time = (functools.partial(on_basis.recorded_unit_time, res.path) if onto is None
+                 else onto.unit_time)
+    crossings = crossover.crossover_table(res, unit_time)
     figures["crossover_map"] = lambda res: crossover.plot_crossover_map(res, crossings)
     has_graphs = graphs.has_graph_units(res.runs)
     if has_graphs:
@@ -440,9 +452,9 @@ def write_report(path: Path | str, *, step_noise: bool = False,
         plt.close(fig)
     summary = res.path / "summary.md"
     table_text = metrics.summary_markdown(res.runs, basis=basis_line,
-                                          recorded=None if on_basis is None else recorded)
+                                          recorded=None if onto is None else recorded)
     text = f"## Sweep `{res.name}`\n\n{table_text}"
-    text += (f"\n### Where each method overtakes {metrics.BASELINE} (crossover bandwidth)\n\n"
+    text += (f"\n### Where each method overtakes {targets.BASELINE} (crossover bandwidth)\n\n"
              f"{basis_line}\n\n{crossover.crossover_markdown(crossings)}\n")
     if has_graphs:
         text += "\n" + graphs.graphs_markdown(res.runs)
@@ -450,28 +462,38 @@ def write_report(path: Path | str, *, step_noise: bool = False,
     written.append(summary)
     # speedups.parquet is derived from runs.parquet alone: rewritten so that an older sweep's
     # file carries the current columns (paired speed-ups with their brackets).
-    table = io.BytesIO()
+    buffer = io.BytesIO()
     seeds_only = res.runs.drop(columns=intervals.SAMPLES_COLUMN, errors="ignore")
-    speedups = metrics.sweep_speedups(seeds_only)
-    if on_basis is not None:  # the table says which basis its times stand on
-        speedups = speedups.assign(same_compute=on_basis.mode)
-    speedups.to_parquet(table, index=False)
-    write_atomic(res.path / "speedups.parquet", table.getvalue())
+    table = sweep_speedups(seeds_only)
+    if onto is not None:  # the table says which basis its times stand on
+        table = table.assign(same_compute=onto.mode)
+    table.to_parquet(buffer, index=False)
+    write_atomic(res.path / "speedups.parquet", buffer.getvalue())
     written.append(res.path / "speedups.parquet")
-    basis_file = res.path / same_compute_basis.BASIS_FILE
-    if on_basis is not None:
-        write_atomic(basis_file, json.dumps(on_basis.record(), indent=2) + "\n")
+    basis_file = res.path / on_basis.BASIS_FILE
+    if onto is not None:
+        write_atomic(basis_file, json.dumps(onto.record(), indent=2) + "\n")
         written.append(basis_file)
     else:  # an earlier --same-compute report's basis would describe tables no longer there
         basis_file.unlink(missing_ok=True)
     return written
 
 
+def _check_outputs(folder: Path) -> None:
+    """What the report writes into the sweep's folder can be written (ConfigError, one
+    sentence, before any figure is drawn): the folder, figures/ in it, and its files."""
+    check_output_folder(folder, what="the sweep folder the report writes into",
+                        must_be_empty=False)
+    check_output_folder(folder / "figures", what="the report's figures folder",
+                        must_be_empty=False)
+    for name in ("summary.md", "speedups.parquet", on_basis.BASIS_FILE):
+        if (folder / name).is_dir():
+            raise ConfigError(f"the report's file {str(folder / name)!r} is a folder; move it "
+                              "away to write the report.")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `flexbench report`."""
-    # Here, not at the top: compare reads experiments.report, whose package imports this module.
-    from experiments.replay.compare import SAME_COMPUTE
-
     parser.add_argument("results", type=Path, help="a sweep's output folder, e.g. results/quick")
     parser.add_argument("--step-noise", action="store_true",
                         help="widen each time-to-target bracket (and decide tie or clear on it) "

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.report import intervals, metrics
+from experiments.scoring import formats, intervals, targets
 from flexdemo.methods import RECORDS
 
 __all__ = ["ADAPTIVE", "PERMUTATIONS", "ada_verdicts", "correlations", "graphs_markdown",
@@ -127,8 +127,8 @@ def ada_verdicts(runs: pd.DataFrame) -> list[str]:
         wins = math.isfinite(mine) and bool((fixed["time_to_target_s"] > mine).all())
         here = sim[(sim["network"] == network) & (sim["nodes"] == nodes)]
         lines.append(f"- {network}, {nodes} nodes: {'yes' if wins else 'no'} — "
-                     f"{ADAPTIVE} {metrics.format_seconds(mine)}, best fixed graph "
-                     f"{best['graph']} {metrics.format_seconds(float(best['time_to_target_s']))}"
+                     f"{ADAPTIVE} {formats.format_seconds(mine)}, best fixed graph "
+                     f"{best['graph']} {formats.format_seconds(float(best['time_to_target_s']))}"
                      f"{_against_best(here, best['graph'])}")
     return lines
 
@@ -148,7 +148,7 @@ def _against_best(here: pd.DataFrame, graph: str) -> str:
         return ""
     verdict = intervals.separation(intervals.median_interval(ada["time_to_target_s"]),
                                    intervals.median_interval(fixed["time_to_target_s"]), margin)
-    return (f" ({graph}'s time / {ADAPTIVE}'s: {metrics.format_speedup_interval(margin)}, "
+    return (f" ({graph}'s time / {ADAPTIVE}'s: {formats.format_speedup_interval(margin)}, "
             f"{verdict})")
 
 
@@ -176,14 +176,14 @@ def graphs_markdown(runs: pd.DataFrame) -> str:
     else:
         corr_shown = corr.set_index("units").map(
             lambda v: "-" if pd.isna(v) else f"{v:.3g}" if isinstance(v, float) else str(v))
-        corr_text = metrics.markdown_table(corr_shown, index_name="units") + "\n"
+        corr_text = formats.markdown_table(corr_shown, index_name="units") + "\n"
     return "\n".join([
         "### Decentralized: graphs, replica spread and final loss\n",
         "Means over each run's steps (degree: peers a node mixes with, its graph's) and "
         "evaluations (replica variance, consensus distance); medians over seeds. hsdp-adamw "
         "all-reduces every step "
         "(no graph; variance 0).\n",
-        metrics.markdown_table(shown, index_name="cluster · graph") + "\n",
+        formats.markdown_table(shown, index_name="cluster · graph") + "\n",
         "### Rank correlations (Spearman, over the gossip units)\n",
         "DBench's findings hold here if rho(loss, degree) < 0 (more peers, lower loss) and "
         f"rho(loss, variance) > 0. p: two-sided permutation test ({PERMUTATIONS:,} shuffles). "
@@ -216,7 +216,7 @@ def plot_loss_vs_degree(res) -> Any:
 
     units = unit_table(res.runs)
     units = units.assign(x=units["graph_degree"].where(
-        units["graph_degree"].notna() | (units["method"] != metrics.BASELINE),
+        units["graph_degree"].notna() | (units["method"] != targets.BASELINE),
         units["nodes"] - 1))
     return _scatter(units, "x", res, _graph_markers(units["label"]),
                     xlabel="mean graph degree (peers per step)",
@@ -233,13 +233,13 @@ def plot_loss_vs_variance(res) -> Any:
 
     units = unit_table(res.runs)
     # Markers from every unit, so that a graph has the same marker as in the degree figure.
-    fig = _scatter(units[units["method"] != metrics.BASELINE], "replica_variance", res,
+    fig = _scatter(units[units["method"] != targets.BASELINE], "replica_variance", res,
                    _graph_markers(units["label"]), xlabel="mean replica variance (log)",
                    log_x=True, plt=plt,
                    title="final val loss against replica variance (dashed: hsdp-adamw)")
     ax = fig.axes[0]
     colours = _node_colours(units["nodes"])
-    base = units[units["method"] == metrics.BASELINE]
+    base = units[units["method"] == targets.BASELINE]
     for nodes, part in base.groupby("nodes"):
         ax.axhline(float(part["final_val_loss"].median()), color=colours[int(nodes)],
                    linestyle="--", linewidth=1)
@@ -289,7 +289,7 @@ def plot_time_to_target_by_graph(res) -> Any:
     sim = res.runs[(res.runs["source"] == "sim") & res.runs["on_grid"]
                    & (res.runs["kind"] == "train")]
     sim = sim.assign(label=sim["graph"].where(sim["graph"].notna(), sim["method"]))
-    labels = list(dict.fromkeys([*([metrics.BASELINE] if (sim["method"] == metrics.BASELINE)
+    labels = list(dict.fromkeys([*([targets.BASELINE] if (sim["method"] == targets.BASELINE)
                                    .any() else []), *sim["label"]]))
     nets = sim.drop_duplicates("network").sort_values(["inter_lat_s", "inter_bw_bps"])
     colours = _node_colours(sim["nodes"])
@@ -312,7 +312,7 @@ def plot_time_to_target_by_graph(res) -> Any:
                     continue
                 top = high - med if math.isfinite(high) else 0.0
                 ax.bar(x, med, width=width, color=colour, yerr=[[med - low], [top]],
-                       capsize=2, edgecolor="black" if label == metrics.BASELINE else "none")
+                       capsize=2, edgecolor="black" if label == targets.BASELINE else "none")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
         ax.set_title(network, fontsize=9)
     axes[0][0].set_ylabel("time to target (s, simulated)")

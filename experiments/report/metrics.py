@@ -1,108 +1,31 @@
-"""Time-to-target-loss, speed-ups against full-sync HSDP-AdamW, and method x network tables.
+"""A sweep's tables in Markdown: time to target and speed-up per method and network, the
+winners, the validation against shaped runs, the bytes per step; and the Pareto front.
 
-The scoring follows AlgoPerf: a run's time-to-target is the first *evaluation* whose validation
-loss is at or below the target (timing excludes evaluation itself); a run that never gets there
-scores infinity and stays in every table as "not reached". Speed-ups are paired ratios, the
-baseline's time over the method's seed by seed at the same network point (every pair where the
-seeds differ), summarised by their median with a bracket (`intervals`: a bootstrap interval
-from 3 seeds, the range at 2) and their min and max.
+The statistics behind them (time to target, intervals, speed-ups, rankings) are
+`experiments.scoring`'s.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
 
-from experiments.replay import step_noise
-from experiments.report import intervals, ranking
+from experiments.scoring import intervals, ranking, step_noise
+from experiments.scoring.formats import (
+    format_seconds,
+    format_speedup_interval,
+    format_time_interval,
+    markdown_table,
+)
+from experiments.scoring.speedups import speedups
 from flexdemo.methods import BASELINE
 
-TARGET_MARGIN = 0.02
-
-# What `speedups` adds to its key columns, per variant and network point.
-SPEEDUP_COLUMNS = ["ttt_median_s", "ttt_min_s", "ttt_max_s", "ttt_low_s", "ttt_high_s",
-                   "ttt_interval", "reached", "seeds", "baseline_ttt_s", "speedup_median",
-                   "speedup_min", "speedup_max", "speedup_low", "speedup_high",
-                   "speedup_interval", "paired"]
-
-__all__ = [
-    "BASELINE",
-    "COMPUTE_BASIS",
-    "SPEEDUP_COLUMNS",
-    "TARGET_MARGIN",
-    "VALIDATION_BASIS",
-    "VALIDATION_NOTE",
-    "baseline_target_at",
-    "pareto_front",
-    "default_target",
-    "format_seconds",
-    "format_speedup",
-    "format_speedup_interval",
-    "format_time_interval",
-    "markdown_table",
-    "pivot",
-    "speedups",
-    "summary_markdown",
-    "SWEEP_SPEEDUP_KEYS",
-    "sweep_speedups",
-    "target_text",
-    "validation_table",
-    "winners_markdown",
-    "time_to_target",
-]
-
-
-def time_to_target(times: Iterable[float], val_losses: Iterable[float], target: float) -> float:
-    """First time at which an evaluated val_loss is <= target; inf if it never is."""
-    if not isinstance(target, (int, float)) or math.isnan(target):
-        raise ValueError(f"target must be a number, got {target!r}.")
-    t = np.asarray(list(times), dtype=float)
-    v = np.asarray(list(val_losses), dtype=float)
-    if t.shape != v.shape:
-        raise ValueError(f"times and val_losses differ in length ({t.size} vs {v.size}).")
-    # NaN marks steps without an evaluation; those can never count as reaching the target.
-    hit = np.flatnonzero(~np.isnan(v) & (v <= target))
-    return float(t[hit[0]]) if hit.size else math.inf
-
-
-def default_target(
-    final_losses: pd.DataFrame, *, baseline: str = BASELINE, margin: float = TARGET_MARGIN
-) -> float:
-    """The baseline's median final val_loss over seeds, plus `margin` (2% by default).
-
-    `final_losses` has columns `method` and `final_val_loss` (one row per baseline seed).
-    """
-    base = final_losses.loc[final_losses["method"] == baseline, "final_val_loss"].dropna()
-    if base.empty:
-        raise ValueError(
-            f"no finished {baseline!r} run to derive the target from; "
-            "set [target] val_loss in the sweep config or include it in grid.methods."
-        )
-    return float(base.median()) * (1.0 + margin)
-
-
-def baseline_target_at(curves: list[pd.DataFrame], fraction: float) -> float:
-    """The baseline's val_loss at the first evaluation at or after `fraction` of its steps.
-
-    Median over the baseline's runs (one `steps.parquet` frame each). A target set this way is
-    reached by the baseline no earlier than that fraction of its budget, whatever the workload.
-    """
-    values = []
-    for steps in curves:
-        evals = steps.dropna(subset=["val_loss"]).sort_values("step")
-        if evals.empty:
-            continue
-        at = evals[evals["step"] >= fraction * steps["step"].max()]
-        values.append(float(at["val_loss"].iloc[0]))
-    if not values:
-        raise ValueError(
-            f"no finished {BASELINE!r} run to derive the target from; "
-            "set [target] val_loss in the sweep config or include it in grid.methods."
-        )
-    return float(np.median(values))
+__all__ = ["COMPUTE_BASIS", "EMULATED_NOTE", "VALIDATION_BASIS", "VALIDATION_NOTE",
+           "pareto_front", "pivot", "summary_markdown", "target_text",
+           "validation_table", "winners_markdown"]
 
 
 def pareto_front(costs: Iterable[float], losses: Iterable[float]) -> list[bool]:
@@ -114,58 +37,6 @@ def pareto_front(costs: Iterable[float], losses: Iterable[float]) -> list[bool]:
         dominated = np.any((c <= c[i]) & (v <= v[i]) & ((c < c[i]) | (v < v[i])))
         front.append(bool(np.isfinite(v[i]) and not dominated))
     return front
-
-
-def speedups(
-    runs: pd.DataFrame,
-    *,
-    baseline: str = BASELINE,
-    by: Sequence[str] = ("source", "network"),
-    variant: str = "variant",
-    cohort: str = "baseline_cluster",
-) -> pd.DataFrame:
-    """Per variant and network point: time to target and speed-up over seeds, with intervals.
-
-    `runs` needs `method`, `variant`, `seed`, `time_to_target_s`, `reached` and the `by`
-    columns. When it has a `cohort` column (the sweep's `baseline_cluster`), each run is
-    compared with the baseline runs of the cohort it names, e.g. hsdp-adamw on the same number
-    of nodes. The speed-up is the paired ratio baseline time / run time of the same seed, or
-    over every (baseline seed, run seed) pair where the seeds differ (`intervals.ratio_interval`;
-    `paired` says which): a run that never reaches the target has speed-up 0; when the baseline
-    never does, a run that does gets inf; when neither does (or there is no baseline), NaN.
-    Columns: ttt_median_s, ttt_min_s, ttt_max_s and the bracket ttt_low_s..ttt_high_s of kind
-    ttt_interval (widened by each run's resampled step times where `runs` has
-    `intervals.SAMPLES_COLUMN`: --step-noise); speedup_median, speedup_min, speedup_max (over
-    the pairs) and speedup_low..speedup_high of kind speedup_interval
-    (`intervals.Interval.kind`); baseline_ttt_s is the baseline's median.
-    """
-    keys = list(by)
-    join = [*keys, cohort] if cohort in runs.columns else keys
-    base_rows = runs[runs["method"] == baseline]
-    base_times = {_key(k): dict(zip(g["seed"], g["time_to_target_s"].astype(float), strict=True))
-                  for k, g in base_rows.groupby(join, dropna=False, sort=False)}
-    rows = []
-    for group, g in runs.groupby([*keys, variant, "method"], dropna=False, sort=False):
-        times = g["time_to_target_s"].astype(float)
-        ttt = intervals.time_interval(g)
-        base = base_times.get(_key(tuple(g.iloc[0][c] for c in join)), {})
-        speed, paired = intervals.ratio_interval(base, dict(zip(g["seed"], times, strict=True)))
-        pair_ratios = _pair_ratios(base, g["seed"], times, paired)
-        rows.append({
-            **dict(zip([*keys, variant, "method"], group, strict=True)),
-            "ttt_median_s": ttt.median, "ttt_min_s": float(times.min()),
-            "ttt_max_s": float(times.max()), "ttt_low_s": ttt.low, "ttt_high_s": ttt.high,
-            "ttt_interval": ttt.kind, "reached": int(g["reached"].sum()),
-            "seeds": int(g["seed"].count()),
-            "baseline_ttt_s": float(np.median(list(base.values()))) if base else math.nan,
-            "speedup_median": speed.median,
-            "speedup_min": _nan_or(np.nanmin, pair_ratios),
-            "speedup_max": _nan_or(np.nanmax, pair_ratios),
-            "speedup_low": speed.low, "speedup_high": speed.high,
-            "speedup_interval": speed.kind, "paired": paired,
-        })
-    columns = [*keys, variant, "method", *SPEEDUP_COLUMNS]
-    return pd.DataFrame(rows, columns=columns)
 
 
 # What every simulated time of a sweep stands on, printed beside each of its tables.
@@ -185,37 +56,6 @@ VALIDATION_NOTE = (
     "two runs enters it with any model error; \"own compute\" replays the shaped run with its "
     "own compute and the links modeled (the network model alone, as `flexbench validate-sim`'s "
     "network_error_pct).")
-
-# The keys of a sweep's speedups.parquet: one row per source, network point and variant.
-SWEEP_SPEEDUP_KEYS = ("source", "network", "inter_bw_bps", "inter_lat_s")
-
-
-def sweep_speedups(runs: pd.DataFrame) -> pd.DataFrame:
-    """A sweep's speedups.parquet, derived from its runs.parquet alone (no replay needed)."""
-    return speedups(runs, by=SWEEP_SPEEDUP_KEYS)
-
-
-def _key(values: object) -> tuple:
-    """A group key with missing values spelled alike (NaN never equals NaN in a dict)."""
-    values = values if isinstance(values, tuple) else (values,)
-    return tuple("<none>" if _missing(v) else v for v in values)
-
-
-def _nan_or(reduce, values: np.ndarray) -> float:
-    """`reduce` over the defined values (nanmin, nanmax); NaN when none is defined."""
-    defined = values[~np.isnan(values)] if len(values) else values
-    return float(reduce(defined)) if len(defined) else math.nan
-
-
-def _pair_ratios(base: dict, seeds: pd.Series, times: pd.Series, paired: bool) -> np.ndarray:
-    """Every speed-up the interval is over: one per seed when paired, else one per pair."""
-    if not base:
-        return np.array([])
-    if paired:
-        return np.array([intervals.ratio(base[s], t) for s, t in zip(seeds, times, strict=True)])
-    return np.array([intervals.ratio(b, t) for b in base.values() for t in times])
-
-
 def pivot(
     table: pd.DataFrame, value: str, *, rows: str = "variant", cols: str = "network"
 ) -> pd.DataFrame:
@@ -224,48 +64,6 @@ def pivot(
     col_order = list(dict.fromkeys(table[cols]))
     wide = table.pivot_table(index=rows, columns=cols, values=value, aggfunc="first", dropna=False)
     return wide.reindex(index=row_order, columns=col_order)
-
-
-def format_seconds(value: float) -> str:
-    """Seconds for a table cell: 'not reached' for inf, '-' for missing."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if math.isinf(value):
-        return "not reached"
-    if value >= 100:
-        return f"{value:.0f} s"
-    if value >= 1:
-        return f"{value:.1f} s"
-    return f"{value * 1000:.0f} ms"
-
-
-def format_speedup(median: float, low: float, high: float) -> str:
-    """A speed-up cell: 'median× [min–max]' over seeds."""
-    if median is None or math.isnan(median):
-        return "-"
-
-    def one(x: float) -> str:
-        return "inf" if math.isinf(x) else f"{x:.2f}"
-
-    if low == high:
-        return f"{one(median)}×"
-    return f"{one(median)}× [{one(low)}–{one(high)}]"
-
-
-def markdown_table(frame: pd.DataFrame, *, index_name: str | None = None) -> str:
-    """Render a small DataFrame (index = first column) as a GitHub Markdown table."""
-    head = [index_name or (frame.index.name or ""), *[str(c) for c in frame.columns]]
-    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
-    for idx, row in frame.iterrows():
-        cells = [str(idx), *["" if _missing(v) else str(v) for v in row.tolist()]]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _missing(value: object) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 EMULATED_NOTE = ("Emulated units (`[emulate] nodes`, the variants ending `nodes=N`): N replicas "
                  "trained in one process (`flexbench run --emulate`), each timed by its recorded "
                  "unit's trace replayed at N nodes with the emulated loss curve on that time "
@@ -396,25 +194,6 @@ def _cell(row) -> str:
     unclear = row.method != BASELINE and speed.includes(1.0) and not math.isnan(speed.median)
     return (f"{format_time_interval(span)} · {format_speedup_interval(speed)}{count}"
             f"{' · no clear winner' if unclear else ''}")
-
-
-def format_time_interval(interval: intervals.Interval) -> str:
-    """'12.3 s [11.0–13.5]': a median time to target with its bracket ('inf' for a miss)."""
-    def end(value: float) -> str:
-        return "inf" if math.isinf(value) else format_seconds(value).removesuffix(" s")
-
-    if math.isinf(interval.low):  # every seed missed: 'not reached', no bracket of infinities
-        return format_seconds(interval.median)
-    return format_seconds(interval.median) + interval.bracket(end)
-
-
-def format_speedup_interval(interval: intervals.Interval) -> str:
-    """'2.10× [1.90–2.30]': a median speed-up with its bracket ('2.10×' without one)."""
-    if interval.kind in ("single", "none") or math.isnan(interval.low):
-        return format_speedup(interval.median, interval.median, interval.median)
-    return format_speedup(interval.median, interval.low, interval.high)
-
-
 def _ratio(top: float, bottom: float) -> str:
     """'0.97', or '-' where either side is missing."""
     if any(v is None or math.isnan(v) for v in (top, bottom)) or not bottom:

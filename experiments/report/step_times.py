@@ -5,9 +5,9 @@
 A sweep's simulated time axis of a unit at a network point is in its steps.parquet (`time_s`,
 one row per step), beside the unit's recorded compute per step (`compute_s`). Each simulated
 row of runs.parquet gets that unit's times to target over block-resampled compute
-(`experiments.replay.step_noise`, as `flexbench compare --step-noise` does: same blocks, same
+(`experiments.scoring.step_noise`, as `flexbench compare --step-noise` does: same blocks, same
 resamples, the same seed per unit, so at a grid point the two print the same brackets), in
-`intervals.SAMPLES_COLUMN`; `metrics.speedups` and `ranking.winners` then widen the
+`intervals.SAMPLES_COLUMN`; `speedups.speedups` and `ranking.winners` then widen the
 time-to-target brackets by them and decide tie or clear on the widened brackets. The sweep
 replays each unit at its recorded compute (scale 1). A miss (failed, diverged, or never
 reaching the target) is inf in every resample. Speed-ups stay paired over seeds only.
@@ -20,8 +20,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from experiments.replay import step_noise
-from experiments.report import intervals
+from experiments.scoring import intervals, step_noise
 
 __all__ = ["check_step_noise", "with_step_noise"]
 

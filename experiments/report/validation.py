@@ -16,7 +16,6 @@ import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -37,18 +36,12 @@ def _median_compute(run_dir: Path) -> float:
 
 
 def own_compute(out: Path, runs: pd.DataFrame,
-                replay_axis: Callable[..., pd.DataFrame] | None = None) -> pd.DataFrame:
+                replay_axis: Callable[..., pd.DataFrame]) -> pd.DataFrame:
     """`runs` with OWN_COLUMNS on each finished measured row (NaN elsewhere).
 
     `replay_axis(run_dir, inter_bw=..., inter_lat=...)` gives a run's simulated time axis (a
-    frame with time_s); by default `simulate_run`'s (a sweep passes its cached one).
+    frame with time_s): `experiments.replay.on_basis.run_axis`, or a sweep's cached one.
     """
-    if replay_axis is None:
-        from experiments.replay.simulate import simulate_run
-
-        def replay_axis(run_dir: Path, **network: Any) -> pd.DataFrame:
-            return simulate_run(run_dir, **network).frame
-
     runs = runs.assign(**{c: math.nan for c in OWN_COLUMNS})
     done = runs.index[(runs["source"] == "measured") & (runs["status"] == "done")]
     for i in done:

@@ -10,7 +10,6 @@ Every run setting is a flag of the same name (`--gpus-per-node`, `--stall-timeou
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tomllib
@@ -21,13 +20,15 @@ from experiments.config import (
     ConfigError,
     RunConfig,
     add_run_arguments,
-    parse_overrides,
+    parse_sets,
     run_arguments,
     run_flag,
 )
 from experiments.deadline import run_deadline
 from experiments.errors import RunFailed
+from experiments.io import check_output_folder
 from experiments.run.launch import check_timeout, launch
+from experiments.run_record import RunRecord
 from experiments.sweep.spec import TOP_KEYS
 from experiments.values import POSITIVE
 from experiments.workloads import builtin_model
@@ -49,14 +50,14 @@ def load_config(path: str | None, flags: dict[str, Any], sets: list[str],
             raise ConfigError(f"cannot read config {path!r}: {err}") from None
         data.update(_run_table(path, raw))
     given = {k: v for k, v in flags.items() if v is not None}
-    overrides = parse_overrides(sets)
+    overrides = parse_sets(sets)
     _check_flag_and_set(given, overrides)
     data.update(given)
     data.update(overrides)
     return RunConfig.from_dict(data).validate()
 
 
-def _check_flag_and_set(flags: dict[str, Any], overrides: dict[str, str]) -> None:
+def _check_flag_and_set(flags: dict[str, Any], overrides: dict[str, Any]) -> None:
     """ConfigError for a setting given as a flag and as --set with two values."""
     for key in sorted(set(flags) & set(overrides)):
         if RunConfig.from_dict({key: overrides[key]}).to_dict()[key] != flags[key]:
@@ -169,7 +170,7 @@ def _emulated(cfg: RunConfig, args: argparse.Namespace) -> int:
     except RunFailed as err:
         print(f"flexbench run: failed: {err}", file=sys.stderr)
         return 1
-    summary = json.loads((out / "run.json").read_text())
+    summary = RunRecord.load(out).meta
     if summary["status"] == "diverged":
         print(f"wrote {out} (emulated): the run diverged at step {summary['diverged_step']}")
         return 0
@@ -181,6 +182,9 @@ def _emulated(cfg: RunConfig, args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     """Run `flexbench run`."""
     check_timeout(args.timeout)
+    # Before the user's workload is called: a bad --out costs one sentence, not a factory's run.
+    check_output_folder(args.out, what="--out",
+                        reads=[p for p in (args.config, args.topology_file) if p is not None])
     try:
         # Validating a "module:factory" workload calls the user's code, which may hang.
         with run_deadline(args.timeout):
@@ -197,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 writes and reports
     _print_site_shaping(cfg)
-    summary = json.loads((out / "run.json").read_text())
+    summary = RunRecord.load(out).meta
     if summary["status"] == "diverged":
         print(f"wrote {out}: the run diverged at step {summary['diverged_step']} (the loss "
               f"stopped being finite); run.json records status 'diverged'")

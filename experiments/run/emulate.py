@@ -29,6 +29,8 @@ from experiments.config import RunConfig, is_plugin
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import EMULATED
 from experiments.run.folder import RankResult, RunFolder, write_emulated_run
+from experiments.sizes import available_bytes as _available_bytes
+from experiments.sizes import format_bytes
 from flexdemo.methods import Method
 
 __all__ = ["check_emulated", "emulate", "emulation_problem", "estimate_bytes", "inbox_peers",
@@ -111,7 +113,9 @@ def inbox_peers(cfg: RunConfig) -> int:
 
 
 def replica_size(workload: Any, batch_size: int) -> tuple[int, int]:
-    """One replica's parameter count, and the bytes one forward of a batch saves for backward."""
+    """One replica's parameter count, and the bytes one forward of a batch saves for backward
+    (measured on a batch of one and scaled, so that a batch too large to hold is refused by
+    the estimate rather than by the allocator)."""
     import torch
 
     model = workload.model()
@@ -123,19 +127,8 @@ def replica_size(workload: Any, batch_size: int) -> tuple[int, int]:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        workload.loss(model, workload.batch(0, 0, batch_size, 0))
-    return sum(p.numel() for p in model.parameters()), sum(saved.values())
-
-
-def _available_bytes() -> int:
-    """MemAvailable of /proc/meminfo (all physical memory where that is missing)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        workload.loss(model, workload.batch(0, 0, 1, 0))
+    return sum(p.numel() for p in model.parameters()), sum(saved.values()) * batch_size
 
 
 def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
@@ -157,15 +150,18 @@ def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
 
     workload = make_workload(cfg.workload)
     params, activations = replica_size(workload, cfg.batch_size or workload.default_batch_size)
-    peers = inbox_peers(cfg)
     _release_memory()  # an earlier emulated run of this process (a sweep's unit) must not count
-    need, have = estimate_bytes(cfg.nodes, params, activations, peers), _available_bytes()
+    have = _available_bytes()
+    # Without gossip's messages first: counting them walks every node's peers.
+    peers = inbox_peers(cfg) if estimate_bytes(cfg.nodes, params, activations) <= have else 0
+    need = estimate_bytes(cfg.nodes, params, activations, peers)
     if need > have:
         inbox = f", {peers} peers' messages at once" if peers else ""
+        batch = " or a smaller --batch-size" if activations > _COPIES * 4 * params else ""
         raise ConfigError(f"--emulate with {cfg.nodes} replicas of {cfg.workload} ({params:,} "
-                          f"parameters, {activations / 2**20:.0f} MiB of activations a "
+                          f"parameters, {format_bytes(activations)} of activations a "
                           f"forward{inbox}) needs about {need / 2**30:.1f} GiB and this machine "
-                          f"has {have / 2**30:.1f} GiB available; give fewer --nodes"
+                          f"has {have / 2**30:.1f} GiB available; give fewer --nodes{batch}"
                           + (" or a sparser graph." if peers else "."))
     return cfg, need
 

@@ -40,7 +40,7 @@ from experiments.run.watchdog import RankStalled, Watchdog
 from flexdemo.devices import backend_for, visible_cuda_devices
 from netsim.processes import init_process_group, loopback_interface
 
-__all__ = ["check_timeout", "launch", "RunFailed"]
+__all__ = ["check_spawnable", "check_timeout", "launch", "RunFailed"]
 
 
 def launch(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
@@ -61,7 +61,7 @@ def launch(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
         return run_kernel(cfg, folder, timeout_s=timeout_s, quiet=quiet)
     if _under_torchrun():
         return _run_torchrun(cfg, folder)
-    _check_spawnable(cfg.world_size)
+    check_spawnable(cfg.world_size)
     return _run_spawned(cfg, folder.create(), timeout_s=timeout_s, quiet=quiet)
 
 
@@ -200,7 +200,7 @@ RANK_MEMORY_BYTES = 512 * 2**20
 RANKS_PER_CORE = 16
 
 
-def _check_spawnable(world: int) -> None:
+def check_spawnable(world: int) -> None:
     """Refuse more ranks than this machine can hold (cores and memory), before any starts."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -26,20 +26,36 @@ cluster when it runs on several), `describe` (per-unit columns: cluster, graph, 
 spread), `cli` (the command).
 """
 
-from experiments.sweep.cli import configure, main
-from experiments.sweep.plan import Unit, load_config, units_of
-from experiments.sweep.runner import run_sweep
-from experiments.sweep.score import collect
-from experiments.sweep.spec import NetworkPoint, SweepConfig
+from __future__ import annotations
 
-__all__ = [
-    "NetworkPoint",
-    "SweepConfig",
-    "Unit",
-    "collect",
-    "configure",
-    "load_config",
-    "main",
-    "run_sweep",
-    "units_of",
-]
+import importlib
+from typing import Any
+
+# Name -> the module that defines it, imported on first use (PEP 562): importing the package
+# (or one of its modules) loads nothing else.
+_WHERE = {
+    "Unit": "plan",
+    "load_config": "plan",
+    "units_of": "plan",
+    "run_sweep": "runner",
+    "collect": "score",
+    "NetworkPoint": "spec",
+    "SweepConfig": "spec",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining ``name`` on first use and keep the name here."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public names and this module's own."""
+    return sorted(set(globals()) | set(__all__))

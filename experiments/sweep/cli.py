@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from experiments.errors import ConfigError
+from experiments.errors import ConfigError, RunFailed, Stopped
 from experiments.io import check_output_folder
 from experiments.report import metrics
 from experiments.sweep.estimate import estimate_text
@@ -48,7 +48,13 @@ def main(args: argparse.Namespace) -> int:
     if args.estimate_from is not None and not args.dry_run:
         raise ConfigError("--estimate-from times --dry-run's estimate, and without --dry-run "
                           "nothing is estimated; add --dry-run or leave it out.")
-    cfg = load_config(args.config, args.overrides)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except Stopped:
+        raise  # SIGTERM: said by the command line, exit 143
+    except RunFailed as err:  # a workload's code did not return within timeout_s
+        print(f"flexbench sweep: failed: {err}", file=sys.stderr)
+        return 1
     out = args.out or Path("results") / cfg.name
     check_output_folder(out, what="sweep folder", must_be_empty=False)  # a sweep resumes in it
     units = units_of(cfg)

@@ -14,14 +14,20 @@ A unit is done once its run.json exists, failed while its failure record exists,
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from experiments.config import RunConfig, shared_for
+from experiments.deadline import run_deadline
 from experiments.errors import ConfigError
+from experiments.scoring.variants import knob_label, variant_label
+from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.sweep.spec import (
+    SCORE,
     NetworkPoint,
     SweepConfig,
     network_point,
@@ -29,8 +35,8 @@ from experiments.sweep.spec import (
     slug,
 )
 
-__all__ = ["Unit", "failure_path", "knob_label", "load_config", "unit_dir", "unit_state",
-           "units_of", "variant_label"]
+__all__ = ["Unit", "check_unit_count", "failure_path", "load_config", "unit_count",
+           "unit_dir", "unit_state", "units_of"]
 
 @dataclass
 class Unit:
@@ -65,13 +71,46 @@ class Unit:
 def load_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
     """Read a sweep TOML with its `--set` overrides and check every unit; ConfigError if bad."""
     cfg = read_config(path, overrides)
-    if not units_of(cfg):  # builds and validates every unit's RunConfig
-        raise ConfigError("the sweep grid is empty.")
+    # Building the units calls a user's workload factory: under the sweep's timeout_s.
+    with run_deadline(cfg.timeout_s, command="sweep", stopped="before any unit ran"):
+        if not units_of(cfg):  # builds and validates every unit's RunConfig
+            raise ConfigError("the sweep grid is empty.")
     return cfg
+
+
+# What listing a unit costs (measured on 2 cores: 10^4 units of quick.toml built and checked in
+# 10 s, 2.2 kB each), with scoring each training unit at every network point (spec.SCORE): the
+# bound on how many units a grid makes (experiments.sizes).
+_UNIT = Cost("to build and check a unit's settings", bytes=2200, seconds=1e-3)
+
+
+def unit_count(cfg: SweepConfig, *, training: bool = False) -> int:
+    """How many units `units_of` makes (`training`: of those that record, each scored on every
+    network point), counted from the grid's lists without making any."""
+    train = sum((math.prod(len(v) for v in cfg.knobs.get(method, {}).values())
+                 + sum(1 for m, _ in cfg.variants if m == method)) * len(cfg.seeds)
+                for method in cfg.methods)
+    return train if training else train * (1 + len(cfg.emulate_nodes)) + len(cfg.validate)
+
+
+def check_unit_count(cfg: SweepConfig) -> None:
+    """Refuse a grid of more units, or network points to score them at, than can be listed,
+    checked and scored here (experiments.sizes)."""
+    count = unit_count(cfg)
+    units = Count("grid", count, "units", said=f"the grid's {count:,} units (methods x knob "
+                  "values x seeds, with [emulate] and [[validate]])")
+    training = Count("grid", unit_count(cfg, training=True), "training units")
+    points = Count("grid", len(cfg.networks), "network points",
+                   said=f"the grid's {len(cfg.networks):,} network points (inter_bw x "
+                   "inter_lat)")
+    check_work("the sweep's listing and scoring", [Term(_UNIT, (units,)),
+                                                    Term(SCORE, (training, points))],
+               budget_s=LONG_S, budget="a day, the longest a sweep is let start")
 
 
 def units_of(cfg: SweepConfig) -> list[Unit]:
     """Every unit of the sweep: training units first, then validation units."""
+    check_unit_count(cfg)
     units: list[Unit] = []
     by_key: dict[tuple[str, str, int], Unit] = {}
     for method in cfg.methods:
@@ -85,8 +124,7 @@ def units_of(cfg: SweepConfig) -> list[Unit]:
               for unit in list(by_key.values())]
     for i, entry in enumerate(cfg.validate):
         units.append(_validate_unit(cfg, entry, i, by_key))
-    ids = [u.id for u in units]
-    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    dupes = sorted(i for i, n in Counter(u.id for u in units).items() if n > 1)
     if dupes:
         raise ConfigError(f"two units share the id {dupes[0]!r}; remove the duplicate entry.")
     return units
@@ -160,15 +198,6 @@ def _validate_unit(
         raise ConfigError(f"{where}: no trained unit for {variant_label(method, knobs)} seed "
                           f"{seed}; seed and knob values must come from [grid].")
     return _unit("validate", cfg, method, knobs, seed, network)
-
-def knob_label(knobs: dict[str, Any]) -> str:
-    """Knob values as one label, e.g. 'topk=16,chunk=32'."""
-    return ",".join(f"{k}={v}" for k, v in knobs.items())
-
-def variant_label(method: str, knobs: dict[str, Any]) -> str:
-    """Method plus knob values, e.g. 'flexdemo[topk=16]'."""
-    label = knob_label(knobs)
-    return f"{method}[{label}]" if label else method
 
 def unit_dir(out: Path, unit: Unit) -> Path:
     """The folder a unit's run is written to."""

@@ -19,7 +19,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments.errors import ConfigError
-from experiments.io import exclusive, missing_run_file, provenance, write_atomic
+from experiments.io import exclusive, provenance, write_atomic
+from experiments.run_record import RunRecord
 from experiments.sweep.executors import Job, check_reachable, execute
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.score import Simulator, collect
@@ -61,7 +62,7 @@ def _check_done_units(out: Path, units: list[Unit]) -> None:
     for unit in units:
         if unit_state(out, unit) != "done":
             continue
-        missing = missing_run_file(unit_dir(out, unit))
+        missing = RunRecord.missing_file(unit_dir(out, unit))
         if missing is not None:
             raise ConfigError(f"unit {unit.id} in {str(out)!r} is half there: its run.json is, "
                               f"its {missing} is not; remove {str(unit_dir(out, unit))!r} to "

@@ -9,14 +9,14 @@
                           the unit's cluster, graph, graph degree and replica spread (`describe`);
                           a measured row also its own-compute replay (`report.validation`)
     speedups.parquet      per variant, network point and source: time-to-target and speed-up
-                          over hsdp-adamw, paired by seed, with brackets (`metrics.speedups`;
+                          over hsdp-adamw, paired by seed, with brackets (`speedups.speedups`;
                           `flexbench report` rewrites it from runs.parquet)
     steps.parquet         every unit's per-step rows with their keys and time axes
 
 Every unit is replayed at its own recorded cluster shape (only the network point changes), so
 its time to target uses its own loss curve and no loss rule (`experiments.replay.loss_curve`)
 applies. An emulated unit (`[emulate] nodes`) is the one replayed at another node count: its
-recorded unit's trace at the emulated unit's node count (`simulate_run(..., nodes=N)`), with
+recorded unit's trace at the emulated unit's node count (`ReplayTarget(nodes=N)`), with
 the emulated unit's own loss curve there; it measured no bytes (those columns are NaN), its
 graph degree is its graphs' at N, and its cluster (N x 1) is scored against the baseline
 emulated at N.
@@ -42,21 +42,25 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments.io import run_digest, write_atomic
-from experiments.report import metrics, validation
+from experiments.report import validation
+from experiments.run_record import RunRecord
+from experiments.scoring import speedups
+from experiments.scoring.targets import time_to_target
 from experiments.sweep.describe import run_columns, unit_columns
 from experiments.sweep.plan import Unit, failure_path, unit_dir, unit_state, units_of
 from experiments.sweep.spec import NetworkPoint, SweepConfig
 from experiments.sweep.targets import baseline_clusters, final_val_loss, targets
 
 if TYPE_CHECKING:  # the model (SimPy) loads only when a unit is replayed, not to score caches
+    from experiments.replay.target import ReplayTarget
     from netsim.model import Replay
 
 log = logging.getLogger(__name__)
 
 __all__ = ["KEY_COLUMNS", "Simulator", "collect", "parquet_bytes"]
 
-# simulate_run's signature: (run folder, inter_bw=..., inter_lat=...) -> the Replay there.
-Simulator = Callable[..., "Replay"]
+# (run folder, target) -> the Replay there: `experiments.replay.engine.replay` of the folder's run.
+Simulator = Callable[[Path, "ReplayTarget"], "Replay"]
 
 KEY_COLUMNS = ["unit", "kind", "method", "variant", "knobs", "seed", "nodes", "cluster", "graph",
                "network", "inter_bw", "inter_lat", "inter_bw_bps", "inter_lat_s", "source",
@@ -102,7 +106,7 @@ def collect(
     write_atomic(out / "runs.parquet", parquet_bytes(runs))
     all_steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame()
     write_atomic(out / "steps.parquet", parquet_bytes(all_steps))
-    write_atomic(out / "speedups.parquet", parquet_bytes(metrics.sweep_speedups(runs)))
+    write_atomic(out / "speedups.parquet", parquet_bytes(speedups.sweep_speedups(runs)))
     return runs
 
 def _warn_unreached(runs: pd.DataFrame) -> None:
@@ -173,8 +177,8 @@ def _time_unit(
     else:
         steps = steps.assign(time_s=steps["wall_time_s"],
                              step_time_s=steps["wall_time_s"].diff().fillna(steps["wall_time_s"]))
-    diverged = _run_status(run_dir) == "diverged"
-    ttt = metrics.time_to_target(steps["time_s"], steps["val_loss"], target) \
+    diverged = RunRecord.load(run_dir).diverged
+    ttt = time_to_target(steps["time_s"], steps["val_loss"], target) \
         if not (math.isnan(target) or diverged) else math.inf
     evals = steps.dropna(subset=["val_loss"])
     row.update(
@@ -209,9 +213,6 @@ def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulato
     recorded = unit.recorded or unit
     if unit_state(out, recorded) != "done":
         raise ValueError(f"its recorded unit {recorded.id} has no finished run to replay")
-    network = {"inter_bw": net.inter_bw, "inter_lat": net.inter_lat}
-    if unit.emulated:
-        network["nodes"] = unit.config.nodes
     key = hashlib.sha256(run_digest(unit_dir(out, recorded)).encode())
     key.update(repr((net.link.bandwidth, net.link.latency)).encode())  # exact, not the label
     if unit.emulated:  # a recorded unit's key stays what it was: its cached axes still hold
@@ -220,7 +221,11 @@ def _simulated_axis(out: Path, unit: Unit, net: NetworkPoint, simulate: Simulato
     cache = out / "sim" / unit.id / f"{net.slug}-{key.hexdigest()[:16]}.parquet"
     if cache.exists():
         return pd.read_parquet(cache)
-    axis = simulate(unit_dir(out, recorded), **network).frame
+    from experiments.replay.target import ReplayTarget
+
+    target = ReplayTarget(inter_bw=net.inter_bw, inter_lat=net.inter_lat,
+                          nodes=unit.config.nodes if unit.emulated else None)
+    axis = simulate(unit_dir(out, recorded), target).frame
     missing = {"step", "step_time_s", "time_s"} - set(axis.columns)
     if missing:
         raise ValueError(f"the simulator returned no {sorted(missing)} columns")
@@ -240,17 +245,13 @@ def _model_digest() -> str:
     return digest.hexdigest()
 
 
-def _run_status(run_dir: Path) -> str:
-    """run.json's status: done, or diverged (a finished run whose loss stopped being finite)."""
-    try:
-        return str(json.loads((run_dir / "run.json").read_text()).get("status", "done"))
-    except (OSError, ValueError):
-        return "done"
 
 def _default_simulator() -> Simulator:
-    from experiments.replay.simulate import simulate_run
+    """The one replay, of a unit's folder (loaded when a unit is first replayed)."""
+    from experiments.replay.engine import replay
+    from experiments.replay.recordings import read_run
 
-    return simulate_run
+    return lambda run_dir, target: replay(read_run(run_dir), target)
 
 def parquet_bytes(frame: pd.DataFrame) -> bytes:
     """A frame as Parquet file bytes (for write_atomic)."""

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.config import KNOBS, RunConfig, is_plugin, method_of, parse_overrides
+from experiments.config import KNOBS, RunConfig, is_plugin, method_of, parse_sets
 from experiments.errors import ConfigError
+from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.sweep.executors import EXECUTORS
 from experiments.values import AT_LEAST_ZERO, COUNT, POSITIVE, POSITIVE_INT, SEED, UNIT_OPEN_LOW
 from flexdemo.methods import BASELINE
@@ -32,8 +33,12 @@ from flexdemo.methods import BASELINE
 if TYPE_CHECKING:
     from netsim.topology import Link
 
-__all__ = ["GRID_KEYS", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig",
+__all__ = ["GRID_KEYS", "SCORE", "TOP_KEYS", "UNIT_FIELDS", "NetworkPoint", "SweepConfig",
            "network_point", "parse_config", "read_config", "slug"]
+
+# Scoring a training unit at a network point replays its trace there: about 0.1 s for quick's
+# 100 steps on 2 cores (experiments.sizes bounds the grid by it).
+SCORE = Cost("to replay a training unit at a network point", seconds=0.1)
 
 TOP_KEYS = ("name", "timeout_s", "run", "grid", "target", "validate", "emulate", "executor")
 
@@ -115,8 +120,8 @@ def read_config(path: Path | str, overrides: Iterable[str] = ()) -> SweepConfig:
                           "it to flexbench simulate, compare or run as --topology "
                           f"{str(path)!r}.")
     raw.setdefault("name", path.stem)
-    for key, value in parse_overrides(list(overrides)).items():
-        _set_dotted(raw, key, _parse_value(value))
+    for key, value in parse_sets(list(overrides)).items():
+        _set_dotted(raw, key, value)
     return parse_config(raw, str(path))
 
 def parse_config(raw: dict[str, Any], source: str = "the sweep config") -> SweepConfig:
@@ -230,16 +235,14 @@ def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int
         _known_method("grid.methods", method)
     bws = _nonempty_list(grid, "inter_bw", str)
     lats = _nonempty_list(grid, "inter_lat", str)
+    points = len(bws) * len(lats)  # bounded before any is made: each training unit is scored
+    check_work("the sweep's scoring", [Term(SCORE, (Count(
+        "grid", points, "network points", said=f"the grid's {points:,} network points "
+        "(inter_bw x inter_lat)"),))], budget_s=LONG_S, budget="a day, the longest a sweep is "
+        "let start")
     networks = [network_point(bw, lat) for bw in bws for lat in lats]
     seeds = [SEED.check("grid.seeds", seed) for seed in _nonempty_list(grid, "seeds", int)]
     return methods, networks, seeds, _knobs(grid.get("knobs", {}), methods)
-
-def _parse_value(text: str) -> Any:
-    """A --set value as TOML ('[0, 1]', '50', 'true', '"x"'); anything else is a plain string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     parts = _key_parts(key)

@@ -9,14 +9,14 @@ unit on a shape without a baseline then has no target (and no speed-up); the swe
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
 
 import pandas as pd
 
-from experiments.report import metrics
+from experiments.run_record import RunRecord
+from experiments.scoring.targets import BASELINE, baseline_target_at, default_target
 from experiments.sweep.plan import Unit, unit_dir, unit_state
 from experiments.sweep.spec import SweepConfig
 
@@ -27,7 +27,7 @@ __all__ = ["baseline_clusters", "diverged", "final_val_loss", "targets"]
 
 def baseline_clusters(train: list[Unit]) -> dict[str, str | None]:
     """For each cluster of the training units: the cluster of the baseline it is scored against."""
-    shapes = list(dict.fromkeys(u.cluster for u in train if u.method == metrics.BASELINE))
+    shapes = list(dict.fromkeys(u.cluster for u in train if u.method == BASELINE))
     if len(shapes) == 1:
         return {u.cluster: shapes[0] for u in train}
     return {u.cluster: u.cluster if u.cluster in shapes else None for u in train}
@@ -39,14 +39,14 @@ def targets(cfg: SweepConfig, out: Path, train: list[Unit]) -> dict[str | None, 
     orphans = sorted(c for c, b in compare.items() if b is None)
     if orphans and cfg.target is None:
         log.warning("no %s runs on cluster(s) %s: their units have no target.",
-                    metrics.BASELINE, ", ".join(orphans))
+                    BASELINE, ", ".join(orphans))
     found: dict[str | None, float] = {None: math.nan if cfg.target is None else cfg.target}
     several = len(set(compare.values()) - {None}) > 1
     for cluster in dict.fromkeys(b for b in compare.values() if b is not None):
         if cfg.target is not None:
             found[cluster] = cfg.target
             continue
-        done = [u for u in train if u.method == metrics.BASELINE and u.cluster == cluster
+        done = [u for u in train if u.method == BASELINE and u.cluster == cluster
                 and unit_state(out, u) == "done"]
         found[cluster] = _derived(cfg, out, _not_diverged(out, done), cluster if several else None)
     return found
@@ -57,16 +57,13 @@ def _not_diverged(out: Path, done: list[Unit]) -> list[Unit]:
     kept = [u for u in done if not diverged(unit_dir(out, u))]
     if len(kept) < len(done):
         log.warning("%s diverged in %s: the target comes from the other %d run(s).",
-                    metrics.BASELINE, ", ".join(u.id for u in done if u not in kept), len(kept))
+                    BASELINE, ", ".join(u.id for u in done if u not in kept), len(kept))
     return kept
 
 
 def diverged(run_dir: Path) -> bool:
     """Whether run.json says the run diverged (its loss stopped being finite)."""
-    try:
-        return json.loads((run_dir / "run.json").read_text()).get("status") == "diverged"
-    except (OSError, ValueError):
-        return False
+    return RunRecord.load(run_dir).diverged
 
 
 def _derived(cfg: SweepConfig, out: Path, done: list[Unit], cluster: str | None) -> float:
@@ -74,13 +71,13 @@ def _derived(cfg: SweepConfig, out: Path, done: list[Unit], cluster: str | None)
     try:
         if cfg.target_fraction is not None:
             curves = [pd.read_parquet(unit_dir(out, u) / "steps.parquet") for u in done]
-            return metrics.baseline_target_at(curves, cfg.target_fraction)
+            return baseline_target_at(curves, cfg.target_fraction)
         finals = pd.DataFrame(
             [{"method": u.method, "final_val_loss": final_val_loss(unit_dir(out, u))}
              for u in done],
             columns=["method", "final_val_loss"],
         )
-        return metrics.default_target(finals)
+        return default_target(finals)
     except ValueError as err:
         where = f" (cluster {cluster})" if cluster else ""
         log.warning("%s%s Every time-to-target there is reported as not reached.", err, where)
@@ -89,14 +86,11 @@ def _derived(cfg: SweepConfig, out: Path, done: list[Unit], cluster: str | None)
 
 def final_val_loss(run_dir: Path) -> float:
     """run.json's final_val_loss, else the last evaluated val_loss; NaN for a diverged run."""
-    if diverged(run_dir):
+    record = RunRecord.load(run_dir)
+    if record.diverged:
         return math.nan
-    try:
-        value = json.loads((run_dir / "run.json").read_text()).get("final_val_loss")
-        if value is not None and math.isfinite(float(value)):
-            return float(value)
-    except (OSError, ValueError, TypeError):
-        pass
-    steps = pd.read_parquet(run_dir / "steps.parquet")
+    if record.final_val_loss is not None:
+        return record.final_val_loss
+    steps = record.steps()
     evals = steps["val_loss"].dropna()
     return float(evals.iloc[-1]) if len(evals) else math.nan

@@ -58,6 +58,7 @@ from netsim.model.replay import (
     AlgorithmChoice,
     PhaseCompute,
     Replay,
+    ReplayOptions,
     algorithm_summary,
     compute_phases,
     has_backward_marks,
@@ -67,6 +68,6 @@ from netsim.model.replay import (
 )
 from netsim.model.shared_link import SharedLink
 
-__all__ = ["SharedLink", "simulate", "simulate_each", "Replay", "AlgorithmChoice",
+__all__ = ["SharedLink", "simulate", "simulate_each", "Replay", "ReplayOptions", "AlgorithmChoice",
            "algorithm_summary", "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "CARRY_NOTE",
            "has_unit_marks", "has_backward_marks", "PhaseCompute", "compute_phases"]

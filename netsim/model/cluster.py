@@ -36,17 +36,13 @@ from netsim.costs import (
     collective_volume,
     default_algorithm,
 )
-from netsim.model.programs import Compute, Issue, Item, OpSpec, Wait
+from netsim.model.options import ReplayOptions
+from netsim.model.programs import Compute, Issue, Item, OpSpec, Programs, Wait
 from netsim.model.shared_link import SharedLink
 from netsim.sites import SITE_OPS, SitePhase, SiteRound, hierarchical_plan
 from netsim.topology import Link, Topology
 
-__all__ = ["Cluster", "Delay", "Exchange", "InterOp", "IntraOp", "StreamOp", "Step", "Degrees"]
-
-# (recorded step number, gossip round on the target) -> peers per node: the graph rebuilt.
-Degrees = Callable[[int, int], int]
-# The same on sites: each site's busiest node's peers, messages leaving it, latency.
-SiteRounds = Callable[[int, int], SiteRound]
+__all__ = ["Cluster", "Delay", "Exchange", "InterOp", "IntraOp", "StreamOp", "Step"]
 
 
 class Delay(NamedTuple):
@@ -113,38 +109,27 @@ class Cluster:
     # positions are alike (`_alike_positions`); it predicts the same, only slower.
     _merge_alike = True
 
-    def __init__(
-        self,
-        topology: Topology,
-        recorded: Topology,
-        programs: dict[tuple[int, int], list[Item]],
-        specs: list[OpSpec],
-        n_recorded: int,
-        compute_scale: float,
-        intra: str = "model",
-        algorithm: str = "auto",
-        degrees: Degrees | None = None,
-        step_numbers: list[int] | None = None,
-        carried: dict[int, int] | None = None,
-        site_rounds: SiteRounds | None = None,
-        compiled_cache: dict | None = None,
-    ) -> None:
+    def __init__(self, topology: Topology, recorded: Topology, programs: Programs,
+                 options: ReplayOptions, compiled_cache: dict | None = None) -> None:
+        """`programs` recorded on `recorded`, to replay on `topology` as `options` say;
+        `compiled_cache` holds compiled programs across the topologies of one grid."""
         self.env = simpy.Environment()
-        self.site_rounds = site_rounds
+        self.site_rounds = options.site_rounds
         self.topo = topology
         self.recorded = recorded
+        specs = programs.specs
         self.specs = specs
-        self.n_recorded = n_recorded
-        self.compute_scale = compute_scale
-        self.intra = intra
+        self.n_recorded = programs.n_steps
+        self.compute_scale = float(options.compute_scale)
+        self.intra = options.intra
         # A node standing for several (a replica across nodes): modeled intra-node collectives
         # cross their NICs, shared with the inter-node traffic (`_across_span`).
-        self.spans_nodes = topology.node_span > 1 and intra == "model"
-        self.algorithm = algorithm
-        self.degrees = degrees
-        self.step_numbers = step_numbers or list(range(n_recorded))
+        self.spans_nodes = topology.node_span > 1 and self.intra == "model"
+        self.algorithm = options.algorithm
+        self.degrees = options.degrees
+        self.step_numbers = programs.step_numbers or list(range(programs.n_steps))
         # Carried op id -> steps after its own that a program waits for it (Programs.carried).
-        self.carried = carried or {}
+        self.carried = programs.carried or {}
         self.on_step: Callable[[], None] | None = None
         self._degree_cache: dict[tuple[int, int], int] = {}
         self._round_cache: dict[tuple[int, int], SiteRound] = {}
@@ -174,7 +159,7 @@ class Cluster:
         self.rendezvous: dict[tuple, list] = {}
         self.step_end: list[float] = []
         self._volumes: dict[int, tuple[int, CollectiveVolume]] = {}  # spec id -> (p, volume)
-        self.compiled, alike = self._compiled(programs, compiled_cache)
+        self.compiled, alike = self._compiled(programs.by_slot, compiled_cache)
         # Positions of a node one process stands for (`_alike_positions`); 1 = each its own.
         self.weight = self._alike_positions(alike)
 

@@ -14,7 +14,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from netsim.costs import ALGORITHM_CHOICES, P2P_OPS
-from netsim.model.cluster import Cluster, Degrees, SiteRounds
+from netsim.model.cluster import Cluster
+from netsim.model.options import Degrees, ReplayOptions, SiteRounds
 from netsim.model.programs import OVERLAPS, PHASES, Compute, Programs, build_programs, phase_compute
 from netsim.sites import gossip_line, hierarchy_line
 from netsim.topology import Topology
@@ -27,9 +28,9 @@ from netsim.trace import (
     waited_after_step,
 )
 
-__all__ = ["simulate", "simulate_each", "Replay", "AlgorithmChoice", "algorithm_summary",
-           "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "CARRY_NOTE", "has_unit_marks",
-           "has_backward_marks", "PhaseCompute", "compute_phases"]
+__all__ = ["simulate", "simulate_each", "Replay", "ReplayOptions", "AlgorithmChoice",
+           "algorithm_summary", "MODEL_NOTE", "P2P_NOTE", "OVERLAP_NOTE", "CARRY_NOTE",
+           "has_unit_marks", "has_backward_marks", "PhaseCompute", "compute_phases"]
 
 MODEL_NOTE = (
     "weak scaling: per-step compute and payload sizes as recorded; steps beyond the recording "
@@ -121,6 +122,9 @@ class Replay:
     """One line per rule by which the caller resized the trace's payloads (empty: as recorded)."""
     compute_rules: tuple[str, ...] = ()
     """One line per rule by which the caller carried compute to the target's shape (empty: none)."""
+    basis: tuple[str, ...] = ()
+    """One line per part (compute, intra-node, inter-node, overlap): what the caller's replay
+    measured and what it modeled (empty: everything as recorded)."""
     node_egress_bytes: float = 0.0
     """Bytes that left one node (its NICs, inter-node) over all simulated steps."""
     overlap: str = "recorded"
@@ -324,17 +328,7 @@ def _check_steps_and_intra(n_steps: object, steps: object, intra: str) -> None:
 def simulate(
     trace: pd.DataFrame | str | os.PathLike,
     topology: Topology,
-    steps: int | None = None,
-    compute_scale: float = 1.0,
-    intra: str = "model",
-    algorithm: str = "auto",
-    degrees: Degrees | None = None,
-    payloads: str | None = None,
-    overlap: str = "recorded",
-    progress: bool = False,
-    phase_seconds: tuple[float, float] | None = None,
-    phase_scale: tuple[float, float] | None = None,
-    site_rounds: SiteRounds | None = None,
+    options: ReplayOptions | None = None,
 ) -> Replay:
     """Predict per-step times of a recorded run on `topology`, with the assumptions made (Replay).
 
@@ -342,67 +336,55 @@ def simulate(
         trace: combined trace of all ranks (DataFrame or path to trace.parquet); only its
             "train" phase is replayed.
         topology: target cluster; may have more nodes/accelerators than the recording.
-        steps: steps to simulate (default: the recorded number); more cycle the recorded ones.
-        compute_scale: multiplies every compute interval (0.5 = accelerators twice as fast).
-        intra: "model" times intra-node collectives on topology.intra; "recorded" keeps their
-            recorded durations as seen by each op's last-arriving member (real runs never shape
-            intra-node groups, so validating a model against a shaped run wants "recorded").
-        algorithm: inter-node collective algorithms. "auto" picks ring or the log-depth one
-            (tree all-reduce, Bruck all-gather) by their alpha-beta time as NCCL's tuner does;
-            "ring" keeps the recorded algorithms; "tree" forces the log-depth ones.
-            Replay.algorithms lists what was assumed (`algorithm_summary` prints it).
-        degrees: for traces with point-to-point messages (gossip), the peers each node has on
-            the target, given (recorded step number, gossip round); None keeps the recorded
-            messages, which only fits the recorded node count. Replay.p2p_degrees lists
-            those replayed.
-        payloads: how the caller sized the trace's payloads for the target (a resized trace,
-            such as re-sharded); None: as recorded. It replaces that clause of the note.
-        overlap: "recorded" replays every op where the trace waited on it (on CPU gloo FSDP2's
-            reduce is serial); "fsdp2" overlaps each unit's gradient reduce with the following
-            backward as a GPU's communication streams do (OVERLAP_NOTE); it needs the trace's
-            FSDP2 marks (ValueError without them).
-        progress: show a progress bar over the simulated steps on stderr, once the replay has
-            run for 2 s (a short one shows none) and only on a terminal.
-        phase_seconds: compute per step of each phase (PHASES: forward+backward up to the
-            trace's "backward" mark, then the optimizer step), such as a profile measured on
-            the target's accelerator: each phase's gaps are scaled so that the busiest
-            position's median per step is these seconds (compute_scale must then be 1; node
-            speed still divides). Replay.phases holds both; needs the trace's "backward" marks.
-        phase_scale: a factor per phase (PHASES order) multiplying its compute on top of
-            compute_scale, such as the optimizer step's on a smaller shard; Replay.phases holds
-            the recorded and scaled seconds (before compute_scale); needs the "backward" marks.
-        site_rounds: for traces with messages replayed on several sites (topology.sites), each
-            site's messages of a round, given (recorded step number, gossip round): a
-            netsim.sites.SiteRound, such as gossip_round(sites, the graph's peers); the note
-            adds gossip_line.
+        options: every other choice (ReplayOptions; None: its defaults), field by field:
+            steps: steps to simulate (default: the recorded number); more cycle the recorded ones.
+            compute_scale: multiplies every compute interval (0.5 = accelerators twice as fast).
+            intra: "model" times intra-node collectives on topology.intra; "recorded" keeps their
+                recorded durations as seen by each op's last-arriving member (real runs never shape
+                intra-node groups, so validating a model against a shaped run wants "recorded").
+            algorithm: inter-node collective algorithms. "auto" picks ring or the log-depth one
+                (tree all-reduce, Bruck all-gather) by their alpha-beta time as NCCL's tuner does;
+                "ring" keeps the recorded algorithms; "tree" forces the log-depth ones.
+                Replay.algorithms lists what was assumed (`algorithm_summary` prints it).
+            degrees: for traces with point-to-point messages (gossip), the peers each node has on
+                the target, given (recorded step number, gossip round); None keeps the recorded
+                messages, which only fits the recorded node count. Replay.p2p_degrees lists
+                those replayed.
+            payloads: how the caller sized the trace's payloads for the target (a resized trace,
+                such as re-sharded); None: as recorded. It replaces that clause of the note.
+            overlap: "recorded" replays every op where the trace waited on it (on CPU gloo FSDP2's
+                reduce is serial); "fsdp2" overlaps each unit's gradient reduce with the following
+                backward as a GPU's communication streams do (OVERLAP_NOTE); it needs the trace's
+                FSDP2 marks (ValueError without them).
+            progress: show a progress bar over the simulated steps on stderr, once the replay has
+                run for 2 s (a short one shows none) and only on a terminal.
+            phase_seconds: compute per step of each phase (PHASES: forward+backward up to the
+                trace's "backward" mark, then the optimizer step), such as a profile measured on
+                the target's accelerator: each phase's gaps are scaled so that the busiest
+                position's median per step is these seconds (compute_scale must then be 1; node
+                speed still divides). Replay.phases holds both; needs the trace's "backward" marks.
+            phase_scale: a factor per phase (PHASES order) multiplying its compute on top of
+                compute_scale, such as the optimizer step's on a smaller shard; Replay.phases holds
+                the recorded and scaled seconds (before compute_scale); needs the "backward" marks.
+            site_rounds: for traces with messages replayed on several sites (topology.sites), each
+                site's messages of a round, given (recorded step number, gossip round): a
+                netsim.sites.SiteRound, such as gossip_round(sites, the graph's peers); the note
+                adds gossip_line.
     """
-    return simulate_each(
-        trace, [topology], steps=steps, compute_scale=compute_scale, intra=intra,
-        algorithm=algorithm, degrees=degrees, payloads=payloads, overlap=overlap,
-        progress=progress, phase_seconds=phase_seconds, phase_scale=phase_scale,
-        site_rounds=site_rounds)[0]
+    return simulate_each(trace, [topology], options)[0]
 
 
 def simulate_each(
     trace: pd.DataFrame | str | os.PathLike,
     topologies: Iterable[Topology],
-    steps: int | None = None,
-    compute_scale: float = 1.0,
-    intra: str = "model",
-    algorithm: str = "auto",
-    degrees: Degrees | None = None,
-    payloads: str | None = None,
-    overlap: str = "recorded",
-    progress: bool = False,
-    phase_seconds: tuple[float, float] | None = None,
-    phase_scale: tuple[float, float] | None = None,
-    site_rounds: SiteRounds | None = None,
+    options: ReplayOptions | None = None,
 ) -> list[Replay]:
     """`simulate` on each topology in turn, the trace checked and its programs built once.
 
     The programs depend on the trace and its recorded shape alone, so a grid of networks (a
     planner's bandwidths) pays for them once. Arguments as `simulate`'s.
     """
+    o = _checked_options(options)
     topologies = list(topologies)
     if not topologies:
         raise ValueError("topologies is empty; give at least one netsim.Topology.")
@@ -410,38 +392,29 @@ def simulate_each(
         if not isinstance(topology, Topology):
             raise ValueError(f"topology {topology!r} must be a netsim.Topology.")
     df = _training_rows(trace)
-    _check_compute_scale(compute_scale)
-    _check_overlap(overlap, df)
-    if algorithm not in ALGORITHM_CHOICES:
-        raise ValueError(
-            f"algorithm {algorithm!r} is not known; use one of {', '.join(ALGORITHM_CHOICES)}."
-        )
+    _check_overlap(o.overlap, df)
     nodes, per_node = _layout(df)
     carries = _check_waits_in_their_step(df)
-    _check_phase_seconds(phase_seconds, compute_scale, df)
-    _check_phase_scale(phase_scale, phase_seconds, df)
+    _check_phase_seconds(o.phase_seconds, o.compute_scale, df)
+    _check_phase_scale(o.phase_scale, o.phase_seconds, df)
     first = topologies[0]
     with _gc_paused():
         # Programs read the recorded shape only (which rank is where), never its links.
         programs = build_programs(df, Topology(nodes, per_node, first.intra, first.inter),
-                                  overlap)
-        programs, phases, how = _with_phases(programs, phase_seconds, phase_scale)
-    n_steps = programs.n_steps if steps is None else steps
-    _check_steps_and_intra(n_steps, steps, intra)
+                                  o.overlap)
+        programs, phases, how = _with_phases(programs, o.phase_seconds, o.phase_scale)
+    n_steps = programs.n_steps if o.steps is None else o.steps
+    _check_steps_and_intra(n_steps, o.steps, o.intra)
     p2p = any(spec.scope == "p2p" for spec in programs.specs)
     for topology in topologies:
-        _check_peers(p2p, degrees, nodes, topology)
+        _check_peers(p2p, o.degrees, nodes, topology)
     replays = []
     compiled: dict = {}  # compiled programs by what they depend on (Cluster._compile_key)
     for topology in topologies:
         recorded = Topology(nodes, per_node, topology.intra, topology.inter)
         with _gc_paused():
-            cluster = Cluster(
-                topology, recorded, programs.by_slot, programs.specs, programs.n_steps,
-                float(compute_scale), intra, algorithm, degrees, programs.step_numbers,
-                programs.carried, site_rounds, compiled,
-            )  # fmt: skip
-        times = np.asarray(_run(cluster, int(n_steps), progress), dtype=float)
+            cluster = Cluster(topology, recorded, programs, o, compiled)
+        times = np.asarray(_run(cluster, int(n_steps), o.progress), dtype=float)
         frame = pd.DataFrame(
             {
                 "step": np.arange(len(times), dtype=np.int64),
@@ -451,19 +424,31 @@ def simulate_each(
         )
         replays.append(Replay(
             frame=frame, topology=topology, recorded_topology=(nodes, per_node),
-            note=_model_note(payloads) + (" " + P2P_NOTE if p2p else "")
-            + (" " + OVERLAP_NOTE if overlap == "fsdp2" else "")
+            note=_model_note(o.payloads) + (" " + P2P_NOTE if p2p else "")
+            + (" " + OVERLAP_NOTE if o.overlap == "fsdp2" else "")
             + (" " + CARRY_NOTE if carries else "")
-            + (" " + _phase_note(phases, how, phase_scale) if phases is not None else "")
-            + _sites_note(topology, site_rounds if p2p else None, df),
+            + (" " + _phase_note(phases, how, o.phase_scale) if phases is not None else "")
+            + _sites_note(topology, o.site_rounds if p2p else None, df),
             algorithms=tuple(
                 AlgorithmChoice(op, algo, p, alone, min(sizes), max(sizes))
                 for (op, algo, p, alone), sizes in sorted(cluster.choices.items())
             ),
             p2p_degrees=tuple(sorted(cluster.p2p_degrees)),
-            node_egress_bytes=cluster.node_egress_bytes, overlap=overlap, phases=phases,
+            node_egress_bytes=cluster.node_egress_bytes, overlap=o.overlap, phases=phases,
         ))  # fmt: skip
     return replays
+
+
+def _checked_options(options: ReplayOptions | None) -> ReplayOptions:
+    """The options (None: the defaults), their trace-free values checked (ValueError)."""
+    options = ReplayOptions() if options is None else options
+    if not isinstance(options, ReplayOptions):
+        raise ValueError(f"options {options!r} must be a netsim.model.ReplayOptions.")
+    _check_compute_scale(options.compute_scale)
+    if options.algorithm not in ALGORITHM_CHOICES:
+        raise ValueError(f"algorithm {options.algorithm!r} is not known; use one of "
+                         f"{', '.join(ALGORITHM_CHOICES)}.")
+    return options
 
 
 def _check_peers(p2p: bool, degrees: Degrees | None, nodes: int, topology: Topology) -> None:

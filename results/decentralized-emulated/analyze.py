@@ -9,7 +9,7 @@ It reads units/ only (whatever shapes are there) and prints, per workload and no
   or after 20% of the steps: vision-tiny's val loss is flat from about step 80 on, where the
   model starts to overfit, so its final one separates nothing) and the final val loss (each the
   median over seeds, with the 95% percentile-bootstrap interval of that median,
-  `experiments.report.intervals`);
+  `experiments.scoring.intervals`);
 - DBench's findings over the fixed-graph units of the graphs run on every seed of the shape (a
   graph on fewer seeds would move those seeds' centring), for the early and the final val loss:
   Spearman rho of the loss with degree (finding 1 holds where rho < 0: more peers, lower loss) and
@@ -35,16 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.replay.simulate import (
-    RecordedRun,
-    loss_on_time_axis,
-    read_loss_run,
-    read_run,
-    simulate_run,
-)
+from experiments.replay.engine import loss_on_time_axis, replay
+from experiments.replay.recordings import RecordedRun, read_loss_run, read_run
+from experiments.replay.target import ComputeBasis, ReplayTarget
 from experiments.report.graphs import permutation_p, spearman
-from experiments.report.intervals import CONFIDENCE, RESAMPLES, median_interval
-from experiments.report.metrics import baseline_target_at, format_seconds, time_to_target
+from experiments.scoring.formats import format_seconds
+from experiments.scoring.intervals import CONFIDENCE, RESAMPLES, median_interval
+from experiments.scoring.targets import baseline_target_at, time_to_target
 from flexdemo.graphs import mean_degree
 
 HERE = Path(__file__).resolve().parent
@@ -122,14 +119,14 @@ def networks(nodes: int, folder: Path) -> dict[str, dict]:
     """The three networks at `nodes`: the flat two, and sites-1024.toml as 4 sites of nodes/4."""
     sites = folder / f"sites-{nodes}.toml"
     sites.write_text(SITE_FILE.read_text().replace("nodes = 256", f"nodes = {nodes // 4}"))
-    return {**FLAT, SITES: {"topology_file": str(sites)}}
+    return {**FLAT, SITES: {"topology": str(sites)}}
 
 
 def compute_scales(traces: dict[str, RecordedRun]) -> tuple[float, dict[str, float]]:
     """The median compute a step over the traces, and each trace's factor to reach it."""
     own = {}
     for name, run in traces.items():
-        fast = simulate_run(run, inter_bw="100Tbit", inter_lat="0ms")
+        fast = replay(run, ReplayTarget(inter_bw="100Tbit", inter_lat="0ms"))
         own[name] = float(fast.frame["step_time_s"].median())
     median = statistics.median(own.values())
     return median, {name: median / seconds for name, seconds in own.items()}
@@ -163,8 +160,10 @@ def time_table(workload: str, nodes: int, runs: list[RecordedRun]) -> list[str]:
                 continue
             cells = []
             for network in nets.values():
-                sim = simulate_run(traces[name], nodes=nodes, steps=steps,
-                                   compute_scale=scales[name], **network)
+                # Compute rescaled on the recording CPU: intra-node and FSDP2 order as recorded.
+                target = ReplayTarget(nodes=nodes, compute=ComputeBasis(scale=scales[name]),
+                                      intra="recorded", overlap="recorded", **network)
+                sim = replay(traces[name], target, steps=steps)
                 times = [time_to_target(*loss_on_time_axis(r.steps, sim.frame)[
                     ["time_s", "val_loss"]].T.to_numpy(), target) for r in arm]
                 cell = median_interval(times)

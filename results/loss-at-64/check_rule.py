@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from experiments.replay.loss_curve import LossCurve, LossScaling, Recording
-from experiments.replay.simulate import read_loss_run
+from experiments.replay.recordings import read_loss_run
 
 HERE = Path(__file__).resolve().parent
 METHODS = ("hsdp-adamw", "flexdemo", "demo", "diloco")

@@ -27,7 +27,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
 GRID = (0.1, 1000.0, 50)  # Gbit/s: lowest, highest, points (log-spaced)
-BACKWARD = 2 / 3  # the backward's share of a step, as the plans split --step-time (their reports)
+BACKWARD = 2 / 3  # the backward's share of a step, as the plans split --step-compute
 # A plan's variant, and the paper's row it is set against.
 VARIANTS = {"diloco": ["diloco-after-step"],
             "streaming": ["streaming-after-step", "streaming-contiguous"]}

@@ -25,7 +25,7 @@ declare -A STEP=([1b]=0.1 [10b]=0.8 [100b]=4.9)
 declare -A FRAGMENTS=([1b]=8 [10b]=16 [100b]=36)
 declare -A CYCLE=([1b]=104 [10b]=112 [100b]=108)
 for size in 1b 10b 100b; do
-  common=(--model "${MODEL[$size]}" --nodes 2 --gpus-per-node 1 --step-time "${STEP[$size]}"
+  common=(--model "${MODEL[$size]}" --nodes 2 --gpus-per-node 1 --step-compute "${STEP[$size]}"
           --inter-lat 0ms)
   contiguous=(--method streaming-diloco --set num_fragments="${FRAGMENTS[$size]}"
               --set sync_every="${CYCLE[$size]}" --set fragment_cut=elements)

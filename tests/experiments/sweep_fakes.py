@@ -1,4 +1,4 @@
-"""Stand-ins for launch() and simulate_run() that write and read synthetic runs (no training)."""
+"""Stand-ins for launch() and the sweep's replay: synthetic runs written and read, no training."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.config import RunConfig
+from experiments.replay.target import ReplayTarget
 from netsim.model import Replay
 
 # Bytes per step each fake method sends across nodes; hsdp-adamw sends the most.
@@ -119,10 +120,10 @@ def _fake_trace(cfg: RunConfig, per_step: float) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["rank", "step", "op", "inter", "phase", "bytes"])
 
 
-def fake_simulate(run_dir: Path, *, inter_bw: str, inter_lat: str, **_: object) -> Replay:
+def fake_simulate(run_dir: Path, target: ReplayTarget) -> Replay:
     """Step time = compute + bytes / bandwidth + latency per call, on the run's own topology."""
     cfg = RunConfig(**json.loads((Path(run_dir) / "run.json").read_text())["config"])
-    topology = cfg.replace(inter_bw=inter_bw, inter_lat=inter_lat).topology()
+    topology = cfg.replace(inter_bw=target.inter_bw, inter_lat=target.inter_lat).topology()
     steps = pd.read_parquet(Path(run_dir) / "steps.parquet")
     step_time = (steps["compute_s"] + steps["inter_bytes_sent"] / topology.inter.bandwidth
                  + steps["inter_calls"] * topology.inter.latency)

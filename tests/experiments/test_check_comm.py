@@ -80,7 +80,7 @@ def test_cli_update_then_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     path = tmp_path / "baselines" / "comm.json"
     monkeypatch.setattr(check_comm, "measure", _fake(BASE))
     monkeypatch.setattr(check_comm, "METHODS", ("flexdemo", "hsdp-adamw"))
-    args = ["check-comm", "--baseline", str(path), "--methods", "flexdemo", "hsdp-adamw"]
+    args = ["check-comm", "--baseline", str(path), "--method", "flexdemo", "hsdp-adamw"]
     assert cli.main(["check-comm", "--baseline", str(path), "--update"]) == 0
     saved = json.loads(path.read_text())
     assert saved["methods"] == BASE and saved["settings"] == check_comm.SETTINGS
@@ -91,7 +91,7 @@ def test_cli_update_then_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert cli.main(args) == 1
     captured = capsys.readouterr()
     assert "hsdp-adamw: intra_bytes grew from 5,000 to 6,000" in captured.err
-    # Without --methods every baseline method must still be there.
+    # Without --method every baseline method must still be there.
     monkeypatch.setattr(check_comm, "measure", _fake({"flexdemo": BASE["flexdemo"]}))
     assert cli.main(["check-comm", "--baseline", str(path)]) == 1
     assert "hsdp-adamw: missing" in capsys.readouterr().err
@@ -104,7 +104,7 @@ def test_cli_bad_input_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     missing = tmp_path / "none.json"
     assert cli.main(["check-comm", "--baseline", str(missing)]) == 2
     assert "no baseline at" in capsys.readouterr().err
-    assert cli.main(["check-comm", "--baseline", str(missing), "--methods", "sgd"]) == 2
+    assert cli.main(["check-comm", "--baseline", str(missing), "--method", "sgd"]) == 2
     assert "unknown method 'sgd'" in capsys.readouterr().err
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"settings": {"steps": 99}, "methods": BASE}))
@@ -144,7 +144,7 @@ def test_update_of_some_methods_merges_and_a_failed_method_keeps_its_row(
     path = tmp_path / "comm.json"
     monkeypatch.setattr(check_comm, "measure", _fake(BASE))
     assert cli.main(["check-comm", "--baseline", str(path), "--update",
-                     "--methods", "flexdemo", "hsdp-adamw"]) == 2  # nothing to merge into yet
+                     "--method", "flexdemo", "hsdp-adamw"]) == 2  # nothing to merge into yet
     assert "record every method first" in capsys.readouterr().err and not path.exists()
     monkeypatch.setattr(check_comm, "measure", _fake({**BASE, "demo": BASE["flexdemo"]}))
     monkeypatch.setattr(check_comm, "METHODS", ("flexdemo", "demo", "hsdp-adamw"))
@@ -153,7 +153,7 @@ def test_update_of_some_methods_merges_and_a_failed_method_keeps_its_row(
     # Re-recording flexdemo alone changes its row and keeps the others'.
     monkeypatch.setattr(check_comm, "measure", _fake(_with("flexdemo", "intra_bytes", 7000.0)))
     assert cli.main(["check-comm", "--baseline", str(path), "--update",
-                     "--methods", "flexdemo"]) == 0
+                     "--method", "flexdemo"]) == 0
     saved = json.loads(path.read_text())["methods"]
     assert set(saved) == {"flexdemo", "demo", "hsdp-adamw"}
     assert saved["flexdemo"]["intra_bytes"] == 7000.0 and saved["demo"] == BASE["flexdemo"]
@@ -161,7 +161,7 @@ def test_update_of_some_methods_merges_and_a_failed_method_keeps_its_row(
     # A method whose run fails keeps its old row, and the update fails.
     monkeypatch.setattr(check_comm, "measure", _fake({"flexdemo": BASE["flexdemo"]}))
     assert cli.main(["check-comm", "--baseline", str(path), "--update",
-                     "--methods", "flexdemo", "hsdp-adamw"]) == 1
+                     "--method", "flexdemo", "hsdp-adamw"]) == 1
     assert "failed to run and were not re-recorded: hsdp-adamw" in capsys.readouterr().err
     saved = json.loads(path.read_text())["methods"]
     assert saved["hsdp-adamw"] == BASE["hsdp-adamw"] and saved["flexdemo"] == BASE["flexdemo"]
@@ -175,6 +175,6 @@ def test_a_partial_update_over_other_settings_is_refused(tmp_path: Path,
     other.write_text(json.dumps({"settings": {"steps": 99}, "methods": BASE}))
     monkeypatch.setattr(check_comm, "measure", _fake(BASE))
     assert cli.main(["check-comm", "--baseline", str(other), "--update",
-                     "--methods", "flexdemo"]) == 2
-    assert "without --methods" in capsys.readouterr().err
+                     "--method", "flexdemo"]) == 2
+    assert "without --method" in capsys.readouterr().err
     assert json.loads(other.read_text())["settings"] == {"steps": 99}  # untouched

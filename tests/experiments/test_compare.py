@@ -14,8 +14,8 @@ import pytest
 
 from experiments import cli
 from experiments.errors import ConfigError
-from experiments.replay import compare, step_noise
-from experiments.report import metrics
+from experiments.replay import compare, compare_cli
+from experiments.scoring import speedups, step_noise
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "results" / "quick"
@@ -24,8 +24,10 @@ pytestmark = pytest.mark.skipif(not (QUICK / "runs.parquet").exists(),
 
 
 def _compare(*argv: str) -> compare.Comparison:
+    """The comparison `flexbench compare ARGV` prints (one network)."""
     args = cli.build_parser(["compare", *argv]).parse_args(["compare", *argv])
-    return compare.compare(args)
+    (target,) = compare_cli.grid_targets(args)
+    return compare.compare(compare_cli.question_of(args), target)
 
 
 @pytest.mark.timeout(120)
@@ -40,7 +42,7 @@ def test_at_a_grid_point_compare_equals_the_sweeps_table(capsys: pytest.CaptureF
                                    check_names=False)
     assert result.target == pytest.approx(sim["target_val_loss"].iloc[0], rel=1e-12)
     # The same numbers make the same table as the sweep's summary.
-    table = metrics.speedups(sim, by=("network",)).set_index("variant")
+    table = speedups.speedups(sim, by=("network",)).set_index("variant")
     ranked = result.table.set_index("variant")
     for column in ("ttt_median_s", "ttt_low_s", "ttt_high_s", "speedup_median", "speedup_low",
                    "speedup_high"):

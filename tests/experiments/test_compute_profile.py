@@ -11,7 +11,9 @@ import pytest
 from experiments.cli import main
 from experiments.config import RunConfig
 from experiments.replay.compute_profile import FORMAT, load_profile
-from experiments.replay.simulate import read_run, simulate_run
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ComputeBasis, ReplayTarget
 from experiments.run.launch import launch
 from netsim.model import compute_phases
 
@@ -78,8 +80,8 @@ def test_a_recording_without_backward_marks_is_refused(tmp_path, capsys):
 def test_profile_compute_refuses_bad_flags_before_running(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert main(["profile-compute", "--workload", "lm-tiny", "--method", "flexdemo", "--steps",
-                 "4", "--warmup", "4", "--out", str(out)]) == 2
-    assert "--warmup must be >= 0 and below --steps 4, got 4." in capsys.readouterr().err
+                 "4", "--skip-steps", "4", "--out", str(out)]) == 2
+    assert "--skip-steps must be >= 0 and below --steps 4, got 4." in capsys.readouterr().err
     assert main(["profile-compute", "--workload", "lm-tiny", "--method", "flexdemo",
                  "--backend", "nccl", "--out", str(out)]) == 2  # this machine has no GPU
     assert "nccl" in capsys.readouterr().err
@@ -94,20 +96,22 @@ def test_profile_then_replay_sets_each_phase(tmp_path, capsys):
     run = read_run(launch(cfg, tmp_path / "rec", quiet=True))
     fb, opt = compute_phases(run.trace)
     assert fb > 0 and opt > 0
-    as_recorded = simulate_run(run, inter_bw="1Gbit").frame["step_time_s"]
+    as_recorded = replay(run, ReplayTarget(inter_bw="1Gbit")).frame["step_time_s"]
     # The recording's own phases replayed: every scale is 1, the replay as recorded.
-    same = simulate_run(run, inter_bw="1Gbit", phase_seconds=(fb, opt))
+    same = replay(run, ReplayTarget(inter_bw="1Gbit", compute=ComputeBasis(phases=(fb, opt))))
     assert same.phases.scales() == pytest.approx((1.0, 1.0))
     assert same.frame["step_time_s"].tolist() == pytest.approx(as_recorded.tolist(), rel=1e-9)
     # Twice each phase: the same as twice all compute.
-    doubled = simulate_run(run, inter_bw="1Gbit", phase_seconds=(2 * fb, 2 * opt))
-    scaled = simulate_run(run, inter_bw="1Gbit", compute_scale=2.0)
+    doubled = replay(run, ReplayTarget(inter_bw="1Gbit",
+                                        compute=ComputeBasis(phases=(2 * fb, 2 * opt))))
+    scaled = replay(run, ReplayTarget(inter_bw="1Gbit", compute=ComputeBasis(scale=2.0),
+                                       intra="recorded", overlap="recorded"))
     assert doubled.frame["step_time_s"].tolist() == pytest.approx(
         scaled.frame["step_time_s"].tolist(), rel=1e-9)
 
     profile_file = tmp_path / "profile.json"
     assert main(["profile-compute", "--workload", "lm-tiny", "--method", "flexdemo", "--steps",
-                 "5", "--warmup", "2", "--out", str(profile_file)]) == 0
+                 "5", "--skip-steps", "2", "--out", str(profile_file)]) == 0
     profile = load_profile(profile_file)
     assert (profile.device, profile.backend, profile.nodes, profile.steps) == ("cpu", "gloo", 2, 3)
     assert [p.name for p in tmp_path.iterdir()].count("profile.json") == 1  # its run is gone

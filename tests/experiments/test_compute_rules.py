@@ -4,8 +4,10 @@ import pytest
 
 from experiments.config import RunConfig
 from experiments.replay.compute_rules import shape_compute
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
 from experiments.replay.reshard import run_layout, shard_elements
-from experiments.replay.simulate import read_run, simulate_run
+from experiments.replay.target import ComputeBasis, ReplayTarget
 
 # A 2 x 2 lm-tiny recording with FSDP2 and "backward" marks (the overlap sweep's).
 MARKED = "results/overlap/units/flexdemo-s0"
@@ -48,8 +50,8 @@ def test_demos_decode_at_another_node_count_is_stated_not_modeled():
 
 def test_a_replay_at_more_ranks_per_node_shortens_only_the_optimizer_phase():
     run = read_run(MARKED)
-    same = simulate_run(run, inter_bw="1Gbit", inter_lat="1ms", gpus_per_node=2)
-    wider = simulate_run(run, inter_bw="1Gbit", inter_lat="1ms", gpus_per_node=4)
+    same = replay(run, ReplayTarget(inter_bw="1Gbit", inter_lat="1ms", gpus_per_node=2))
+    wider = replay(run, ReplayTarget(inter_bw="1Gbit", inter_lat="1ms", gpus_per_node=4))
     assert same.phases is None and same.compute_rules == ()
     ratio = sum(shard_elements(s, 4) for u in _units() for s in u) / sum(
         shard_elements(s, 2) for u in _units() for s in u)
@@ -61,10 +63,10 @@ def test_a_replay_at_more_ranks_per_node_shortens_only_the_optimizer_phase():
 def test_a_profiles_optimizer_phase_is_scaled_from_its_own_shard_to_the_targets():
     run = read_run(MARKED)
     fb, opt = 0.05, 0.01  # as if profiled at 1 rank per node (a whole model's optimizer step)
-    replay = simulate_run(run, inter_bw="1Gbit", gpus_per_node=4, phase_seconds=(fb, opt),
-                          phases_at=1)
+    replayed = replay(run, ReplayTarget(inter_bw="1Gbit", gpus_per_node=4,
+                                        compute=ComputeBasis(phases=(fb, opt), phases_at=1)))
     ratio = sum(shard_elements(s, 4) for u in _units() for s in u) / sum(
         shard_elements(s, 1) for u in _units() for s in u)
-    assert replay.phases.replayed_s == pytest.approx((fb, opt * ratio))
-    assert "as profiled" in replay.compute_rules[0] and "at 4 over 1 ranks" in \
-        replay.compute_rules[0]
+    assert replayed.phases.replayed_s == pytest.approx((fb, opt * ratio))
+    assert "as profiled" in replayed.compute_rules[0] and "at 4 over 1 ranks" in \
+        replayed.compute_rules[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.config import ConfigError, RunConfig, parse_overrides
+from experiments.config import ConfigError, RunConfig, parse_sets
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "results" / "quick"
@@ -26,7 +26,7 @@ QUICK_TOML = ROOT / "experiments" / "configs" / "quick.toml"
 pytestmark = pytest.mark.skipif(not (QUICK / "runs.parquet").exists(),
                                 reason="needs the committed results/quick sweep")
 
-PLAN = ["plan", "--gpus-per-node", "1", "--step-time", "0.1"]
+PLAN = ["plan", "--gpus-per-node", "1", "--step-compute", "0.1"]
 NET = ["--inter-bw", "1Gbit", "--inter-lat", "1ms"]
 
 
@@ -86,9 +86,9 @@ def test_a_set_key_given_twice_with_two_values_is_refused(tmp_path, capsys, comm
 
 
 def test_the_same_set_twice_is_one_setting_and_two_are_refused():
-    assert parse_overrides(["steps=5", " steps = 5"]) == {"steps": "5"}
+    assert parse_sets(["steps=5", " steps = 5"]) == {"steps": 5}
     with pytest.raises(ConfigError, match="--set gives steps twice, steps=5 and steps=6"):
-        parse_overrides(["steps=5", "steps=6"])
+        parse_sets(["steps=5", "steps=6"])
 
 
 @pytest.mark.timeout(60)
@@ -159,10 +159,10 @@ def test_a_json_file_giving_a_key_twice_is_refused_naming_file_and_key(tmp_path,
     (["plan", "--method", "diloco", "--nodes", "2", *NET, "--target", "3", "--steps-from",
       str(UNITS / "diloco-s0"), str(UNITS / "diloco-s0") + "/"],
      ("--steps-from lists a run twice",)),
-    (["validate-sim", "--methods", "flexdemo", "flexdemo"], ("--methods lists a value twice",)),
+    (["validate-sim", "--method", "flexdemo", "flexdemo"], ("--method lists a value twice",)),
     (["validate-sim", "--extrapolate", "2x2:4x1", "2x2:4x1"],
      ("--extrapolate lists a pair twice",)),
-    (["check-comm", "--methods", "flexdemo", "flexdemo"], ("--methods lists a method twice",)),
+    (["check-comm", "--method", "flexdemo", "flexdemo"], ("--method lists a method twice",)),
     (["calibrate", "--payloads", "4096", "4096"], ("--payloads lists a value twice",)),
     (["simulate", str(RECORDED), "--inter-bw", "1Gbit", "--loss-from", str(RECORDED)],
      ("--loss-from", "given already, as a run replayed")),

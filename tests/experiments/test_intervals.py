@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.report import intervals, ranking
-from experiments.report.intervals import Interval, median_interval, ratio_interval
+from experiments.scoring import intervals, ranking
+from experiments.scoring.intervals import Interval, median_interval, ratio_interval
 
 
 @pytest.mark.timeout(60)

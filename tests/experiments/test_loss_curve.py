@@ -19,7 +19,7 @@ from experiments.replay.loss_curve import (
     choose_loss_curve,
     parse_loss_scaling,
 )
-from experiments.report.metrics import time_to_target
+from experiments.scoring.targets import time_to_target
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "results" / "quick" / "units"

@@ -235,11 +235,11 @@ def test_check_comm_measures_a_plug_in_the_baseline_does_not_hold(tmp_path, monk
 
     monkeypatch.setattr(check_comm, "measure", measure)
     baseline = str(ROOT / "results" / "baselines" / "comm_volume.json")
-    assert cli.main(["check-comm", "--baseline", baseline, "--methods", spec]) == 0
+    assert cli.main(["check-comm", "--baseline", baseline, "--method", spec]) == 0
     assert asked == [[spec]]
     assert f"not in the baseline, measured only: {spec}" in capsys.readouterr().out
     (tmp_path / "broken.py").write_text("def make():\n    return None\n")
-    assert cli.main(["check-comm", "--baseline", baseline, "--methods", "broken:make"]) == 2
+    assert cli.main(["check-comm", "--baseline", baseline, "--method", "broken:make"]) == 2
     assert "broken.py" in capsys.readouterr().err and asked == [[spec]]
 
 
@@ -310,7 +310,7 @@ momentum = [0.5]
     # The planner plans a method from the program its replicator writes; this one has none.
     capsys.readouterr()
     assert cli.main(["plan", "--model", "lm-tiny", "--method", "mymethods:make", "--nodes", "2",
-                     "--gpus-per-node", "1", "--step-time", "0.1", "--inter-bw", "1Gbit",
+                     "--gpus-per-node", "1", "--step-compute", "0.1", "--inter-bw", "1Gbit",
                      "--inter-lat", "1ms", "--out", "plan.csv"]) == 2
     assert not (tmp_path / "plan.csv").exists()
     assert capsys.readouterr().err.strip() == (

@@ -8,34 +8,35 @@ import pandas as pd
 import pytest
 
 from experiments.report import metrics
+from experiments.scoring import formats, speedups, targets
 
 
 @pytest.mark.timeout(10)
 def test_time_to_target_takes_the_first_evaluation_at_or_below_target() -> None:
     times = [1.0, 2.0, 3.0, 4.0, 5.0]
     losses = [math.nan, 3.0, math.nan, 2.0, 1.0]
-    assert metrics.time_to_target(times, losses, 2.0) == 4.0  # equal counts as reached
-    assert metrics.time_to_target(times, losses, 3.5) == 2.0
+    assert targets.time_to_target(times, losses, 2.0) == 4.0  # equal counts as reached
+    assert targets.time_to_target(times, losses, 3.5) == 2.0
     # Steps without an evaluation never count, even if the training loss would be lower.
-    assert metrics.time_to_target(times, losses, 0.5) == math.inf
-    assert metrics.time_to_target([], [], 1.0) == math.inf
+    assert targets.time_to_target(times, losses, 0.5) == math.inf
+    assert targets.time_to_target([], [], 1.0) == math.inf
 
 
 @pytest.mark.timeout(10)
 def test_time_to_target_rejects_a_target_that_is_not_a_number() -> None:
     with pytest.raises(ValueError, match="target must be a number"):
-        metrics.time_to_target([1.0], [1.0], math.nan)
+        targets.time_to_target([1.0], [1.0], math.nan)
     with pytest.raises(ValueError, match="differ in length"):
-        metrics.time_to_target([1.0, 2.0], [1.0], 1.0)
+        targets.time_to_target([1.0, 2.0], [1.0], 1.0)
 
 
 @pytest.mark.timeout(10)
 def test_default_target_is_baseline_median_plus_two_percent() -> None:
     finals = pd.DataFrame({"method": ["hsdp-adamw"] * 3 + ["flexdemo"],
                            "final_val_loss": [3.0, 2.0, 10.0, 0.1]})
-    assert metrics.default_target(finals) == pytest.approx(3.0 * 1.02)
+    assert targets.default_target(finals) == pytest.approx(3.0 * 1.02)
     with pytest.raises(ValueError, match="no finished 'hsdp-adamw' run"):
-        metrics.default_target(finals[finals["method"] == "flexdemo"])
+        targets.default_target(finals[finals["method"] == "flexdemo"])
 
 
 def _runs(rows: list[tuple[str, int, str, float]]) -> pd.DataFrame:
@@ -56,7 +57,7 @@ def test_speedups_pair_seeds_and_report_spread_over_them() -> None:
         ("hsdp-adamw", 0, "fast", math.inf), ("hsdp-adamw", 1, "fast", math.inf),
         ("flexdemo", 0, "fast", 2.0), ("flexdemo", 1, "fast", math.inf),
     ])
-    table = metrics.speedups(runs).set_index(["network", "variant"])
+    table = speedups.speedups(runs).set_index(["network", "variant"])
     slow = table.loc[("slow", "flexdemo")]
     assert slow["baseline_ttt_s"] == 20.0
     # paired by seed: 10/5 = 2, 30/4 = 7.5, not reached = 0  -> median 2, min 0, max 7.5
@@ -79,7 +80,7 @@ def test_speedups_pair_seeds_and_report_spread_over_them() -> None:
 def test_speedups_over_every_pair_when_the_seeds_differ() -> None:
     runs = _runs([("hsdp-adamw", 0, "n", 10.0), ("hsdp-adamw", 1, "n", 20.0),
                   ("flexdemo", 5, "n", 5.0), ("flexdemo", 6, "n", 10.0)])
-    row = metrics.speedups(runs).set_index("variant").loc["flexdemo"]
+    row = speedups.speedups(runs).set_index("variant").loc["flexdemo"]
     # pairs: 10/5, 10/10, 20/5, 20/10 = 2, 1, 4, 2 -> median 2, range 1..4
     assert not row["paired"]
     assert (row["speedup_median"], row["speedup_low"], row["speedup_high"]) == (2.0, 1.0, 4.0)
@@ -91,19 +92,19 @@ def test_pivot_keeps_first_seen_order_and_markdown_renders_it() -> None:
                           "cell": ["1", "2", "3", "4"]})
     wide = metrics.pivot(table, "cell")
     assert list(wide.index) == ["b", "a"] and list(wide.columns) == ["x", "y"]
-    text = metrics.markdown_table(wide, index_name="method")
+    text = formats.markdown_table(wide, index_name="method")
     assert text.splitlines() == ["| method | x | y |", "| --- | --- | --- |", "| b | 1 | 3 |",
                                  "| a | 2 | 4 |"]
 
 
 @pytest.mark.timeout(10)
 def test_formatting_spells_out_not_reached() -> None:
-    assert metrics.format_seconds(math.inf) == "not reached"
-    assert metrics.format_seconds(math.nan) == "-"
-    assert metrics.format_seconds(12.34) == "12.3 s"
-    assert metrics.format_seconds(0.25) == "250 ms"
-    assert metrics.format_speedup(2.0, 1.5, 3.0) == "2.00× [1.50–3.00]"
-    assert metrics.format_speedup(2.0, 2.0, 2.0) == "2.00×"
+    assert formats.format_seconds(math.inf) == "not reached"
+    assert formats.format_seconds(math.nan) == "-"
+    assert formats.format_seconds(12.34) == "12.3 s"
+    assert formats.format_seconds(0.25) == "250 ms"
+    assert formats.format_speedup(2.0, 1.5, 3.0) == "2.00× [1.50–3.00]"
+    assert formats.format_speedup(2.0, 2.0, 2.0) == "2.00×"
 
 
 def test_pareto_front_keeps_points_nothing_beats_on_both_axes() -> None:

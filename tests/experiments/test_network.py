@@ -11,7 +11,9 @@ import pytest
 from experiments.cli import main
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.replay.simulate import read_run, simulate_run
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ReplayTarget
 from experiments.run import kernel as kernel_launch
 from netsim import Link
 from netsim.model import Replay
@@ -65,19 +67,19 @@ def test_a_bad_unit_is_refused_with_the_same_sentence_by_run_simulate_and_sweep(
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
 
 
-def test_simulate_run_is_the_recorded_config_with_overrides():
+def test_a_replay_is_the_recorded_config_with_the_targets_overrides():
     run = read_run(RECORDED)
     assert run.config == RunConfig.from_stored(run.meta["config"])
-    replay = simulate_run(run, inter_bw="1Gbit", inter_lat="1ms", nodes=4, gpus_per_node=None,
-                          steps=3)
-    assert isinstance(replay, Replay)
+    replayed = replay(run, ReplayTarget(inter_bw="1Gbit", inter_lat="1ms", nodes=4), steps=3)
+    assert isinstance(replayed, Replay)
     want = run.config.replace(inter_bw="1Gbit", inter_lat="1ms", nodes=4).topology()
     recorded = (run.config.nodes, run.config.gpus_per_node)
-    assert replay.topology == want and replay.recorded_topology == recorded
-    assert replay.frame["step"].tolist() == [1, 2, 3]
-    assert replay.algorithms and "weak scaling" in replay.note and replay.graphs == ()
+    assert replayed.topology == want and replayed.recorded_topology == recorded
+    assert replayed.frame["step"].tolist() == [1, 2, 3]
+    assert replayed.algorithms and "weak scaling" in replayed.note and replayed.graphs == ()
     with pytest.raises(ConfigError, match="needs the target's inter-node bandwidth"):
-        simulate_run(run)  # the recorded run was unshaped: it has no bandwidth to replay at
+        # The recorded run was unshaped: it has no bandwidth to replay at.
+        replay(run, ReplayTarget())
 
 
 def test_simulate_reads_each_file_of_the_run_once(tmp_path, capsys, monkeypatch):

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from experiments import cli
-from experiments.report import crossover
+from experiments.scoring import crossings
 
 ROOT = Path(__file__).resolve().parents[2]
 DECENTRALIZED = ROOT / "results" / "decentralized" / "units"
@@ -42,7 +42,7 @@ def test_the_node_count_crossover_of_two_step_time_laws_is_its_closed_form(
         calls.append(n)
         return method(n)
 
-    found = crossover.crossover_nodes(counted, baseline, 2, 512)
+    found = crossings.crossover_nodes(counted, baseline, 2, 512)
     assert found == expected
     # The first node count of the order at 512: the one before it still has the other order.
     assert (method(found) < baseline(found)) == (method(512) < baseline(512))
@@ -51,7 +51,7 @@ def test_the_node_count_crossover_of_two_step_time_laws_is_its_closed_form(
 
 
 def test_no_node_count_crossover_when_one_law_wins_everywhere() -> None:
-    assert crossover.crossover_nodes(_law(50, 0.1, 0.001), _law(60, 0.2, 0.001), 2, 512) is None
+    assert crossings.crossover_nodes(_law(50, 0.1, 0.001), _law(60, 0.2, 0.001), 2, 512) is None
 
 
 def _map(tmp_path: Path, *extra: str) -> tuple[int, Path]:

@@ -89,7 +89,7 @@ def test_a_relative_results_folder_is_taken_from_where_the_user_stands(tmp_path,
 def test_the_bandwidth_notebook_widens_its_brackets_with_step_noise(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from experiments.replay import step_noise
+    from experiments.scoring import step_noise
 
     monkeypatch.setenv("FLEXBENCH_STEP_NOISE", "1")
     nb = _execute(ROOT / "notebooks" / "bandwidth_sweep.ipynb", QUICK, monkeypatch)

@@ -10,7 +10,9 @@ import pytest
 
 from experiments.cli import main
 from experiments.config import RunConfig
-from experiments.replay.simulate import read_run, simulate_run
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ComputeBasis, ReplayTarget
 from experiments.run.launch import launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,10 +46,10 @@ def test_a_real_run_marks_every_unit_and_attributes_every_reduce_scatter(tmp_pat
     # No exact <= is asserted: both positions of a node reach their marks at their own recorded
     # times and share the node's links, so on a network where overlap hides next to nothing
     # the fsdp2 replay can end a few us after the serial one.
-    args = dict(inter_bw="300Mbit", inter_lat="1ms", intra="model", intra_bw="300Mbit",
-                phase_seconds=(0.1, 0.01))
-    serial = simulate_run(run, overlap="recorded", **args).frame["time_s"].iloc[-1]
-    overlapped = simulate_run(run, overlap="fsdp2", **args).frame["time_s"].iloc[-1]
+    target = ReplayTarget(inter_bw="300Mbit", inter_lat="1ms", intra="model", intra_bw="300Mbit",
+                          compute=ComputeBasis(phases=(0.1, 0.01)))
+    serial = replay(run, target.at(overlap="recorded")).frame["time_s"].iloc[-1]
+    overlapped = replay(run, target.at(overlap="fsdp2")).frame["time_s"].iloc[-1]
     # Over 60 flexdemo and 5 hsdp-adamw recordings the ratio was at most 0.87 and 0.75; a replay
     # that ignored the marks gives exactly 1.
     assert 0 < overlapped <= 0.95 * serial

@@ -62,7 +62,7 @@ def test_ada_is_its_graphs_plans_weighted_by_the_steps_on_each():
 
 
 BASE = ["plan", "--model", "lm-tiny", "--nodes", "8", "--gpus-per-node", "1", "--inter-lat",
-        "1ms", "--inter-bw", "1Gbit", "--step-time", "0.1", "--method", "ada"]
+        "1ms", "--inter-bw", "1Gbit", "--step-compute", "0.1", "--method", "ada"]
 
 
 def _run(tmp_path, name: str, method: str, nodes: int, workload: str = "lm-tiny"):

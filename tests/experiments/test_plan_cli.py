@@ -46,22 +46,22 @@ def test_csv_has_a_row_per_method_and_bandwidth(tmp_path, capsys):
 
 
 def test_json_and_figure(tmp_path):
-    common = ["--method", "flexdemo-async", "--step-time", "0.05", "--inter-bw", "1Gbit",
+    common = ["--method", "flexdemo-async", "--step-compute", "0.05", "--inter-bw", "1Gbit",
               "10Gbit"]
     assert _plan(tmp_path, "p.json", *common) == 0
     doc = json.loads((tmp_path / "p.json").read_text())
     assert len(doc["rows"]) == 2 and len(doc["bandwidth_needed"]) == 5
-    assert any("as given (--step-time)" in line for line in doc["assumptions"])
+    assert any("as given (--step-compute)" in line for line in doc["assumptions"])
     assert _plan(tmp_path, "p.png", *common) == 0
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_memory_above_the_gpu_is_flagged(tmp_path, capsys):
-    assert _plan(tmp_path, "p.csv", "--method", "hsdp-adamw", "--step-time", "1",
+    assert _plan(tmp_path, "p.csv", "--method", "hsdp-adamw", "--step-compute", "1",
                  "--inter-bw", "1Gbit", "--gpu-memory", "1GB") == 0
     assert "above the GPU's" not in capsys.readouterr().out  # a small model fits 1 GB
     assert not pd.read_csv(tmp_path / "p.csv")["memory_over"].any()
-    assert _plan(tmp_path, "q.csv", "--method", "hsdp-adamw", "--step-time", "1",
+    assert _plan(tmp_path, "q.csv", "--method", "hsdp-adamw", "--step-compute", "1",
                  "--inter-bw", "1Gbit", "--gpu-memory", "0.000001GB") == 0
     assert pd.read_csv(tmp_path / "q.csv")["memory_over"].all()
 
@@ -75,17 +75,17 @@ def test_memory_above_the_gpu_is_flagged(tmp_path, capsys):
     (["--gpu", "h100", "--batch", "1", "--seq", "8", "--gpu-memory", "0GB"],
      "--gpu-memory '0GB' is not a size above zero"),
     (["--gpu", "h100"], "needs --batch and --seq"),
-    (["--step-time", "1", "--inter-bw", "1Tbit:1Gbit:5"], "A below B"),
-    (["--step-time", "1", "--inter-bw", "1Gbit:1Tbit:1"], "COUNT '1'"),
-    (["--step-time", "1", "--set", "nosuch=1"], "no planned method reads it"),
-    (["--step-time", "1", "--set", "topk=0"], "topk"),
-    (["--step-time", "1", "--set", "param_dtype=fp8"], "param_dtype='fp8'"),
-    (["--step-time", "-2"], "--step-time: must be a finite number > 0"),
-    (["--step-time", "1", "--method", "streaming-diloco", "--set", "num_fragments=40",
+    (["--step-compute", "1", "--inter-bw", "1Tbit:1Gbit:5"], "A below B"),
+    (["--step-compute", "1", "--inter-bw", "1Gbit:1Tbit:1"], "COUNT '1'"),
+    (["--step-compute", "1", "--set", "nosuch=1"], "no planned method reads it"),
+    (["--step-compute", "1", "--set", "topk=0"], "topk"),
+    (["--step-compute", "1", "--set", "param_dtype=fp8"], "param_dtype='fp8'"),
+    (["--step-compute", "-2"], "--step-compute: must be a finite number > 0"),
+    (["--step-compute", "1", "--method", "streaming-diloco", "--set", "num_fragments=40",
       "--set", "sync_every=80"], "num_fragments=40 is more than the"),
-    (["--step-time", "1", "--method", "diloco", "--set", "sync_in_backward=maybe"],
+    (["--step-compute", "1", "--method", "diloco", "--set", "sync_in_backward=maybe"],
      "sync_in_backward='maybe' must be true or false"),
-    (["--step-time", "1", "--method", "hsdp-adamw", "--set", "sync_in_backward=true"],
+    (["--step-compute", "1", "--method", "hsdp-adamw", "--set", "sync_in_backward=true"],
      "--method plans none of them"),
 ])
 def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path, capsys, extra, words):
@@ -109,7 +109,7 @@ def test_bad_models_methods_and_outputs_are_refused(tmp_path, capsys, argv, word
     for flag, value in zip(argv[::2], argv[1::2], strict=True):
         base[flag] = value if flag != "--out" else str(tmp_path / value)
     args = ["plan", "--nodes", "2", "--gpus-per-node", "2", "--inter-lat", "1ms",
-            "--inter-bw", "1Gbit", "--step-time", "1"]
+            "--inter-bw", "1Gbit", "--step-compute", "1"]
     for flag, value in base.items():
         args += [flag, value]
     assert main(args) == 2
@@ -120,7 +120,7 @@ def test_bad_models_methods_and_outputs_are_refused(tmp_path, capsys, argv, word
 def test_a_site_file_is_the_network(tmp_path, capsys):
     sites = ROOT / "experiments/topologies/sites.toml"  # 2 sites of 8 nodes
     args = ["plan", "--model", MODEL, "--method", "hsdp-adamw", "diloco", "--nodes", "16",
-            "--gpus-per-node", "2", "--step-time", "0.1", "--topology", str(sites)]
+            "--gpus-per-node", "2", "--step-compute", "0.1", "--topology", str(sites)]
     assert main([*args, "--out", str(tmp_path / "s.csv")]) == 0
     frame = pd.read_csv(tmp_path / "s.csv")
     assert list(frame["inter_bw"]) == ["sites:sites.toml"] * 2
@@ -167,7 +167,7 @@ def test_bandwidth_ranges_are_log_spaced():
 
 def test_every_planned_method_plans(tmp_path, capsys):
     args = ["plan", "--model", MODEL, "--method", "demo", "random", "striding", "gossip", "none",
-            "--nodes", "8", "--gpus-per-node", "2", "--step-time", "0.05", "--inter-lat", "1ms",
+            "--nodes", "8", "--gpus-per-node", "2", "--step-compute", "0.05", "--inter-lat", "1ms",
             "--inter-bw", "10Mbit", "1Gbit", "--set", "graph=torus",
             "--out", str(tmp_path / "p.csv")]
     assert main(args) == 0
@@ -185,7 +185,7 @@ def test_every_planned_method_plans(tmp_path, capsys):
 def test_gossip_and_spanning_replicas_on_a_site_file(tmp_path, capsys):
     sites = ROOT / "experiments/topologies/sites.toml"  # 2 sites of 8 nodes
     args = ["plan", "--model", MODEL, "--method", "gossip", "diloco", "--nodes", "16",
-            "--gpus-per-node", "2", "--step-time", "0.1", "--topology", str(sites),
+            "--gpus-per-node", "2", "--step-compute", "0.1", "--topology", str(sites),
             "--set", "graph=sites:2", "--nodes-per-replica", "2",
             "--out", str(tmp_path / "s.csv")]
     assert main(args) == 0
@@ -204,7 +204,7 @@ def test_a_reader_that_leaves_early_ends_the_command_without_a_traceback(tmp_pat
 
     command = [sys.executable, "-m", "experiments.cli", "plan", "--model", "lm-tiny",
                "--method", "gossip", "hsdp-adamw", "--nodes", "4", "--gpus-per-node", "1",
-               "--step-time", "0.1", "--inter-bw", "0.1Gbit:10Gbit:20", "--inter-lat", "1ms",
+               "--step-compute", "0.1", "--inter-bw", "0.1Gbit:10Gbit:20", "--inter-lat", "1ms",
                "--out", str(tmp_path / "p.csv")]
     writer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     writer.stdout.close()  # the reader leaves while the command still starts

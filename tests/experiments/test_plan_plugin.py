@@ -63,7 +63,7 @@ def test_a_plug_in_is_planned_from_its_program(tmp_path, monkeypatch, capsys, ev
     nodes = 4
     assert cli.main(["plan", "--model", "lm-tiny", "--method", method, "--set",
                      f"every={every}", "--nodes", str(nodes), "--gpus-per-node", "1",
-                     "--step-time", "0.1", "--inter-bw", "1Gbit", "--inter-lat", "1ms",
+                     "--step-compute", "0.1", "--inter-bw", "1Gbit", "--inter-lat", "1ms",
                      "--out", str(out)]) == 0, capsys.readouterr().err
     rows = pd.read_csv(out).set_index("method")
     params = 867_072  # lm-tiny's, one byte a vote, in a ring all-reduce between 4 nodes

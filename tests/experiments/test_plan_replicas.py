@@ -113,7 +113,7 @@ def test_fsdp2_across_nodes_costs_the_link_between_them():
 
 
 BASE = ["plan", "--model", MODEL, "--nodes", "6", "--gpus-per-node", "2", "--inter-lat", "1ms",
-        "--inter-bw", "1Gbit", "--step-time", "0.1"]
+        "--inter-bw", "1Gbit", "--step-compute", "0.1"]
 
 
 @pytest.mark.parametrize(("extra", "words"), [

@@ -12,7 +12,7 @@ from experiments.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "results/quick/units"
 BASE = ["plan", "--model", "lm-tiny", "--nodes", "2", "--gpus-per-node", "2",
-        "--step-time", "0.2", "--inter-bw", "1Gbit", "--inter-lat", "1ms"]
+        "--step-compute", "0.2", "--inter-bw", "1Gbit", "--inter-lat", "1ms"]
 
 
 def test_without_a_source_no_time_is_planned(tmp_path, capsys):

@@ -24,10 +24,12 @@ from experiments.plan.hardware import given_compute
 from experiments.plan.models import declare_model
 from experiments.plan.plan import plan_method
 from experiments.plan.synth import Precision
-from experiments.replay.simulate import read_run, simulate_run
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ReplayTarget
 from flexdemo.methods import method_record
 from netsim import Link, Topology
-from netsim.model import compute_phases, has_backward_marks, has_unit_marks, simulate
+from netsim.model import ReplayOptions, compute_phases, has_backward_marks, has_unit_marks, simulate
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 NETWORKS = ("10Mbit", "1Gbit", "10Gbit")
@@ -59,8 +61,9 @@ def test_plan_step_time_is_simulate_s_within_5_percent(unit):
         return times.mean() if record.name in PERIODIC else times.median()
 
     instant = Link(1e15, 0.0)
-    own = float(typical(simulate(run.trace, Topology(*shape, instant, instant), intra="model",
-                                 overlap=overlap).frame["step_time_s"]))
+    own = float(typical(simulate(run.trace, Topology(*shape, instant, instant),
+                                 ReplayOptions(intra="model",
+                                 overlap=overlap)).frame["step_time_s"]))
     # Recordings without a "backward" mark: their compute all forward and backward.
     fb, opt = compute_phases(run.trace) if has_backward_marks(run.trace) else (1.0, 0.0)
     scale = own / (fb + opt)
@@ -70,6 +73,7 @@ def test_plan_step_time_is_simulate_s_within_5_percent(unit):
     plan = plan_method(record, knobs, model, topologies, list(NETWORKS), compute,
                        Precision("fp32", "fp32"), backend="gloo")
     for bw, point in zip(NETWORKS, plan.points, strict=True):
-        replay = simulate_run(run, inter_bw=bw, inter_lat="1ms", intra="model", overlap=overlap)
-        simulated = float(typical(replay.frame["step_time_s"]))
+        replayed = replay(run, ReplayTarget(inter_bw=bw, inter_lat="1ms", intra="model",
+                                            overlap=overlap))
+        simulated = float(typical(replayed.frame["step_time_s"]))
         assert point.step_time_s == pytest.approx(simulated, rel=0.05), (bw, simulated)

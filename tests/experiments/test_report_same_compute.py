@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 
 from experiments import cli
-from experiments.replay import compare
+from experiments.replay import compare, compare_cli
 from experiments.report import metrics
+from experiments.scoring import speedups
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "results" / "quick"
@@ -47,8 +48,10 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _compare(*argv: str) -> compare.Comparison:
+    """The comparison `flexbench compare ARGV` prints (one network)."""
     args = cli.build_parser(["compare", *argv]).parse_args(["compare", *argv])
-    return compare.compare(args)
+    (target,) = compare_cli.grid_targets(args)
+    return compare.compare(compare_cli.question_of(args), target)
 
 
 @pytest.mark.timeout(240)
@@ -89,13 +92,13 @@ def test_report_on_one_basis_equals_compare_and_without_it_is_unchanged(
     assert not (sweep / "compute_basis.json").exists()
     runs = pd.read_parquet(sweep / "runs.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(sweep / "speedups.parquet"),
-                                  metrics.sweep_speedups(runs))
+                                  speedups.sweep_speedups(runs))
 
 
 @pytest.mark.timeout(60)
 def test_same_compute_method_names_each_methods_compute(sweep: Path) -> None:
+    from experiments.replay.on_basis import replay_on_basis
     from experiments.report import load_results
-    from experiments.report.same_compute import replay_on_basis
 
     res = load_results(sweep)
     sim = res.runs[(res.runs["source"] == "sim") & (res.runs["network"] == "1Gbit / 1ms")]

@@ -17,7 +17,8 @@ from tests.experiments.test_sweep import CONFIG
 ensure_units_module()
 
 from experiments import cli, sweep  # noqa: E402
-from experiments.report import intervals, metrics, ranking, step_times  # noqa: E402
+from experiments.report import metrics, step_times  # noqa: E402
+from experiments.scoring import intervals, ranking, speedups, targets  # noqa: E402  # noqa: E402
 
 STEPS = 100
 TARGET_STEP = 50  # the evaluation at step 50 is the first at or below the target
@@ -36,7 +37,7 @@ def _unit(unit: str, variant: str, seed: int, comm_s: float,
     steps = pd.DataFrame({"step": step, "compute_s": compute, "val_loss": loss,
                           "time_s": np.cumsum(compute + comm_s), "unit": unit,
                           "network": "n", "source": "sim"})
-    ttt = metrics.time_to_target(steps["time_s"], steps["val_loss"], TARGET)
+    ttt = targets.time_to_target(steps["time_s"], steps["val_loss"], TARGET)
     assert ttt == pytest.approx(steps["time_s"].iloc[TARGET_STEP - 1])
     row = {"unit": unit, "variant": variant, "method": variant, "seed": seed, "network": "n",
            "source": "sim", "status": "done", "time_to_target_s": ttt, "reached": True,
@@ -57,14 +58,14 @@ def _sweep(sigma: float, seeds: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
 def test_one_units_bracket_is_its_step_time_spread() -> None:
     sigma = 0.02
     runs, steps = _sweep(sigma, seeds=1)
-    table = metrics.speedups(step_times.with_step_noise(runs, steps), by=("network",))
+    table = speedups.speedups(step_times.with_step_noise(runs, steps), by=("network",))
     row = table.set_index("variant").loc["fast"]
     assert row["ttt_interval"] == "resampled"
     # The sum over the 50 steps to the target of block-resampled compute: sd sigma sqrt(50).
     spread = steps.loc[steps["unit"] == "fast-s0", "compute_s"].std(ddof=0) * math.sqrt(50)
     assert row["ttt_high_s"] - row["ttt_low_s"] == pytest.approx(2 * 1.96 * spread, rel=0.3)
     assert row["ttt_low_s"] < row["ttt_median_s"] < row["ttt_high_s"]
-    plain = metrics.speedups(runs, by=("network",)).set_index("variant").loc["fast"]
+    plain = speedups.speedups(runs, by=("network",)).set_index("variant").loc["fast"]
     assert plain["ttt_low_s"] == plain["ttt_high_s"] == row["ttt_median_s"]
 
 
@@ -80,8 +81,8 @@ def test_a_clear_lead_over_seeds_is_a_tie_once_the_step_times_vary() -> None:
     assert widened["decided_by"] == ranking.WITH_STEP_NOISE
     # The margin is over seeds alone: the same either way; the time brackets moved.
     assert widened["margin_low"] == seeds["margin_low"]
-    before = metrics.speedups(runs, by=("network",)).set_index("variant")
-    after = metrics.speedups(noisy, by=("network",)).set_index("variant")
+    before = speedups.speedups(runs, by=("network",)).set_index("variant")
+    after = speedups.speedups(noisy, by=("network",)).set_index("variant")
     assert (after["ttt_low_s"] < before["ttt_low_s"]).all()
     assert (after["ttt_high_s"] > before["ttt_high_s"]).all()
     assert (after["ttt_median_s"] == before["ttt_median_s"]).all()
@@ -120,7 +121,7 @@ def test_report_step_noise_says_so_and_the_default_report_does_not(fake_sweep: P
     assert cli.main(["report", str(noisy), "--step-noise"]) == 0
     plain = (fake_sweep / "summary.md").read_text()
     widened = (noisy / "summary.md").read_text()
-    from experiments.replay import step_noise
+    from experiments.scoring import step_noise
 
     assert step_noise.note() not in plain and "--step-noise" not in plain
     assert step_noise.note() in widened
@@ -155,15 +156,17 @@ QUICK = Path(__file__).resolve().parents[2] / "results" / "quick"
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(not (QUICK / "runs.parquet").exists(), reason="needs results/quick")
 def test_at_a_grid_point_the_reports_widened_brackets_are_compares() -> None:
-    from experiments.replay import compare
+    from experiments.replay import compare, compare_cli
 
     argv = ["compare", str(QUICK), "--inter-bw", "100Mbit", "--inter-lat", "20ms",
             "--step-noise"]
-    result = compare.compare(cli.build_parser(argv).parse_args(argv))
+    args = cli.build_parser(argv).parse_args(argv)
+    (target,) = compare_cli.grid_targets(args)
+    result = compare.compare(compare_cli.question_of(args), target)
     runs = pd.read_parquet(QUICK / "runs.parquet")
     steps = pd.read_parquet(QUICK / "steps.parquet")
     sim = runs[(runs["source"] == "sim") & (runs["network"] == "100Mbit / 20ms")]
-    table = metrics.speedups(step_times.with_step_noise(sim, steps), by=("network",))
+    table = speedups.speedups(step_times.with_step_noise(sim, steps), by=("network",))
     mine, theirs = table.set_index("variant"), result.table.set_index("variant")
     for column in ("ttt_median_s", "ttt_low_s", "ttt_high_s"):
         pd.testing.assert_series_equal(mine[column].sort_index(), theirs[column].sort_index(),

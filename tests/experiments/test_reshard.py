@@ -12,8 +12,10 @@ import pytest
 from experiments.cli import main
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
 from experiments.replay.reshard import reshard_trace, run_layout, shard_elements
-from experiments.replay.simulate import read_run, simulate_run
+from experiments.replay.target import ReplayTarget
 from experiments.run.launch import launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +105,7 @@ def _user_workload_run(tmp_path: Path) -> Path:
 def test_unknown_layout_refuses_in_one_sentence(tmp_path, capsys):
     run = _user_workload_run(tmp_path)
     with pytest.raises(ConfigError, match="no parameter layout"):
-        simulate_run(run, inter_bw="1Gbit", gpus_per_node=8)
+        replay(read_run(run), ReplayTarget(inter_bw="1Gbit", gpus_per_node=8))
     out = tmp_path / "s.csv"
     argv = ["simulate", str(run), "--inter-bw", "1Gbit", "--gpus-per-node", "8", "--out", str(out)]
     assert main(argv) == 2

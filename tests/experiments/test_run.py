@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from experiments.cli import main
-from experiments.config import RunConfig, parse_overrides
+from experiments.config import RunConfig, parse_sets
 from experiments.errors import ConfigError
 from experiments.run.launch import launch
 from experiments.workloads import make_workload
@@ -70,7 +70,7 @@ def test_torchrun_world_size_must_divide_by_nodes(tmp_path, monkeypatch):
 
 
 def test_overrides_and_coercion():
-    assert parse_overrides(["steps=5", " lr = 0.01 "]) == {"steps": "5", "lr": "0.01"}
+    assert parse_sets(["steps=5", " lr = 0.01 "]) == {"steps": 5, "lr": 0.01}
     cfg = RunConfig().replace(steps="5", lr="0.01", sign="false", inter_bw="none")
     assert (cfg.steps, cfg.lr, cfg.sign, cfg.inter_bw) == (5, 0.01, False, None)
     with pytest.raises(ConfigError, match="steps must be of type"):

@@ -13,7 +13,9 @@ import pytest
 from experiments.cli import main
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.replay.simulate import read_run, simulate_run
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ReplayTarget
 from experiments.run import kernel as kernel_launch
 from netsim.kernel import KernelShapingError
 
@@ -122,9 +124,9 @@ def test_a_run_recorded_on_sites_replays_flat_when_given_a_bandwidth(tmp_path):
     run = read_run(RECORDED)
     on_sites = dataclasses.replace(run, config=run.config.replace(topology_file=str(path),
                                                                   nodes=4))
-    again = simulate_run(on_sites, steps=2)  # nothing given: its own sites replay
+    again = replay(on_sites, ReplayTarget(), steps=2)  # nothing given: its own sites replay
     assert again.topology.sites is not None and again.topology.nodes == 4
-    flat = simulate_run(on_sites, inter_bw="1Gbit", nodes=2, steps=2)
+    flat = replay(on_sites, ReplayTarget(inter_bw="1Gbit", nodes=2), steps=2)
     assert flat.topology.sites is None and flat.topology.inter.bandwidth == pytest.approx(1.25e8)
 
 

@@ -8,8 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.replay import step_noise
-from experiments.report import intervals
+from experiments.scoring import intervals, step_noise
 
 
 def _axis(compute: np.ndarray, comm_s: float) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from experiments.replay.target import ReplayTarget  # noqa: E402
 from tests.experiments.sweep_fakes import (
     COMPUTE_S,
     EVAL_EVERY,
@@ -304,9 +305,9 @@ def test_explicit_target_and_simulation_cache(config_file: Path, tmp_path: Path)
     pd.testing.assert_frame_equal(again, runs)
     calls: list[int] = []
 
-    def slower(run_dir: Path, **kw: str) -> Replay:
+    def slower(run_dir: Path, target: ReplayTarget) -> Replay:
         calls.append(1)
-        replay = fake_simulate(run_dir, **kw)
+        replay = fake_simulate(run_dir, target)
         axis = replay.frame
         return dataclasses.replace(replay, frame=axis.assign(step_time_s=axis["step_time_s"] * 2,
                                                              time_s=axis["time_s"] * 2))

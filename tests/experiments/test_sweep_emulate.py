@@ -11,8 +11,11 @@ import pytest
 
 from experiments import sweep
 from experiments.errors import ConfigError
-from experiments.replay.simulate import simulate_run
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ReplayTarget
 from experiments.report import metrics
+from experiments.scoring import targets
 
 CONFIG = """
 name = "emulate"
@@ -63,8 +66,8 @@ def test_emulated_units_join_a_finished_sweep_timed_by_their_recorded_traces(
                       .read_text())["executor"] == "emulated"
     # Its time axis is the recorded gossip trace replayed at 4 nodes (the ring rebuilt there);
     # its losses are its own emulated curve.
-    axis = simulate_run(out / "units" / "gossip-s0", nodes=4, inter_bw="10Mbit",
-                        inter_lat="1ms").frame
+    axis = replay(read_run(out / "units" / "gossip-s0"),
+                  ReplayTarget(nodes=4, inter_bw="10Mbit", inter_lat="1ms")).frame
     steps = pd.read_parquet(out / "steps.parquet")
     mine = steps[steps["unit"] == "gossip-nodes=4-s0-emulated"].sort_values("step")
     assert mine["time_s"].tolist() == pytest.approx(axis["time_s"].tolist(), rel=1e-12)
@@ -77,7 +80,7 @@ def test_emulated_units_join_a_finished_sweep_timed_by_their_recorded_traces(
     base = json.loads((out / "units" / "hsdp-adamw-nodes=4-s0-emulated" / "run.json").read_text())
     finals = pd.DataFrame([{"method": "hsdp-adamw", "final_val_loss": base["final_val_loss"]}])
     assert emulated["baseline_cluster"] == "4x1"
-    assert emulated["target_val_loss"] == pytest.approx(metrics.default_target(finals))
+    assert emulated["target_val_loss"] == pytest.approx(targets.default_target(finals))
     assert rows.loc["gossip-s0", "baseline_cluster"] == "2x1"
     assert "Emulated units" in metrics.summary_markdown(runs)  # the report says what they are
 

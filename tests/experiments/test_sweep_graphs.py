@@ -24,6 +24,7 @@ ensure_units_module()
 
 from experiments import sweep  # noqa: E402
 from experiments.report import metrics  # noqa: E402
+from experiments.scoring import speedups, targets  # noqa: E402
 from experiments.sweep.describe import mean_degree  # noqa: E402
 
 GRAPH_CONFIG = """
@@ -125,7 +126,7 @@ def test_each_node_count_is_scored_against_its_own_baseline(
         nodes = int(cluster.split("x")[0])
         curves = [pd.read_parquet(out / "units" / f"hsdp-adamw-nodes={nodes}-s{s}" /
                                   "steps.parquet") for s in (0, 1)]
-        assert set(here["target_val_loss"]) == {metrics.baseline_target_at(curves, 0.6)}
+        assert set(here["target_val_loss"]) == {targets.baseline_target_at(curves, 0.6)}
     # The fake baseline's loss does not depend on nodes; the per-cluster rule still applies.
     expected = float(np.median([fake_loss("hsdp-adamw", s, step) for s in (0, 1)]))
     assert runs["target_val_loss"].iloc[0] == pytest.approx(expected)
@@ -164,7 +165,7 @@ def test_a_cluster_without_its_baseline_has_no_target(
     orphan = runs[runs["cluster"] == "6x1"]
     assert orphan["baseline_cluster"].isna().all() and orphan["target_val_loss"].isna().all()
     assert not orphan["reached"].any()
-    table = metrics.speedups(runs[runs["source"] == "sim"], by=("network",))
+    table = speedups.speedups(runs[runs["source"] == "sim"], by=("network",))
     assert table.loc[table["method"] == "gossip", "speedup_median"].isna().all()
 
 

@@ -8,7 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.replay.simulate import simulate_run
+from experiments.replay import on_basis
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ReplayTarget
 from experiments.report import metrics, validation
 
 QUICK = Path(__file__).resolve().parents[2] / "results" / "quick"
@@ -18,12 +21,14 @@ pytestmark = pytest.mark.skipif(not SHAPED.is_dir(), reason="needs the committed
 
 @pytest.mark.timeout(120)
 def test_the_own_compute_column_replays_the_shaped_run_not_its_recording() -> None:
-    runs = validation.own_compute(QUICK, pd.read_parquet(QUICK / "runs.parquet"))
+    runs = validation.own_compute(QUICK, pd.read_parquet(QUICK / "runs.parquet"),
+                                  on_basis.run_axis)
     point = runs[(runs["source"] == "measured") & (runs["unit"] == SHAPED.name)].iloc[0]
-    own = simulate_run(SHAPED, inter_bw="100Mbit", inter_lat="20ms").frame["time_s"].iloc[-1]
+    own = replay(read_run(SHAPED), ReplayTarget(inter_bw="100Mbit", inter_lat="20ms")
+                 ).frame["time_s"].iloc[-1]
     assert point["own_compute_final_s"] == pytest.approx(own, rel=1e-12)
-    recorded = simulate_run(QUICK / "units" / "flexdemo-s0", inter_bw="100Mbit",
-                            inter_lat="20ms").frame["time_s"].iloc[-1]
+    recorded = replay(read_run(QUICK / "units" / "flexdemo-s0"),
+                      ReplayTarget(inter_bw="100Mbit", inter_lat="20ms")).frame["time_s"].iloc[-1]
     assert not math.isclose(own, recorded, rel_tol=1e-3)  # two runs, two computes
     median = {u: pd.read_parquet(QUICK / "units" / u / "steps.parquet")["compute_s"].median()
               for u in (SHAPED.name, "flexdemo-s0")}

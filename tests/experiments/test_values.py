@@ -79,7 +79,7 @@ def test_every_numeric_flag_of_every_subcommand_parses_by_a_kind() -> None:
                  ("simulate", "--target"), ("compare", "--target"), ("run", "--steps"),
                  ("run", "--nodes"), ("run", "--lr"), ("run", "--decay"), ("run", "--timeout"),
                  ("run", "--num-fragments"), ("validate-sim", "--bound"),
-                 ("calibrate", "--payloads"), ("profile-compute", "--warmup"),
+                 ("calibrate", "--payloads"), ("profile-compute", "--skip-steps"),
                  ("check-comm", "--tolerance")]:
         assert pair in names, pair
 

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from experiments.cli import main
+from experiments.replay.recordings import read_run
 from experiments.replay.reshard import run_layout, shard_elements
-from experiments.replay.simulate import read_run
 from flexdemo import DeMoReplicator, FlexDeMo, method_record
 from flexdemo.knobs import DeMoKnobs
 from flexdemo.wire import CommStats, all_reduce_bytes, dense_is_cheaper

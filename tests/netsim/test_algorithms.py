@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from netsim import Link, Topology, simulate
+from netsim import Link, ReplayOptions, Topology, simulate
 from netsim.costs import (
     BRUCK_EFFICIENCY,
     TREE_EFFICIENCY,
@@ -89,7 +89,7 @@ def test_model_matches_the_chosen_closed_form(nodes, mode):
     topo = Topology.from_strings(nodes, 1, "80Mbit", "10ms")
     ops = (("all_reduce", "ring", 2_000_000), ("all_gather", "ring", 200_000))
     trace = make_trace(topo, steps=1, compute=0.0, ops=ops)
-    out = simulate(trace, topo, algorithm=mode)
+    out = simulate(trace, topo, ReplayOptions(algorithm=mode))
     link = topo.inter
     reduce = {
         "ring": ring_all_reduce_time(nodes, 2e6, link),
@@ -115,7 +115,7 @@ def test_model_matches_the_chosen_closed_form(nodes, mode):
 def test_bad_algorithm_fails_clearly():
     topo = Topology.from_strings(2, 1, "80Mbit", "10ms")
     with pytest.raises(ValueError, match="algorithm 'nccl' is not known; use one of auto, ring"):
-        simulate(make_trace(topo, steps=1), topo, algorithm="nccl")
+        simulate(make_trace(topo, steps=1), topo, ReplayOptions(algorithm="nccl"))
 
 
 @pytest.mark.parametrize("mode", ["auto", "ring", "tree"])
@@ -125,7 +125,7 @@ def test_the_slowest_node_sets_the_pace_of_a_collective(mode, speeds):
     # step is the slowest node's compute plus the collective's closed form.
     topo = Topology.from_strings(8, 1, "80Mbit", "10ms", node_speed=speeds)
     trace = make_trace(topo, steps=3, compute=0.1)
-    out = simulate(trace, topo, algorithm=mode)
+    out = simulate(trace, topo, ReplayOptions(algorithm=mode))
     algorithm = out.algorithms[0].algorithm
     comm = collective_volume("all_reduce", 8, 1e6, algorithm).time(topo.inter)
     closed = {

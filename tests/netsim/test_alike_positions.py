@@ -9,7 +9,7 @@ from experiments.plan.models import declare_model
 from experiments.plan.synth import Precision, Shape, synthesize
 from flexdemo.methods import method_record
 from netsim import Topology
-from netsim.model import simulate_each
+from netsim.model import ReplayOptions, simulate_each
 from netsim.model.cluster import Cluster
 
 MODEL = "gpt:dim=64,layers=3,heads=4,vocab=256,ffn=128,tied=false"
@@ -37,7 +37,7 @@ def _replays(trace, merge: bool, monkeypatch: pytest.MonkeyPatch, weights: list[
 
     monkeypatch.setattr(Cluster, "run", run)
     networks = [Topology.from_strings(4, 4, bw, "2ms") for bw in ("50Mbit", "1Gbit", "40Gbit")]
-    return simulate_each(trace, networks, overlap="fsdp2")
+    return simulate_each(trace, networks, ReplayOptions(overlap="fsdp2"))
 
 
 @pytest.mark.parametrize(("method", "knobs"), [

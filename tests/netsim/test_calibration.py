@@ -9,13 +9,20 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.replay.simulate import simulate_run
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ReplayTarget
 from experiments.run.rank import pin_to_core
 from netsim import Link, Topology, kernel
 from netsim.calibration import Calibration, Sample, fit_calibration, load_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "results" / "quick" / "units" / "flexdemo-s0"  # a committed, recorded run
+
+
+def _replayed(**target: object):
+    """The committed run replayed on `target`'s network."""
+    return replay(read_run(RUN), ReplayTarget(**target))
 
 
 def _samples(goodput: float, per_message_s: float) -> list[Sample]:
@@ -66,20 +73,20 @@ def test_each_op_kind_timed_at_several_sizes_gets_a_fit_of_its_own():
 
 def test_the_model_prices_a_calibrated_op_kind_at_its_own_goodput():
     # flexdemo's only inter-node op is its all-gather (its FSDP2 traffic stays inside the node).
-    plain = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms")
-    half_rate = simulate_run(RUN, inter_bw="5Mbit", inter_lat="1ms")
+    plain = _replayed(inter_bw="10Mbit", inter_lat="1ms")
+    half_rate = _replayed(inter_bw="5Mbit", inter_lat="1ms")
     gathers_at_half = Calibration("wall", 1.0, 0.0, ops=(("all_gather", 0.5, 0.0),), per_op=True)
     reduces_at_half = Calibration("wall", 1.0, 0.0, ops=(("all_reduce", 0.5, 0.0),), per_op=True)
     not_applied = Calibration("wall", 1.0, 0.0, ops=(("all_gather", 0.5, 0.0),))
     for cal, expected in ((gathers_at_half, half_rate), (reduces_at_half, plain),
                           (not_applied, plain)):
-        got = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms", calibration=cal)
+        got = _replayed(inter_bw="10Mbit", inter_lat="1ms", calibration=cal)
         assert got.frame["time_s"].tolist() == pytest.approx(expected.frame["time_s"].tolist(),
                                                              rel=1e-12)
     # a per-message cost of its own adds one latency step per hop of that op
     slower = Calibration("wall", 1.0, 0.0, ops=(("all_gather", 1.0, 0.004),), per_op=True)
-    got = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms", calibration=slower)
-    later = simulate_run(RUN, inter_bw="10Mbit", inter_lat="5ms")
+    got = _replayed(inter_bw="10Mbit", inter_lat="1ms", calibration=slower)
+    later = _replayed(inter_bw="10Mbit", inter_lat="5ms")
     assert got.frame["time_s"].tolist() == pytest.approx(later.frame["time_s"].tolist(), rel=1e-12)
 
 
@@ -137,10 +144,10 @@ def test_file_round_trip_and_clear_refusals(tmp_path):
 
 
 def test_simulate_on_calibrated_links_is_slower_by_the_fitted_overheads():
-    plain = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms")
+    plain = _replayed(inter_bw="10Mbit", inter_lat="1ms")
     cal = Calibration("wall", 0.5, 0.0)
-    slow = simulate_run(RUN, inter_bw="10Mbit", inter_lat="1ms", calibration=cal)
-    half_rate = simulate_run(RUN, inter_bw="5Mbit", inter_lat="1ms")
+    slow = _replayed(inter_bw="10Mbit", inter_lat="1ms", calibration=cal)
+    half_rate = _replayed(inter_bw="5Mbit", inter_lat="1ms")
     # Goodput 50% is exactly half the rate, and the note says what was assumed.
     assert slow.frame["time_s"].tolist() == pytest.approx(half_rate.frame["time_s"].tolist(),
                                                           rel=1e-12)

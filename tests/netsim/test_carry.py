@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from netsim import Topology, TraceRecorder, collective_volume, simulate
+from netsim import ReplayOptions, Topology, TraceRecorder, collective_volume, simulate
 from netsim.model import CARRY_NOTE
 from netsim.model.programs import build_programs, carried_id
 
@@ -97,7 +97,7 @@ def test_a_cycled_replay_ends_the_step_after_the_drained_exchange_with_it():
     nbytes = 50_000
     # Cycling into recorded step 0 (which waits for nothing): the exchange posted by the last
     # recorded step ends the next step instead; every step is still at least its compute.
-    cycled = simulate(delayed_trace(nbytes), _topology("10Mbit"), steps=3 * STEPS)
+    cycled = simulate(delayed_trace(nbytes), _topology("10Mbit"), ReplayOptions(steps=3 * STEPS))
     t = _transfer(nbytes, "10Mbit")
     assert cycled.frame["time_s"].iloc[-1] == pytest.approx(C + SLOWER + (3 * STEPS - 1) * t + D,
                                                             rel=1e-9)

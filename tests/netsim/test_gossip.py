@@ -17,9 +17,12 @@ import torch.distributed as dist
 import flexdemo
 from experiments.cli import main
 from experiments.errors import ConfigError
-from experiments.replay.simulate import gossip_degrees, simulate_run
+from experiments.replay.engine import replay
+from experiments.replay.gossip import recorded_schedule
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ReplayTarget
 from flexdemo import graphs
-from netsim import Link, Topology, TraceRecorder, comm_per_step, shaping, simulate
+from netsim import Link, ReplayOptions, Topology, TraceRecorder, comm_per_step, shaping, simulate
 from netsim.model import SharedLink
 from netsim.nic import fair_share_finishes
 from netsim.trace import validate_trace
@@ -74,9 +77,9 @@ def _steps(n: int, graph_column: list | None = None) -> pd.DataFrame:
 
 
 def _replay(trace: pd.DataFrame, nodes: int, graph: str, **kw) -> pd.DataFrame:
-    degrees, _ = gossip_degrees(_meta(graph), _steps(3), nodes)
-    return simulate(trace, Topology.from_strings(nodes, 1, "80Mbit", "10ms"), degrees=degrees,
-                    **kw).frame
+    degrees, _, _ = recorded_schedule(_meta(graph), _steps(3), nodes, None)
+    return simulate(trace, Topology.from_strings(nodes, 1, "80Mbit", "10ms"),
+                    ReplayOptions(degrees=degrees, **kw)).frame
 
 
 # -- the processor-shared NIC, in both the shaper's batch and the model's link ---------------------
@@ -155,32 +158,34 @@ def test_time_varying_and_per_step_graphs_and_replicate_every():
         got = _replay(gossip_trace(4, "one-peer-exponential"), nodes, "one-peer-exponential")
         assert got["step_time_s"].tolist() == pytest.approx([closed_form(1)] * 3, rel=0.01)
     # ada records its graph per step; empty entries fall back to the run's setting.
-    degrees, lines = gossip_degrees(_meta("ring", "ada"),
-                                    _steps(3, ["ring", None, "exponential"]), 1024)
+    degrees, _, lines = recorded_schedule(_meta("ring", "ada"),
+                                    _steps(3, ["ring", None, "exponential"]), 1024, None)
     assert [degrees(step, 0) for step in (1, 2, 3)] == [2, 2, 19]
     assert lines == ["ada graph exponential rebuilt on 1024 nodes: degree 19",
                      "ada graph ring rebuilt on 1024 nodes: degree 2"]
     got = simulate(gossip_trace(4, "ring"), Topology.from_strings(1024, 1, "80Mbit", "10ms"),
-                   degrees=degrees).frame
+                   ReplayOptions(degrees=degrees)).frame
     assert got["step_time_s"].tolist() == pytest.approx(
         [closed_form(2), closed_form(2), closed_form(19)], rel=0.01)
     # Gossip every other step: the steps in between are compute only.
     sparse = _replay(gossip_trace(4, "ring", steps=4, every=2), 1024, "ring")["step_time_s"]
     assert sparse.tolist() == pytest.approx([COMPUTE, closed_form(2)] * 2, rel=0.01)
-    assert gossip_degrees({"config": {"method": "flexdemo"}}, _steps(3), 1024) == (None, [])
+    flexdemo = recorded_schedule({"config": {"method": "flexdemo"}}, _steps(3), 1024, None)
+    assert flexdemo == (None, None, [])
 
 
 def test_other_node_counts_need_the_graph_and_the_graph_must_fit():
     with pytest.raises(ValueError, match="point-to-point messages recorded on 4 nodes"):
         simulate(gossip_trace(4, "ring"), Topology.from_strings(16, 1))
     with pytest.raises(ConfigError, match=r"--nodes 1021: graph='torus' .* prime"):
-        gossip_degrees(_meta("torus"), _steps(3), 1021)
+        recorded_schedule(_meta("torus"), _steps(3), 1021, None)
 
 
 def test_slow_node_links_pace_the_gossip_step():
     topo = Topology.from_strings(16, 1, "80Mbit", "10ms", node_links=["3=40Mbit,10ms"])
-    degrees, _ = gossip_degrees(_meta("ring"), _steps(3), 16)
-    got = simulate(gossip_trace(4, "ring"), topo, degrees=degrees).frame["step_time_s"]
+    degrees, _, _ = recorded_schedule(_meta("ring"), _steps(3), 16, None)
+    got = simulate(gossip_trace(4, "ring"), topo,
+                   ReplayOptions(degrees=degrees)).frame["step_time_s"]
     assert got.iloc[-1] == pytest.approx(COMPUTE + 2 * SHARD / (BW / 2) + LAT, rel=0.01)
 
 
@@ -209,7 +214,7 @@ def test_cli_prints_the_rebuilt_graph_and_refuses_one_that_does_not_fit(tmp_path
     err = capsys.readouterr().err
     assert "graph='torus' needs a node count with a 2-D factorization" in err
     assert err.count("\n") == 1 and not out.exists()
-    sim = simulate_run(tmp_path / "torus", inter_bw="80Mbit", inter_lat="10ms")
+    sim = replay(read_run(tmp_path / "torus"), ReplayTarget(inter_bw="80Mbit", inter_lat="10ms"))
     assert sim.graphs == ("gossip graph torus rebuilt on 4 nodes: degree 2",)
     assert sim.p2p_degrees == (2,) and sim.frame["step"].tolist() == [1, 2, 3]
 
@@ -296,9 +301,10 @@ def _wall_gossip(rank: int, world: int, out: str) -> None:
         measured = comm_per_step(trace)["comm_s"]
         messages = trace[trace["kind"] == "collective"].groupby(["step", "rank"])
         per_rank = messages["end_s"].max() - messages["start_s"].min()
-        degrees, _ = gossip_degrees(_meta("ring"), _steps(3), world)
+        degrees, _, _ = recorded_schedule(_meta("ring"), _steps(3), world, None)
         # Compute scaled to nothing: the model's step is its communication alone.
-        model = simulate(trace, topo, degrees=degrees, compute_scale=1e-9).frame["step_time_s"]
+        model = simulate(trace, topo,
+                         ReplayOptions(degrees=degrees, compute_scale=1e-9)).frame["step_time_s"]
         modeled = 2 * SHARD / BW + LAT
         seen = (modeled, measured.tolist(), per_rank.tolist(), model.tolist())
         assert model.tolist() == pytest.approx([modeled] * 3, rel=0.01), seen

@@ -14,7 +14,16 @@ import torch.distributed as dist
 from experiments.cli import main
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from netsim import Link, Topology, TraceRecorder, collective_time, kernel, shaping, simulate
+from netsim import (
+    Link,
+    ReplayOptions,
+    Topology,
+    TraceRecorder,
+    collective_time,
+    kernel,
+    shaping,
+    simulate,
+)
 from netsim.kernel_probe import measure_goodput
 from netsim.topology import parse_node_links
 from netsim.trace import compute_outside_collectives
@@ -78,7 +87,7 @@ def test_link_for_takes_the_slowest_member_and_the_largest_latency():
 def test_slow_node_paces_a_ring_in_the_model_as_the_closed_form(op, per_node):
     topo = Topology.from_strings(4, per_node, FAST, "10ms", node_links=[f"2={SLOW},30ms"])
     trace = make_trace(topo, steps=1, compute=0.0, ops=((op, "ring", 2_000_000),))
-    got = simulate(trace, topo, algorithm="ring").frame["step_time_s"].iloc[0]
+    got = simulate(trace, topo, ReplayOptions(algorithm="ring")).frame["step_time_s"].iloc[0]
     # Closed form on the slowest link's bandwidth and the path's largest latency; with one NIC
     # per node, the node's per_node replicate groups move their bytes through it together.
     slowest = Link(SLOW, "30ms")
@@ -87,7 +96,8 @@ def test_slow_node_paces_a_ring_in_the_model_as_the_closed_form(op, per_node):
     expected = latency + per_node * (one - latency)
     assert got == pytest.approx(expected, rel=0.01)
     uniform_slow = Topology.from_strings(4, per_node, SLOW, "30ms")
-    assert got == pytest.approx(simulate(trace, uniform_slow, algorithm="ring").frame["step_time_s"]
+    assert got == pytest.approx(simulate(trace, uniform_slow,
+                                         ReplayOptions(algorithm="ring")).frame["step_time_s"]
                                 .iloc[0], rel=1e-9)
 
 
@@ -98,14 +108,14 @@ def test_straggler_and_slow_link_on_different_nodes_both_count():
     trace = make_trace(base, steps=2, compute=0.1)
     comm = collective_time("all_reduce", 4, 1e6, Link(SLOW, "20ms"), "ring")
     # Node 0 computes 0.1 / 0.5 s; node 3's link then paces the all-reduce.
-    step = simulate(trace, both, algorithm="ring").frame["step_time_s"].iloc[1]
+    step = simulate(trace, both, ReplayOptions(algorithm="ring")).frame["step_time_s"].iloc[1]
     assert step == pytest.approx(0.2 + comm, rel=1e-6)
 
 
 def test_a_fast_node_link_changes_nothing_when_another_node_is_slower():
     topo = Topology.from_strings(2, 1, SLOW, "10ms", node_links=["0=10Gbit,1ms"])
     trace = make_trace(topo, steps=1, compute=0.0)
-    got = simulate(trace, topo, algorithm="ring").frame["step_time_s"].iloc[0]
+    got = simulate(trace, topo, ReplayOptions(algorithm="ring")).frame["step_time_s"].iloc[0]
     assert got == pytest.approx(collective_time("all_reduce", 2, 1e6, Link(SLOW, "10ms")),
                                 rel=1e-9)
 

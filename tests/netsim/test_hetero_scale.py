@@ -5,8 +5,8 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from experiments.replay.simulate import gossip_degrees
-from netsim import Link, Topology, collective_time, simulate
+from experiments.replay.gossip import recorded_schedule
+from netsim import Link, ReplayOptions, Topology, collective_time, simulate
 from netsim.model.cluster import Cluster
 from tests.netsim.test_carry import delayed_trace
 from tests.netsim.test_gossip import gossip_trace
@@ -29,9 +29,9 @@ def _topology(nodes: int, per_node: int, **kw) -> Topology:
 
 def _both_ways(monkeypatch, trace: pd.DataFrame, topo: Topology, **kw) -> tuple[list, list]:
     """Step end times with one class per speed, and with one per distinct link (the old way)."""
-    merged = simulate(trace, topo, **kw).frame["time_s"].tolist()
+    merged = simulate(trace, topo, ReplayOptions(**kw)).frame["time_s"].tolist()
     monkeypatch.setattr(Cluster, "_class_per_link", True)
-    per_link = simulate(trace, topo, **kw).frame["time_s"].tolist()
+    per_link = simulate(trace, topo, ReplayOptions(**kw)).frame["time_s"].tolist()
     return merged, per_link
 
 
@@ -60,21 +60,22 @@ def test_a_class_per_speed_predicts_what_a_class_per_link_does(monkeypatch, case
     assert merged == pytest.approx(per_link, rel=1e-9, abs=0)
     assert len({link for _, link in topo.node_links}) == NODES  # each node its own link
     # The links matter: on the uniform 1 Gbit/s links the same replay is faster.
-    fast = simulate(trace, dataclasses.replace(topo, node_links=()), **kw).frame["time_s"]
+    uniform = dataclasses.replace(topo, node_links=())
+    fast = simulate(trace, uniform, ReplayOptions(**kw)).frame["time_s"]
     assert merged[-1] > 1.05 * fast.iloc[-1]
 
 
 def test_gossip_with_distinct_links_predicts_as_a_class_per_link(monkeypatch):
     nodes = 64  # messages use the ingress too; speeds differ, so classes still meet each round
-    degrees, _ = gossip_degrees({"config": {"method": "gossip", "graph": "exponential"}},
-                                pd.DataFrame({"step": range(1, 4)}), nodes)
+    degrees, _, _ = recorded_schedule({"config": {"method": "gossip", "graph": "exponential"}},
+                                pd.DataFrame({"step": range(1, 4)}), nodes, None)
     topo = Topology.from_strings(nodes, 1, "80Mbit", "10ms", node_links=distinct_links(nodes),
                                  node_speed=_two_speeds(nodes))
     merged, per_link = _both_ways(monkeypatch, gossip_trace(4, "exponential"), topo,
                                   degrees=degrees)
     assert merged == pytest.approx(per_link, rel=1e-9, abs=0)
     fast = simulate(gossip_trace(4, "exponential"), dataclasses.replace(topo, node_links=()),
-                    degrees=degrees).frame["time_s"]
+                    ReplayOptions(degrees=degrees)).frame["time_s"]
     assert merged[-1] > 1.05 * fast.iloc[-1]
 
 
@@ -94,7 +95,7 @@ def test_a_groups_pace_is_the_closed_form_on_its_slowest_members_link(per_node):
     nbytes = 200_000
     trace = make_trace(Topology.from_strings(2, per_node), steps=1, compute=0.0,
                        ops=(("all_reduce", "ring", nbytes),))
-    got = simulate(trace, topo, algorithm="ring").frame["step_time_s"].iloc[0]
+    got = simulate(trace, topo, ReplayOptions(algorithm="ring")).frame["step_time_s"].iloc[0]
     links = [topo.node_link(k) for k in range(NODES)]
     slowest = Link(min(link.bandwidth for link in links), max(link.latency for link in links))
     assert slowest == topo.inter_link() and slowest.latency == pytest.approx(0.013)

@@ -18,7 +18,7 @@ from netsim import (
     ring_nic_share,
     simulate,
 )
-from netsim.model import MODEL_NOTE, AlgorithmChoice, Replay
+from netsim.model import MODEL_NOTE, AlgorithmChoice, Replay, ReplayOptions
 from netsim.trace import comm_per_step, load_trace
 
 
@@ -57,7 +57,7 @@ def test_the_slowest_recorded_node_sets_each_steps_pace(nodes):
     trace = make_trace(recorded, steps=2, compute=lambda rank, step: slow.get((rank, step), 0.05),
                        ops=(("all_reduce", "ring", 1_000_000),))
     target = Topology.from_strings(nodes, 1, "80Mbit", "0ms")
-    got = simulate(trace, target, algorithm="ring").frame["step_time_s"].tolist()
+    got = simulate(trace, target, ReplayOptions(algorithm="ring")).frame["step_time_s"].tolist()
     op = collective_time("all_reduce", nodes, 1_000_000, target.inter, "ring")
     assert got == pytest.approx([0.10 + op, 0.12 + op], rel=1e-6)
 
@@ -77,7 +77,7 @@ def test_single_collective_matches_closed_form(nodes, op, algorithm):
     topo = Topology.from_strings(nodes, 1, "80Mbit", "10ms")
     trace = make_trace(topo, steps=1, compute=0.0, ops=((op, algorithm, 2_000_000),))
     # The recorded algorithm's closed form: "auto" would pick the tree or Bruck at 16 nodes.
-    got = simulate(trace, topo, algorithm="ring").frame["step_time_s"].iloc[0]
+    got = simulate(trace, topo, ReplayOptions(algorithm="ring")).frame["step_time_s"].iloc[0]
     expected = collective_time(op, nodes, 2_000_000, topo.inter, algorithm)
     assert got == pytest.approx(expected, rel=0.01)
     if op == "all_reduce":
@@ -90,7 +90,7 @@ def test_single_collective_matches_closed_form(nodes, op, algorithm):
 
 def test_replay_is_a_typed_frozen_result():
     topo = Topology.from_strings(2, 1, "80Mbit", "10ms")
-    got = simulate(make_trace(topo, steps=2), topo, algorithm="ring")
+    got = simulate(make_trace(topo, steps=2), topo, ReplayOptions(algorithm="ring"))
     assert isinstance(got, Replay) and got.frame.attrs == {}  # nothing rides on the frame
     assert list(got.frame.columns) == ["step", "step_time_s", "time_s"]
     assert got.topology is topo and got.recorded_topology == (2, 1)
@@ -109,7 +109,7 @@ def test_model_replays_compute_and_extrapolates_steps_and_nodes():
     assert out["step_time_s"].tolist() == pytest.approx([per_step] * 3, rel=1e-6)
     assert out["time_s"].iloc[-1] == pytest.approx(3 * per_step, rel=1e-6)
     big = Topology.from_strings(8, 1, "80Mbit", "10ms")
-    longer = simulate(trace, big, steps=10, compute_scale=0.5, algorithm="ring")
+    longer = simulate(trace, big, ReplayOptions(steps=10, compute_scale=0.5, algorithm="ring"))
     assert len(longer.frame) == 10
     assert longer.frame["step_time_s"].iloc[-1] == pytest.approx(
         0.025 + ring_all_reduce_time(8, 1e6, big.inter)
@@ -200,9 +200,9 @@ def test_bad_traces_and_topologies_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="end_s is before"):
         simulate(trace.assign(end_s=trace["start_s"] - 1.0), topo)
     with pytest.raises(ValueError, match="steps"):
-        simulate(trace, topo, steps=0)
+        simulate(trace, topo, ReplayOptions(steps=0))
     with pytest.raises(ValueError, match="compute_scale"):
-        simulate(trace, topo, compute_scale=-1)
+        simulate(trace, topo, ReplayOptions(compute_scale=-1))
     with pytest.raises(ValueError, match="topology"):
         simulate(trace, "2x1")
     # Only one node's rows: its all-reduces name a partner the trace does not hold.
@@ -287,10 +287,10 @@ def test_intra_ops_use_the_intra_link_or_their_recorded_time():
     trace = pd.concat(frames, ignore_index=True)
     modeled = simulate(trace, topo).frame["step_time_s"].iloc[0]
     assert modeled == pytest.approx(0.02 + 1e6 / 1e9, rel=1e-6)  # 20 ms compute + 1 ms on 1 GB/s
-    recorded = simulate(trace, topo, intra="recorded").frame["step_time_s"].iloc[0]
+    recorded = simulate(trace, topo, ReplayOptions(intra="recorded")).frame["step_time_s"].iloc[0]
     assert recorded == pytest.approx(0.04, rel=1e-6)
     with pytest.raises(ValueError, match="intra 'fast'"):
-        simulate(trace, topo, intra="fast")
+        simulate(trace, topo, ReplayOptions(intra="fast"))
 
 
 @pytest.mark.parametrize("intra", ["recorded", "model"])
@@ -317,7 +317,8 @@ def test_intra_node_ops_vanish_at_one_accelerator_per_node(intra):
         frames.append(rec.frame())
     trace = pd.concat(frames, ignore_index=True)
     target = Topology.from_strings(4, 1, "80Mbit", "0ms")
-    got = simulate(trace, target, intra=intra, algorithm="ring").frame["step_time_s"].iloc[0]
+    got = simulate(trace, target,
+                   ReplayOptions(intra=intra, algorithm="ring")).frame["step_time_s"].iloc[0]
     op = collective_time("all_reduce", 4, 1_000_000, target.inter, "ring")
     assert got == pytest.approx(0.05 + op, rel=1e-6)
 
@@ -363,7 +364,7 @@ def test_two_replicate_groups_per_node_never_beat_the_shared_nic(intra):
     trace = hsdp_trace()
     topo = Topology(2, 2, Link(1e11, 5e-6), Link(1.25e6, 0.0))
     bound = 2 * sum((262_400, 36_992, 2_580, 640)) / 1.25e6  # 0.484 s
-    got = simulate(trace, topo, intra=intra, compute_scale=1e-3).frame["step_time_s"]
+    got = simulate(trace, topo, ReplayOptions(intra=intra, compute_scale=1e-3)).frame["step_time_s"]
     # A recorded intra op that waited 1.5 s for a late peer must not let the other position run
     # a step ahead and use the NIC alone: every step pays the whole NIC bound, and barely more.
     assert (got >= bound * (1 - 1e-9)).all(), got.tolist()
@@ -448,9 +449,9 @@ def test_a_replay_with_progress_counts_every_simulated_step(monkeypatch):
     _Bar.made.clear()
     topo = Topology.from_strings(4, 2, "80Mbit", "10ms")
     trace = make_trace(Topology.from_strings(2, 2, "80Mbit", "10ms"), steps=3)
-    plain = simulate(trace, topo, steps=25)
+    plain = simulate(trace, topo, ReplayOptions(steps=25))
     assert not _Bar.made  # no bar unless asked
-    shown = simulate(trace, topo, steps=25, progress=True)
+    shown = simulate(trace, topo, ReplayOptions(steps=25, progress=True))
     (bar,) = _Bar.made
     assert bar.total == bar.n == 25  # every step once, however many processes replay it
     assert bar.kwargs["delay"] == 2 and bar.kwargs["file"] is sys.stderr
@@ -488,13 +489,13 @@ def test_a_node_standing_for_two_shares_their_nics_between_its_intra_and_inter_o
     x_ar = collective_volume("all_reduce", 2, 1_000_000, "ring").paced_bytes
     assert x_ag < x_ar  # the gather ends first; the hand formula holds either way
     spanning = Topology(2, 2, Link(b, 0.0), Link(2 * b, 0.0), node_span=2)
-    got = simulate(trace, spanning, algorithm="ring").frame["step_time_s"].iloc[0]
+    got = simulate(trace, spanning, ReplayOptions(algorithm="ring")).frame["step_time_s"].iloc[0]
     assert got == pytest.approx(0.01 + (x_ag + x_ar) / b, rel=1e-9)
-    apart = simulate(trace, replace(spanning, node_span=1), algorithm="ring").frame
+    apart = simulate(trace, replace(spanning, node_span=1), ReplayOptions(algorithm="ring")).frame
     assert apart["step_time_s"].iloc[0] == pytest.approx(0.01 + max(x_ag, x_ar) / b, rel=1e-9)
     # A ring paced by a slower hop inside the node keeps that pace.
     slow = replace(spanning, intra=Link(b / 10, 0.0))
-    got = simulate(trace, slow, algorithm="ring").frame["step_time_s"].iloc[0]
+    got = simulate(trace, slow, ReplayOptions(algorithm="ring")).frame["step_time_s"].iloc[0]
     assert got == pytest.approx(0.01 + 10 * x_ag / b, rel=1e-9)
     with pytest.raises(ValueError, match="node_span 2 .* takes nic 'per-node'"):
         replace(spanning, nic="per-accelerator")

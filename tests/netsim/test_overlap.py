@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from netsim import Topology, TraceRecorder, collective_volume, simulate
+from netsim import ReplayOptions, Topology, TraceRecorder, collective_volume, simulate
 from netsim.model import OVERLAP_NOTE, has_unit_marks
 
 # Recorded seconds: forward, backward of unit 1 (the inner block, whose backward comes first),
@@ -74,7 +74,7 @@ def test_recorded_overlap_is_the_serial_closed_form():
     r, t, g = _times()
     # Every op where the trace waited on it: compute and transfers add up.
     expected = F + B1 + r[1] + t[1] + B0 + r[0] + t[0] + E + OPT + g
-    replay = simulate(scripted_trace(), _topology(), algorithm="ring")
+    replay = simulate(scripted_trace(), _topology(), ReplayOptions(algorithm="ring"))
     assert replay.overlap == "recorded" and OVERLAP_NOTE not in replay.note
     assert replay.frame["step_time_s"].tolist() == pytest.approx([expected] * 2, rel=1e-9)
 
@@ -93,7 +93,8 @@ def test_fsdp2_overlap_is_the_two_stream_closed_form():
     backward = max(t0 + E, ar0)  # the optimizer step waits for every reduce
     expected = backward + OPT + g  # the method's exchange stays serial
     assert B0 > r[1] + t[1] and t0 + E < ar0  # the numbers exercise both sides of the maxima
-    replay = simulate(scripted_trace(), _topology(), algorithm="ring", overlap="fsdp2")
+    replay = simulate(scripted_trace(), _topology(),
+                      ReplayOptions(algorithm="ring", overlap="fsdp2"))
     assert replay.overlap == "fsdp2" and OVERLAP_NOTE in replay.note
     assert replay.frame["step_time_s"].tolist() == pytest.approx([expected] * 2, rel=1e-9)
 
@@ -108,8 +109,8 @@ def test_an_exchange_at_the_backward_marks_instant_follows_every_reduce():
     ar1 = rs1 + t[1]
     rs0 = max(t0, rs1) + r[0]
     backward = max(rs0, ar1) + t[0]
-    replay = simulate(scripted_trace(instant=True), _topology(), algorithm="ring",
-                      overlap="fsdp2")
+    replay = simulate(scripted_trace(instant=True), _topology(), ReplayOptions(algorithm="ring",
+                      overlap="fsdp2"))
     assert replay.frame["step_time_s"].tolist() == pytest.approx([backward + g] * 2, rel=1e-9)
 
 
@@ -156,13 +157,15 @@ def test_fsdp2_all_gathers_run_one_at_a_time():
     g = [collective_volume("all_gather", 2, n, "ring").time(intra) for n in GATHER]
     assert all(g[k + 1] > C[k] for k in range(len(C) - 1))
     expected = sum(g) + C[-1]
-    replay = simulate(prefetch_trace(), _topology(), algorithm="ring", overlap="fsdp2")
+    replay = simulate(prefetch_trace(), _topology(),
+                      ReplayOptions(algorithm="ring", overlap="fsdp2"))
     assert replay.frame["step_time_s"].tolist() == pytest.approx([expected] * 2, rel=1e-9)
 
 
 def test_marks_change_nothing_when_replayed_as_recorded():
-    plain = simulate(scripted_trace(marks=False), _topology(), algorithm="ring")
-    marked = simulate(scripted_trace(), _topology(), algorithm="ring", overlap="recorded")
+    plain = simulate(scripted_trace(marks=False), _topology(), ReplayOptions(algorithm="ring"))
+    marked = simulate(scripted_trace(), _topology(),
+                      ReplayOptions(algorithm="ring", overlap="recorded"))
     assert plain.frame.equals(marked.frame) and plain.note == marked.note
 
 
@@ -170,9 +173,9 @@ def test_fsdp2_overlap_without_marks_or_unknown_mode_is_refused():
     trace = scripted_trace(marks=False)
     assert not has_unit_marks(trace) and has_unit_marks(scripted_trace())
     with pytest.raises(ValueError, match='overlap "fsdp2" needs a trace with FSDP2 backward'):
-        simulate(trace, _topology(), overlap="fsdp2")
+        simulate(trace, _topology(), ReplayOptions(overlap="fsdp2"))
     with pytest.raises(ValueError, match="overlap 'gpu' is not known"):
-        simulate(trace, _topology(), overlap="gpu")
+        simulate(trace, _topology(), ReplayOptions(overlap="gpu"))
 
 
 def test_old_traces_without_the_unit_column_still_load():
@@ -183,7 +186,8 @@ def test_old_traces_without_the_unit_column_still_load():
 def test_phase_seconds_scale_each_phase_to_the_given_seconds():
     r, t, g = _times()
     fb, opt = 0.003, 0.0005  # forward+backward and optimizer compute per step, as if profiled
-    replay = simulate(scripted_trace(), _topology(), algorithm="ring", phase_seconds=(fb, opt))
+    replay = simulate(scripted_trace(), _topology(),
+                      ReplayOptions(algorithm="ring", phase_seconds=(fb, opt)))
     # Recorded: F + B1 + B0 + E before the backward mark, OPT after it; each scaled on its own.
     assert replay.phases.recorded_s == pytest.approx((F + B1 + B0 + E, OPT))
     assert replay.phases.scales() == pytest.approx((fb / (F + B1 + B0 + E), opt / OPT))
@@ -193,17 +197,20 @@ def test_phase_seconds_scale_each_phase_to_the_given_seconds():
 
 def test_phase_seconds_refused_without_backward_marks_or_beside_a_compute_scale():
     with pytest.raises(ValueError, match='"backward" marks'):
-        simulate(scripted_trace(marks=False), _topology(), phase_seconds=(0.001, 0.001))
+        simulate(scripted_trace(marks=False), _topology(),
+                 ReplayOptions(phase_seconds=(0.001, 0.001)))
     with pytest.raises(ValueError, match="compute_scale must be 1"):
-        simulate(scripted_trace(), _topology(), compute_scale=0.5, phase_seconds=(0.001, 0.001))
+        simulate(scripted_trace(), _topology(),
+                 ReplayOptions(compute_scale=0.5, phase_seconds=(0.001, 0.001)))
     with pytest.raises(ValueError, match="finite seconds"):
-        simulate(scripted_trace(), _topology(), phase_seconds=(0.001, -1.0))
+        simulate(scripted_trace(), _topology(), ReplayOptions(phase_seconds=(0.001, -1.0)))
 
 
 def test_phase_scale_multiplies_each_phase_on_top_of_compute_scale():
     r, t, g = _times()
-    replay = simulate(scripted_trace(), _topology(), algorithm="ring", compute_scale=0.5,
-                      phase_scale=(1.0, 0.25))
+    replay = simulate(scripted_trace(), _topology(),
+                      ReplayOptions(algorithm="ring", compute_scale=0.5,
+                      phase_scale=(1.0, 0.25)))
     # The optimizer phase (OPT) is a quarter as long, then every compute gap halved.
     expected = 0.5 * (F + B1 + B0 + E) + 0.5 * 0.25 * OPT + r[1] + t[1] + r[0] + t[0] + g
     assert replay.frame["step_time_s"].tolist() == pytest.approx([expected] * 2, rel=1e-9)
@@ -213,9 +220,9 @@ def test_phase_scale_multiplies_each_phase_on_top_of_compute_scale():
 
 def test_phase_scale_refused_without_marks_beside_phase_seconds_or_not_positive():
     with pytest.raises(ValueError, match='phase_scale needs the trace\'s "backward" marks'):
-        simulate(scripted_trace(marks=False), _topology(), phase_scale=(1.0, 0.5))
+        simulate(scripted_trace(marks=False), _topology(), ReplayOptions(phase_scale=(1.0, 0.5)))
     with pytest.raises(ValueError, match="not both"):
-        simulate(scripted_trace(), _topology(), phase_seconds=(0.001, 0.001),
-                 phase_scale=(1.0, 0.5))
+        simulate(scripted_trace(), _topology(), ReplayOptions(phase_seconds=(0.001, 0.001),
+                 phase_scale=(1.0, 0.5)))
     with pytest.raises(ValueError, match="finite factors > 0"):
-        simulate(scripted_trace(), _topology(), phase_scale=(1.0, 0.0))
+        simulate(scripted_trace(), _topology(), ReplayOptions(phase_scale=(1.0, 0.0)))

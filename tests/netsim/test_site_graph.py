@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 
 from experiments.cli import main
-from experiments.replay.simulate import simulate_run
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ReplayTarget
 from tests.netsim.test_gossip import BW, COMPUTE, LAT, SHARD, closed_form, gossip_trace
 
 # 4 sites of 256 around the gateway ring 0-1-2-3-0. The RTTs of the pairs that are not
@@ -60,7 +62,7 @@ def test_a_site_graph_step_on_1024_nodes_in_4_sites_is_its_closed_form(tmp_path,
     # uplink here), then the one-way latency to the farther neighbour site on the ring.
     run = _fake_run(tmp_path / "run")
     sites = _site_file(tmp_path / "sites.toml")
-    sim = simulate_run(run, topology_file=str(sites), nodes=1024)
+    sim = replay(read_run(run), ReplayTarget(topology=str(sites), nodes=1024))
     up = [12.5e6, 12.5e6, 6.25e6, 50e6]  # bytes/s
     inside = 17 * SHARD / 1.25e8
     neighbour_rtt = [max(RTT[s][(s - 1) % 4], RTT[s][(s + 1) % 4]) / 1e3 for s in range(4)]

@@ -3,7 +3,7 @@
 import pytest
 
 from flexdemo import graphs
-from netsim import Link, Topology, simulate
+from netsim import Link, ReplayOptions, Topology, simulate
 from netsim.model.cluster import Cluster
 from netsim.sites import (
     Site,
@@ -112,10 +112,11 @@ def test_one_site_replays_exactly_as_the_flat_topology(run):
     sites = parse_sites({"site": [_site("only", 12, uplink="1Mbit", intra_bw="3Gbit",
                                         intra_lat="2ms")]})
     intra = Link("100GB/s", "5us")
-    on_sites = simulate(trace, Topology.on_sites(sites, 4, intra), steps=60, intra="model",
-                        compute_scale=0.05)
-    flat = simulate(trace, Topology(12, 4, intra, Link("3Gbit", "2ms")), steps=60,
-                    intra="model", compute_scale=0.05)
+    on_sites = simulate(trace, Topology.on_sites(sites, 4, intra),
+                        ReplayOptions(steps=60, intra="model",
+                        compute_scale=0.05))
+    flat = simulate(trace, Topology(12, 4, intra, Link("3Gbit", "2ms")), ReplayOptions(steps=60,
+                    intra="model", compute_scale=0.05))
     assert on_sites.frame["time_s"].tolist() == pytest.approx(flat.frame["time_s"].tolist(),
                                                                rel=1e-9, abs=0)
     # The one site's uplink (1 Mbit/s) carries nothing: two sites of 6 are far slower (60
@@ -123,8 +124,8 @@ def test_one_site_replays_exactly_as_the_flat_topology(run):
     two = parse_sites({"site": [_site("a", 6, uplink="1Gbit", intra_bw="3Gbit", intra_lat="2ms"),
                                 _site("b", 6, uplink="1Gbit", intra_bw="3Gbit", intra_lat="2ms")],
                        "rtt": _rtt(["0ms", "40ms"], ["40ms", "0ms"])})
-    split = simulate(trace, Topology.on_sites(two, 4, intra), steps=60, intra="model",
-                     compute_scale=0.05)
+    split = simulate(trace, Topology.on_sites(two, 4, intra), ReplayOptions(steps=60, intra="model",
+                     compute_scale=0.05))
     assert split.frame["time_s"].iloc[-1] > 1.05 * flat.frame["time_s"].iloc[-1]
 
 
@@ -236,7 +237,7 @@ def test_a_gossip_round_on_sites_equals_its_closed_form(graph, remote):
 
     assert rounds(1, 0).remote == (remote, remote)
     replay = simulate(gossip_trace(4, "ring"), Topology.on_sites(sites, 1, Link("100GB/s")),
-                      site_rounds=rounds)
+                      ReplayOptions(site_rounds=rounds))
     peers = len(graphs.peers(graph, 8, 0))
     site_b = max(remote * SHARD / 5e6, remote * SHARD / 20e6, peers * SHARD / (10e9 / 8))
     expected = COMPUTE + site_b + 0.015

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from experiments.report import intervals
+from experiments.scoring import intervals
 
 __all__ = ["SEEDS_ONLY", "WINNER_COLUMNS", "WITH_STEP_NOISE", "margin_text", "winners"]
 

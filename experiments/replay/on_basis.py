@@ -6,9 +6,9 @@ A sweep times each unit on its own recorded compute, so the machine's load while
 trained enters its time. With --same-compute every finished training unit is replayed at every
 simulated network point of the sweep (grid and validation points) exactly as
 `flexbench compare SWEEP --inter-bw BW --inter-lat LAT --same-compute MODE` replays it: the
-namespace is compare's own parser's, the basis is `compare.compute_basis` (method: each method's
+same `ReplayTarget` and `Question`, the basis `compare.compute_basis` (method: each method's
 median recorded compute per step over its seeds; all: one median over every unit) and each run
-is scored by `compare.score`, so at a grid point the report and compare give the same times.
+scored by `compare.score`, so at a grid point the report and compare give the same times.
 
 The replayed rows take the place of the sweep's simulated rows in every time-to-target table,
 speed-up, "first to the target", crossover bandwidth (whose extra replays are compare's too),
@@ -23,10 +23,10 @@ or that has no target (its baseline never finished).
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,14 +34,19 @@ import pandas as pd
 
 from experiments.errors import ConfigError
 from experiments.logs import progress
-from experiments.report import intervals
+from experiments.replay import compare
+from experiments.replay.engine import replay
+from experiments.replay.recordings import read_run
+from experiments.replay.target import ComputeBasis, ReplayTarget
+from experiments.scoring import intervals, step_noise
+from experiments.scoring.crossings import TimeAt
+from experiments.scoring.targets import time_to_target
+from netsim.units import format_bandwidth
 
-__all__ = ["BASIS_FILE", "OnBasis", "replay_on_basis"]
+__all__ = ["BASIS_FILE", "OnBasis", "recorded_unit_time", "replay_on_basis", "run_axis"]
 
 BASIS_FILE = "compute_basis.json"
 
-# bandwidth (bytes/s) -> time to target (s), as crossover.TimeAt
-TimeAt = Callable[[float], float]
 
 
 @dataclass(frozen=True)
@@ -87,17 +92,10 @@ class OnBasis:
                 "not_to": ["runs.parquet", "steps.parquet", "the validation table"]}
 
 
-def _compare_args(path: str, bw: str, lat: str, mode: str,
-                  step_noise: bool) -> argparse.Namespace:
-    """The namespace `flexbench compare PATH --inter-bw BW --inter-lat LAT --same-compute MODE`
-    parses to (compare's own parser: its defaults are the report's)."""
-    from experiments.replay import compare, compare_cli
-
-    parser = argparse.ArgumentParser(prog="flexbench compare")
-    compare_cli.configure(parser)
-    argv = [path, "--inter-bw", bw, "--inter-lat", lat, "--same-compute", mode]
-    (cell,) = compare.cells(parser.parse_args(argv + (["--step-noise"] if step_noise else [])))
-    return cell
+def _cell(bw: str, lat: str, mode: str) -> ReplayTarget:
+    """The target of `flexbench compare SWEEP --inter-bw BW --inter-lat LAT --same-compute
+    MODE`."""
+    return ReplayTarget(inter_bw=bw, inter_lat=lat, compute=ComputeBasis(same=mode))
 
 
 def _check_one_cluster(path: str, runs: pd.DataFrame) -> None:
@@ -120,72 +118,62 @@ def _check_one_cluster(path: str, runs: pd.DataFrame) -> None:
 
 
 def replay_on_basis(path: str, runs: pd.DataFrame, steps: pd.DataFrame, mode: str, *,
-                    step_noise: bool = False) -> OnBasis:
-    """Every finished simulated row of a sweep replayed on the --same-compute `mode` basis.
+                    noise: bool = False) -> OnBasis:
+    """Every finished simulated row of a sweep replayed on the --same-compute `mode` basis;
+    `noise`: with each run's resampled step times (--step-noise).
 
     ConfigError (one sentence) for a sweep compare would refuse; nothing is written here.
     """
-    from experiments.replay import compare
-
     _check_one_cluster(path, runs)
     sim = runs[runs["source"] == "sim"]
     points = sim.drop_duplicates("network")
     if points.empty:
         raise ConfigError(f"{path!r} has no simulated rows to replay on a compute basis; run "
                           "`flexbench sweep` on it first.")
-    cells = {net: _compare_args(path, bw, lat, mode, step_noise) for net, bw, lat in
+    cells = {net: _cell(bw, lat, mode) for net, bw, lat in
              zip(points["network"], points["inter_bw"], points["inter_lat"], strict=True)}
-    given = compare.gather(next(iter(cells.values())))
+    question = compare.Question((Path(path),), step_noise=noise)
+    given = compare.gather(question, next(iter(cells.values())))
     found = {c.path.name: (c, r) for c, r in given.runs}
 
-    def scored(cell: argparse.Namespace, unit: str) -> compare.Scored:
+    def scored(cell: ReplayTarget, unit: str, noise: bool | None = None) -> compare.Scored:
         c, run = found[unit]
-        return compare.score(cell, c, run, given.settings, given.target, [], [],
-                             given.bases.get(c.variant))
+        return compare.score(cell, given, c, run, noise=noise)
 
     times, finals, samples, axes = [], [], [], {}
     for row in progress(runs.itertuples(index=False), total=len(runs),
                         desc=f"report: replay on --same-compute {mode}", unit="row"):
         ttt = float(row.time_to_target_s)
-        final, noise = float(row.final_time_s), np.full(_resamples(), ttt)
+        final, resampled = float(row.final_time_s), np.full(step_noise.RESAMPLES, ttt)
         if row.source == "sim" and row.status == "done" and row.unit in found:
             result = scored(cells[row.network], str(row.unit))
-            ttt, noise = result.time_to_target_s, result.samples
+            ttt, resampled = result.time_to_target_s, result.samples
             if result.axis is not None:
                 axes[row.unit, row.network] = result.axis
                 final = _final_time(result.axis, steps, str(row.unit), str(row.network))
         times.append(ttt)
         finals.append(final)
-        samples.append(noise)
+        samples.append(resampled)
     replayed = runs.assign(time_to_target_s=times, final_time_s=finals,
                            reached=[math.isfinite(t) for t in times])
-    if step_noise:
+    if noise:
         replayed[intervals.SAMPLES_COLUMN] = samples
     memo: dict[tuple[str, str, float], float] = {}
 
     def unit_time(unit: str, lat: str, target: float) -> TimeAt:
         """A unit's time to target at any bandwidth on the basis (memoised per bandwidth)."""
-        from netsim.units import format_bandwidth
-
         del target  # the sweep's one target (`_check_one_cluster`), which compare scores on
 
         def at(bw: float) -> float:
             if (unit, lat, bw) not in memo:
-                cell = _compare_args(path, format_bandwidth(bw), lat, mode, False)
-                memo[unit, lat, bw] = scored(cell, unit).time_to_target_s
+                cell = _cell(format_bandwidth(bw), lat, mode)
+                memo[unit, lat, bw] = scored(cell, unit, noise=False).time_to_target_s
             return memo[unit, lat, bw]
 
         return at
 
     return OnBasis(mode, given.basis_text, dict(given.bases), replayed,
                    _steps_on(steps, axes), unit_time)
-
-
-def _resamples() -> int:
-    """How many step-time resamples a row carries (compare's count)."""
-    from experiments.replay import step_noise
-
-    return step_noise.RESAMPLES
 
 
 def _final_time(axis: pd.DataFrame, steps: pd.DataFrame, unit: str, network: str) -> float:
@@ -215,3 +203,28 @@ def _steps_on(steps: pd.DataFrame, axes: dict[tuple[str, str], pd.DataFrame]) ->
             axis[["step", "step_time_s", "time_s"]], on="step", how="left")
         parts.append(timed[part.columns])
     return pd.concat(parts, ignore_index=True)
+
+
+def recorded_unit_time(out: Path, unit: str, latency: str, target: float) -> TimeAt:
+    """A sweep unit's time to target at any bandwidth, replayed on its recorded compute
+    (memoised per bandwidth): what the report's crossover bandwidths refine between grid points.
+    """
+    run = read_run(Path(out) / "units" / unit)
+    evals = run.steps.loc[run.steps["val_loss"].notna(), ["step", "val_loss"]]
+    memo: dict[float, float] = {}
+
+    def time_at(bw: float) -> float:
+        if bw not in memo:
+            frame = replay(run, ReplayTarget(inter_bw=format_bandwidth(bw),
+                                             inter_lat=latency)).frame
+            points = evals.merge(frame[["step", "time_s"]], on="step")
+            memo[bw] = time_to_target(points["time_s"], points["val_loss"], target)
+        return memo[bw]
+
+    return time_at
+
+
+def run_axis(run_dir: Path, *, inter_bw: str, inter_lat: str) -> pd.DataFrame:
+    """A run's replayed time axis on a flat network, on its own recorded compute (the shaped
+    runs' own-compute check, `experiments.report.validation`)."""
+    return replay(read_run(run_dir), ReplayTarget(inter_bw=inter_bw, inter_lat=inter_lat)).frame
