@@ -27,6 +27,7 @@ Torch-free: a program is read without building a tensor.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -61,10 +62,19 @@ class Program:
     """A replicator's exchange, step by step (module docstring); this one sends nothing."""
 
     period: int = 1
-    exchanges: int = 0
     steady_from: int = 1
     state_bytes: int = 0
     ends_step: bool = False
+
+    @functools.cached_property
+    def exchanges(self) -> int:
+        """Exchanging steps in one period from ``steady_from`` (by the program's
+        ``exchanges_on(step)``; none without one), counted on first use: a period may be too
+        long to walk, which a plan refuses before it asks."""
+        exchanges_on = getattr(self, "exchanges_on", None)
+        if exchanges_on is None:
+            return 0
+        return sum(map(exchanges_on, range(self.steady_from, self.steady_from + self.period)))
 
     def blocking(self, step: int) -> list[Op]:
         """Ops 1-based ``step`` runs and waits for, one after another, before its posts."""
@@ -106,10 +116,6 @@ class Periodic(Program):
     elements: dict[int, int] | None = None
     steady_from: int = 1
     said: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.exchanges = sum(self.exchanges_on(s) for s in
-                             range(self.steady_from, self.steady_from + self.period))
 
     def _ops(self, step: int) -> list[tuple[str, int]]:
         return self.ops(step) if self.exchanges_on(step) else []

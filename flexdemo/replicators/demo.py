@@ -154,7 +154,7 @@ class DeMoProgram(Program):
         self.replicates_on, self.delay = replicator.replicates_on, replicator.delay
         self.plan = plan
         self.period = schedule_period(replicator.replicate_every, replicator.skip_every)
-        self.exchanges = sum(map(self.replicates_on, range(1, self.period + 1)))
+        self.exchanges_on = self.replicates_on
         # The momentum (every coefficient, fp32), this rank's bucket and what it receives
         # (all-gather: every replica's bucket; dense: the buffer reduced in place), twice
         # while one exchange is in flight across a step (delay=1).

@@ -77,7 +77,7 @@ class GossipProgram(Program):
         self.shard = sum(math.prod(s) for s in shard_shapes)
         self.measure, self.entries = measure, entries
         self.period = period
-        self.exchanges = sum(map(replicates_on, range(1, period + 1)))
+        self.exchanges_on = replicates_on
         # The flat copy of the shard it sends and an inbox per neighbour of the busiest replica
         # in flight at once: at most RECEIVE_LIMIT (its windows), and with several windows the
         # mixed copy besides; none on a graph that all-reduces (the complete one). Ada's probe:
