@@ -254,7 +254,7 @@ def test_the_documented_method_runs_through_every_command_from_outside_the_repos
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """docs/methods.md's mymethods.py in a folder of its own, on PYTHONPATH as the docs say:
-    run, a sweep, compare against hsdp-adamw, run --emulate, and plan's refusal."""
+    run, a sweep, compare against hsdp-adamw, run --emulate and plan."""
     (tmp_path / "mymethods.py").write_text(_docs_example())
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1",
            "TQDM_DISABLE": "1"}
@@ -307,13 +307,23 @@ momentum = [0.5]
     assert "mymethods:make is a plug-in" in done.stdout
     assert json.loads((tmp_path / "em" / "run.json").read_text())["config"]["nodes"] == 3
 
-    # The planner plans a method from the program its replicator writes; this one has none.
-    capsys.readouterr()
-    assert cli.main(["plan", "--model", "lm-tiny", "--method", "mymethods:make", "--nodes", "2",
+    # The planner plans it from the program its replicator writes: a byte an entry, every step.
+    assert cli.main(["plan", "--model", "lm-tiny", "--method", "mymethods:make", "--nodes", "4",
+                     "--gpus-per-node", "1", "--step-compute", "0.1", "--inter-bw", "1Gbit",
+                     "--inter-lat", "1ms", "--out", "plan.csv"]) == 0
+    row = pd.read_csv(tmp_path / "plan.csv").set_index("method").loc["mymethods:make"]
+    assert row["bytes_per_node_step"] == pytest.approx(2 * 3 / 4 * meta["params"], rel=1e-9)
+
+
+def test_plan_refuses_a_plug_in_whose_replicator_writes_no_program(tmp_path, monkeypatch, capsys):
+    spec, path = _module(tmp_path, monkeypatch, _HEAD.format(
+        knob="scale: float = 0.5", name="scale", make='return Method("m", Mine, MineKnobs())'))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["plan", "--model", "lm-tiny", "--method", spec, "--nodes", "2",
                      "--gpus-per-node", "1", "--step-compute", "0.1", "--inter-bw", "1Gbit",
                      "--inter-lat", "1ms", "--out", "plan.csv"]) == 2
     assert not (tmp_path / "plan.csv").exists()
     assert capsys.readouterr().err.strip() == (
-        f"flexbench plan: error: --method mymethods:make: its replicator VoteReplicator "
-        f"({tmp_path / 'mymethods.py'}) writes no program for the planner (Replicator.program); "
-        "the planner plans the built-in methods and plug-ins whose replicator has one.")
+        f"flexbench plan: error: --method {spec}: its replicator Mine ({path}) writes no program "
+        "for the planner (Replicator.program); the planner plans the built-in methods and "
+        "plug-ins whose replicator has one.")
