@@ -31,6 +31,18 @@ SMALL_RUN = ["--method", "hsdp-adamw", "--workload", "vision-tiny", "--nodes", "
              "--inter-bw", "20Mbit"]
 
 
+def _small_run(*changes: str) -> list[str]:
+    """SMALL_RUN with some of its flags given other values (FLAG VALUE pairs; a flag it lacks
+    is added): the command line refuses a flag given twice."""
+    args = list(SMALL_RUN)
+    for flag, value in zip(changes[::2], changes[1::2], strict=True):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    return args
+
+
 def _flexbench(args: list[str], env: dict | None = None, prefix: tuple[str, ...] = (),
                timeout: float = 240) -> tuple[subprocess.CompletedProcess, int]:
     """Run the CLI in a child; its result and pid (the pid its namespaces are named after)."""
@@ -122,8 +134,7 @@ def test_same_namespace_ranks_talk_over_loopback_not_the_shaped_link():
 @pytest.mark.timeout(300)
 def test_kernel_run_2x2_writes_its_tc_settings_and_leaves_no_namespace(tmp_path):
     out = tmp_path / "run"
-    args = ["run", "--out", str(out), *SMALL_RUN]
-    res, pid = _flexbench([*args[:-6], "--gpus-per-node", "2", *args[-6:]])
+    res, pid = _flexbench(["run", "--out", str(out), *_small_run("--gpus-per-node", "2")])
     assert res.returncode == 0, res.stderr
     meta = json.loads((out / "run.json").read_text())
     assert meta["shaping"] == "kernel" and meta["config"]["shaping"] == "kernel"
@@ -174,7 +185,7 @@ def test_a_run_failing_midway_writes_nothing_and_leaves_no_namespace(tmp_path):
     (tmp_path / "failing_workload.py").write_text(textwrap.dedent(_FAILING))
     env = {**ENV, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     out = tmp_path / "run"
-    args = ["run", "--out", str(out), *SMALL_RUN, "--workload", "failing_workload:make"]
+    args = ["run", "--out", str(out), *_small_run("--workload", "failing_workload:make")]
     res, pid = _flexbench(args, env=env)
     assert res.returncode == 1
     assert "rank 1: RuntimeError: injected failure at step 2" in res.stderr
@@ -208,7 +219,7 @@ def _refused(tmp_path: Path, extra: list[str], env: dict | None = None,
              prefix: tuple[str, ...] = ()) -> str:
     """Run with a bad setting; check exit 2, one line, nothing written, no namespace; the line."""
     out = tmp_path / "run"
-    res, pid = _flexbench(["run", "--out", str(out), *SMALL_RUN, *extra], env=env,
+    res, pid = _flexbench(["run", "--out", str(out), *_small_run(*extra)], env=env,
                           prefix=prefix, timeout=120)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr
