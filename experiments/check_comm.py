@@ -3,6 +3,7 @@
     flexbench check-comm                       # compare with results/baselines/comm_volume.json
     flexbench check-comm --update              # re-record the baseline on purpose
     flexbench check-comm --update --method flexdemo    # re-record flexdemo's row, keep the rest
+    flexbench check-comm --method mymethods:make       # measure a plug-in (docs/methods.md)
 
 Every method runs a couple of steps of a fixed tiny setting (lm-tiny, 2 nodes x 2 ranks, seed 0,
 shaping off) through the real launcher; the per-step inter-node bytes sent and received, the
@@ -10,7 +11,9 @@ inter-node calls and the intra-node bytes are compared with the committed baseli
 that grows or drops by more than the tolerance (1%), or a method that disappears, fails the
 check: a method that silently stops communicating is as wrong as one that sends more. `--update`
 merges: only the measured methods' rows change, and a method whose run fails keeps its old row
-and fails the command, so an update can never switch the gate off.
+and fails the command, so an update can never switch the gate off. The committed baseline
+holds the built-in methods; a plug-in given to --methods is measured through the same launcher
+and shown as new unless a --baseline of its own holds it.
 Byte counts depend only on tensor shapes and the method's settings, so they are deterministic.
 """
 
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.aliases import add_old_spelling
-from experiments.config import METHODS, RunConfig, shared_for
+from experiments.config import METHODS, RunConfig, is_plugin, method_of, shared_for
 from experiments.io import check_output_file, read_json, write_atomic
 from experiments.values import AT_LEAST_ZERO
 
@@ -41,10 +44,12 @@ TOLERANCE = 0.01
 FIGURES = ("inter_bytes_sent", "inter_bytes_received", "inter_calls", "intra_bytes")
 # The fixed setting every method is measured on. diloco_h, sync_every and replicate_every are
 # small so that methods which synchronise only every few steps still communicate within the
-# measured steps (streaming-diloco at sync_every 4: step 1 posts fragment 0, step 2 applies it).
+# measured steps (streaming-diloco at sync_every 4: step 1 posts fragment 0, step 2 applies it),
+# and powersgd_start 1 so that powersgd's second step sends its compressed factors.
 SETTINGS: dict[str, Any] = {
     "workload": "lm-tiny", "nodes": 2, "gpus_per_node": 2, "steps": 2, "seed": 0,
     "shaping": "off", "diloco_h": 2, "sync_every": 4, "replicate_every": 1, "eval_every": 1000,
+    "powersgd_start": 1,
 }
 
 Measurer = Callable[[Iterable[str], dict[str, Any]], dict[str, dict[str, float]]]
@@ -184,9 +189,12 @@ def main(args: argparse.Namespace, *, measurer: Measurer | None = None) -> int:
 def _checked_methods(args: argparse.Namespace) -> list[str]:
     """The methods to measure, once --method and --tolerance are known to be valid."""
     methods = list(METHODS) if args.method is None else list(args.method)
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in METHODS and not is_plugin(m)]
     if unknown:
-        raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}.")
+        raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}, or "
+                         "give your own as module.path:factory.")
+    for method in methods:
+        method_of(method)  # a plug-in that cannot be used: one sentence before any run
     if len(set(methods)) < len(methods):
         raise ValueError(f"--method lists a method twice ({' '.join(methods)}).")
     if args.tolerance is not None and args.update:
@@ -254,5 +262,10 @@ def _report(expected: dict[str, Any], current: dict[str, dict[str, float]],
         print("if this is intended, re-record those methods with `flexbench check-comm "
               "--update --method METHOD ...`.", file=sys.stderr)
         return 1
-    print(f"\nevery method sends what its baseline does (within {tolerance:.0%}).")
+    new = [m for m in current if m not in expected]
+    if new:  # a plug-in, or a method added since the baseline: measured, nothing to hold it to
+        print(f"\nnot in the baseline, measured only: {', '.join(new)} (record with --update "
+              f"--methods {' '.join(new)}).")
+    if len(new) < len(current):
+        print(f"\nevery method sends what its baseline does (within {tolerance:.0%}).")
     return 0

@@ -4,7 +4,10 @@ TOML files and `--set key=value` overrides mirror the field names; human units (
 "10ms") stay strings here and become bytes/s and seconds in one place, `RunConfig.topology()`.
 The method knobs (topk, graph, diloco_h, ...) are fields too, one per knob some method reads,
 generated from the method records (`flexdemo.methods`): None means "the method's default", and a
-knob given to a method that does not read it is refused. Torch-free.
+knob given to a method that does not read it is refused. A plug-in method (`module.path:factory`,
+`method_of`) brings knobs of its own: those no built-in method reads are held in `plugin_knobs`,
+given and written flat beside the others (`--set my_knob=3`, run.json's `"my_knob": 3`), each
+checked by its declared type and kind. Torch-free (a plug-in's module imports torch itself).
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from experiments.deadline import bounded
 from experiments.errors import ConfigError
 from experiments.sizes import Cost, Count, Term, check_work
 from experiments.values import (
+    AT_LEAST_ONE,
     AT_LEAST_ZERO,
     COUNT,
     FRACTION,
+    INTEGER,
+    NUMBER,
     POSITIVE,
     POSITIVE_INT,
     SEED,
@@ -40,10 +47,12 @@ from flexdemo.knobs import StepKnobs
 
 # The one list of methods and their knobs: the optimizer package owns them.
 from flexdemo.methods import METHODS, RECORDS, Method, method_record
+from flexdemo.plugins import is_of_kind, is_plugin, knob_type
 
 __all__ = ["KNOBS", "METHODS", "BACKENDS", "SCHEDULES", "SHAPING_MODES", "WORKLOADS",
            "ConfigError", "KnobSettings", "RunConfig", "RunSettings",
-           "add_run_arguments", "field_help", "load_site_file", "parse_sets", "parse_value",
+           "add_run_arguments", "field_help", "is_plugin", "load_site_file", "method_of",
+           "parse_sets", "parse_value",
            "run_arguments", "run_flag", "shared_for", "check_algorithm_on_sites"]
 
 if TYPE_CHECKING:
@@ -129,6 +138,9 @@ KNOB_KINDS: dict[str, Kind] = {
     "fragment_runs": POSITIVE_INT,
     "fragment_update_alpha": UNIT_CLOSED, "rate": UNIT_OPEN_LOW, "ada_every": POSITIVE_INT,
     "ada_high": AT_LEAST_ZERO, "ada_low": AT_LEAST_ZERO, "ada_sample": POSITIVE_INT,
+    "powersgd_rank": POSITIVE_INT, "powersgd_start": COUNT, "min_compression_rate": AT_LEAST_ONE,
+    "density": UNIT_OPEN_LOW,
+    "error_decay": UNIT_CLOSED,  # sparseloco
 }
 
 
@@ -163,9 +175,10 @@ KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(KnobSettings))
 class RunSettings:
     """A run's own settings: method, workload, cluster shape, budget, network, launch."""
 
-    method: str = field(default="flexdemo",
-                        metadata={"help": f"Training scheme: {', '.join(METHODS)}."})
-    """Training scheme: one of flexdemo.methods.METHODS."""
+    method: str = field(default="flexdemo", metadata={
+        "help": f"Training scheme: {', '.join(METHODS)}, or your own as module.path:factory "
+                "(docs/methods.md#writing-your-own-method)."})
+    """Training scheme: one of flexdemo.methods.METHODS, or a plug-in's "module.path:factory"."""
     workload: str = "lm-tiny"
     """Model and data: lm-tiny, lm-small, vision-tiny, or your own factory as "module.path:attr"."""
     nodes: int = field(default=2, metadata={"kind": POSITIVE_INT})
@@ -233,12 +246,17 @@ class RunSettings:
 class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
     """Everything that defines one training run: its settings, then its method's knobs."""
 
+    plugin_knobs: dict[str, Any] = field(default_factory=dict)
+    """A plug-in method's own knobs, those no built-in method reads, by name (None: its
+    default); given as any knob is (--set NAME=VALUE, a TOML key, [grid.knobs.METHOD]) and
+    written flat beside the others in run.json."""
+
     def validate(self) -> RunConfig:
         """Raise ConfigError on the first bad field; return self so calls chain."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             _check_type(f, value)
-        _choice("method", self.method, METHODS)
+        method_of(self.method)
         for name, allowed in (("shaping", SHAPING_MODES), ("schedule", SCHEDULES),
                               ("backend", BACKENDS)):
             _choice(name, getattr(self, name), allowed)
@@ -269,6 +287,11 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
             mine = f.metadata.get("knob", False) == knobs
             if mine and "kind" in f.metadata and value is not None:
                 f.metadata["kind"].check(f.name, value)
+        if knobs and self.plugin_knobs:
+            schema = type(self.record.knobs)
+            for name, value in self.plugin_knobs.items():
+                if name in schema.names() and value is not None:
+                    _check_plugin_value(schema, name, value)
 
     def _check_size(self) -> None:
         """Refuse nodes, ranks, steps and threads whose records or stacks pass this machine's
@@ -317,12 +340,13 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
 
     @property
     def record(self) -> Method:
-        """The method's record: its replicator, knobs and wiring (ValueError if unknown)."""
-        return method_record(self.method)
+        """The method's record: its replicator, knobs and wiring (ConfigError if unknown)."""
+        return method_of(self.method)
 
     def given_knobs(self) -> dict[str, Any]:
         """The method knobs set here (not None), by name: what `build_optimizer` is handed."""
-        return {name: getattr(self, name) for name in KNOBS if getattr(self, name) is not None}
+        given = {name: getattr(self, name) for name in KNOBS if getattr(self, name) is not None}
+        return {**given, **{k: v for k, v in self.plugin_knobs.items() if v is not None}}
 
     def knob_values(self) -> dict[str, Any]:
         """Every knob the method reads with its value: as given, else the method's default."""
@@ -380,19 +404,31 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
             raise ConfigError(str(err)) from None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every field (for run.json)."""
-        return dataclasses.asdict(self)
+        """Plain dict of every field (for run.json), a plug-in's own knobs flat beside the
+        built-in ones."""
+        data = dataclasses.asdict(self)
+        own = data.pop("plugin_knobs")
+        return {**data, **own}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        """Build from a dict, rejecting unknown keys and coercing strings from the CLI."""
+        """Build from a dict, rejecting unknown keys and coercing strings from the CLI; a key a
+        plug-in method reads as a knob of its own goes to ``plugin_knobs``."""
         names = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(names))
+        own = _plugin_keys(data.get("method", RunSettings.method), unknown)
+        unknown = [k for k in unknown if k not in own]
         if unknown:
             raise ConfigError(
-                f"unknown run setting {unknown[0]!r}; known settings: {', '.join(sorted(names))}."
+                f"unknown run setting {unknown[0]!r}; known settings: {', '.join(sorted(names))}"
+                + (f", and the knobs of {data['method']}" if own or is_plugin(data.get("method"))
+                   else "") + "."
             )
-        return cls(**{k: _coerce(names[k], v) for k, v in data.items()})
+        built = {k: _coerce(names[k], v) for k, v in data.items() if k not in own}
+        if own:
+            built["plugin_knobs"] = {**built.get("plugin_knobs", {}),
+                                     **{k: _coerce_as(k, kind, data[k]) for k, kind in own.items()}}
+        return cls(**built)
 
     @classmethod
     def from_stored(cls, data: Mapping[str, Any]) -> RunConfig:
@@ -455,13 +491,92 @@ def _span(nodes: tuple[int, ...]) -> str:
     return str(list(nodes))
 
 
+def method_of(name: Any) -> Method:
+    """The record of method ``name``: a built-in one, or a plug-in's ``module.path:factory``,
+    imported and checked once a process under the run's deadline (`experiments.deadline`;
+    RunFailed when it passes). ConfigError, one sentence, for an unknown name or a plug-in that
+    cannot be used (naming its file)."""
+    if isinstance(name, str) and name in METHODS:
+        return method_record(name)
+    if not is_plugin(name):
+        raise ConfigError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}, or give "
+                          "your own as module.path:factory.")
+    return _plugin(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _plugin(spec: str) -> Method:
+    """A plug-in's record whose knobs a run can hold: none named as a run setting, one named as
+    a built-in knob of its type, kinds that are experiments.values kinds. Failures not kept."""
+    try:
+        record = bounded(f"method {spec!r}: importing its module and calling its factory",
+                         lambda: method_record(spec))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    schema = type(record.knobs)
+    who = f"method {spec!r} ({inspect.getsourcefile(schema) or schema.__module__})"
+    settings = {f.name for f in dataclasses.fields(RunSettings)} | {"plugin_knobs"}
+    fields = {f.name: f for f in dataclasses.fields(KnobSettings)}
+    for f in dataclasses.fields(schema):
+        kind = f.metadata.get("kind")
+        if f.name in settings:
+            raise ConfigError(f"{who}: knob {f.name!r} of {schema.__name__} is named as the run "
+                              f"setting {f.name}, which --set {f.name} would set instead; "
+                              "rename the knob.")
+        if f.name in fields and knob_type(schema, f.name)[0] != _base(fields[f.name]):
+            raise ConfigError(f"{who}: knob {f.name!r} of {schema.__name__} is declared "
+                              f"{knob_type(schema, f.name)[0]}, but {f.name} is a built-in knob "
+                              f"of type {_base(fields[f.name])}; declare it so or rename it.")
+        if kind is not None and not isinstance(kind, Kind):
+            raise ConfigError(f"{who}: knob {f.name!r} of {schema.__name__} has metadata kind "
+                              f"{kind!r}; give an experiments.values kind (POSITIVE, FRACTION, "
+                              "POSITIVE_INT, ...) or none.")
+        default = getattr(record.knobs, f.name)
+        if f.name in KNOB_KINDS and default is not None:  # a built-in knob's kind is its own
+            KNOB_KINDS[f.name].check(f"{who}: its default {f.name}", default)
+        elif f.name not in fields and default is not None:
+            _check_plugin_value(schema, f.name, default, who)
+    return record
+
+
+def _plugin_keys(method: Any, keys: list[str]) -> dict[str, str]:
+    """Of ``keys`` (none a RunConfig field), those plug-in ``method`` reads as its own knobs,
+    each with its declared type."""
+    if not keys or not is_plugin(method):
+        return {}
+    schema = type(method_of(method).knobs)
+    types = {k: knob_type(schema, k) for k in keys if k in schema.names()}
+    return {k: (kind or "str") + (" | None" if optional else "")
+            for k, (kind, optional) in types.items()}
+
+
+def _check_plugin_value(schema: type, name: str, value: Any, who: str = "") -> None:
+    """A plug-in knob's value is of its declared type, and of its kind where the field's
+    metadata names one (else any finite number, for a number)."""
+    kind_text, _ = knob_type(schema, name)
+    prefix = f"{who}: its default " if who else ""
+    if kind_text is not None and not is_of_kind(value, kind_text):
+        raise ConfigError(f"{prefix}{name} must be of type {kind_text}, got {value!r}.")
+    field_of = next(f for f in dataclasses.fields(schema) if f.name == name)
+    kind = field_of.metadata.get("kind") or (
+        {"int": INTEGER, "float": NUMBER}.get(kind_text or ""))
+    if kind is not None:
+        kind.check(f"{prefix}{name}", value)
+
+
+def _base(f: dataclasses.Field) -> str:
+    """A field's declared type without None: "int" of "int | None"."""
+    return str(f.type).split(" | ")[0]
+
+
 def shared_for(method: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     """``settings`` meant for several methods as ``method`` takes them: other knobs left out.
 
     For settings shared across methods (a sweep's [run] table, check-comm's fixed setting, a
     stored run.json); knobs given to one method alone are checked, not dropped.
     """
-    takes = set(method_record(method).takes) if method in METHODS else set(KNOBS)
+    known = method in METHODS or is_plugin(method)
+    takes = set(method_of(method).takes) if known else set(KNOBS)
     return {k: v for k, v in settings.items() if k not in KNOBS or k in takes}
 
 
@@ -472,7 +587,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (
     """
     docs = {k: v.replace("%", "%%") for k, v in field_help(RunConfig).items()}  # argparse
     for f in dataclasses.fields(RunConfig):
-        if f.name in skip or f.name == "extra":
+        if f.name in skip or f.name in ("extra", "plugin_knobs"):
             continue
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type)
@@ -539,7 +654,11 @@ def parse_sets(pairs: list[str]) -> dict[str, Any]:
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
     """Turn a CLI string into the field's type; leave typed values (from TOML) alone, but for a
     number given to a text setting (`--set inter_bw=100`), which is read as its text."""
-    kind = str(f.type)
+    return _coerce_as(f.name, str(f.type), value)
+
+
+def _coerce_as(name: str, kind: str, value: Any) -> Any:
+    """Turn a CLI string into a value of type ``kind`` (as a field declares it, "int | None")."""
     if not isinstance(value, str):
         return _number_as_text(kind, value)
     text = value.strip()
@@ -559,7 +678,7 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
         if kind.startswith("float"):
             return float(text)
     except ValueError:
-        raise ConfigError(f"{f.name} must be of type {kind}, got {value!r}.") from None
+        raise ConfigError(f"{name} must be of type {kind}, got {value!r}.") from None
     return text
 
 

@@ -102,10 +102,12 @@ class RunRecord:
         """The stored config as a RunConfig, its numbers checked (a bad one named with this
         run.json): settings an older version had, and knobs the method does not read (older
         runs listed every knob for every method), left out."""
-        from experiments.config import RunConfig
+        from experiments.config import RunConfig, is_plugin, method_of
 
         names = {f.name for f in dataclasses.fields(RunConfig)}
         try:
+            if is_plugin(self.method):  # a plug-in's own knobs are stored flat beside the rest
+                names |= set(method_of(self.method).takes)
             return RunConfig.from_stored({k: v for k, v in self.config.items()
                                           if k in names}).check_numbers()
         except ConfigError as err:  # among several runs, which one

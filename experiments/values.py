@@ -16,8 +16,8 @@ from typing import Any
 
 from experiments.errors import ConfigError
 
-__all__ = ["AT_LEAST_ZERO", "COUNT", "FRACTION", "INT64_MAX", "POSITIVE", "POSITIVE_INT",
-           "SEED", "UNIT_CLOSED", "UNIT_OPEN_LOW", "Kind", "kind_of",
+__all__ = ["AT_LEAST_ONE", "AT_LEAST_ZERO", "COUNT", "FRACTION", "INT64_MAX", "INTEGER", "NUMBER",
+           "POSITIVE", "POSITIVE_INT", "SEED", "UNIT_CLOSED", "UNIT_OPEN_LOW", "Kind", "kind_of",
            "BANDWIDTH", "LATENCY", "Quantity"]
 
 
@@ -40,6 +40,8 @@ class Kind:
     def text(self) -> str:
         """What is allowed, in words: "a finite number > 0", "an integer from 0 to 4294967295"."""
         noun = "an integer" if self.integer else "a finite number"
+        if math.isinf(self.low) and math.isinf(self.high):
+            return noun
         if math.isinf(self.high):
             return f"{noun} {'>' if self.low_open else '>='} {_number(self.low)}"
         if self.integer:
@@ -128,6 +130,8 @@ POSITIVE = Kind(integer=False, low=0.0, low_open=True)
 """Rates, scales, seconds, learning rates, losses: a finite number above zero."""
 AT_LEAST_ZERO = Kind(integer=False, low=0.0)
 """Weight decay, tolerances, thresholds: a finite number, zero included."""
+AT_LEAST_ONE = Kind(integer=False, low=1.0)
+"""Ratios that cannot fall below one (a compression rate): a finite number >= 1."""
 FRACTION = Kind(integer=False, low=0.0, high=1.0, high_open=True)
 """Momentum decays and warm-up fractions: [0, 1)."""
 UNIT_OPEN_LOW = Kind(integer=False, low=0.0, low_open=True, high=1.0, high_open=False)
@@ -140,6 +144,10 @@ COUNT = Kind(integer=True, low=0, most=INT64_MAX, why=_INT64)
 """Warm-up steps, delays: an integer >= 0."""
 SEED = Kind(integer=True, low=0, high=2**32 - 1, high_open=False)
 """A seed: torch's generators take 64 bits, and seeds are mixed with step numbers."""
+NUMBER = Kind(integer=False, low=-math.inf, low_open=True)
+"""Any finite number: a plug-in's float knob whose field names no kind of its own."""
+INTEGER = Kind(integer=True, low=-math.inf, low_open=True)
+"""Any integer: a plug-in's int knob whose field names no kind of its own."""
 
 
 def kind_of(action: argparse.Action) -> Kind | None:

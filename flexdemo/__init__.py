@@ -22,10 +22,11 @@ module per family), ``dct.py`` and ``chunking.py`` (the transform), ``codec.py``
 index wire format), ``formats.py`` and ``bitpack.py`` (the value formats, quantizers and
 bit-packed indices), ``wire.py`` (the bucket and byte counts), ``graphs.py`` (gossip graphs,
 mixing matrices and Ada's ladder), ``consensus.py`` (replica variance), ``hsdp.py`` (mesh and
-FSDP2), ``devices.py`` (the default group's backend, the side-channel tensors' device). Only
-torch is imported here, and only when a name that needs it is first used:
-``methods``, ``knobs``, ``graphs``, ``chunking`` and ``devices`` are torch-free at import, so
-run settings are checked without torch.
+FSDP2), ``devices.py`` (the default group's backend, the side-channel tensors' device),
+``program.py`` (a replicator's exchange step by step as data, which ``Replicator.program``
+writes for a planner and an emulator). Only torch is imported here, and only when a name that
+needs it is first used: ``methods``, ``knobs``, ``graphs``, ``chunking``, ``program`` and
+``devices`` are torch-free at import, so run settings are checked without torch.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ _WHERE = {
     "BASES": "knobs", "VALUE_FORMATS": "knobs", "VALUE_DTYPES": "knobs", "Knobs": "knobs",
     "StepKnobs": "knobs", "DeMoKnobs": "knobs", "RandomKnobs": "knobs",
     "StridingKnobs": "knobs", "DiLoCoKnobs": "knobs", "GossipKnobs": "knobs",
-    "AdaKnobs": "knobs",
+    "AdaKnobs": "knobs", "PowerSGDKnobs": "knobs", "TopKKnobs": "knobs",
+    "SparseLoCoKnobs": "knobs", "ReduceKnobs": "knobs",
     "BASELINE": "methods", "METHODS": "methods", "RECORDS": "methods", "Method": "methods",
     "method_record": "methods",
-    "build_optimizer": "build",
+    "build_optimizer": "build", "has_program": "build", "program_of": "build",
+    "replicator_of": "build",
     "index_width": "bitpack", "pack_bits": "bitpack", "packed_nbytes": "bitpack",
     "unpack_bits": "bitpack",
     "CHUNKINGS": "chunking", "BlockLayout": "chunking", "largest_divisor_at_most": "chunking",
@@ -58,12 +61,15 @@ _WHERE = {
     "parameter_units": "hsdp",
     "watch_unit_backward": "hsdp",
     "FlexDeMo": "optimizer", "local_tensor": "optimizer",
+    "OPS": "program", "Op": "program", "Periodic": "program", "Program": "program",
     "REPLICATORS": "replicators", "AdaReplicator": "replicators",
     "DeMoReplicator": "replicators", "DiLoCoReplicator": "replicators",
     "FullReplicator": "replicators", "GossipReplicator": "replicators",
     "NoReplicator": "replicators", "RandomReplicator": "replicators",
     "Replicator": "replicators", "StridingReplicator": "replicators",
-    "StreamingDiLoCoReplicator": "replicators",
+    "StreamingDiLoCoReplicator": "replicators", "PowerSGDReplicator": "replicators",
+    "TopKReplicator": "replicators", "SparseLoCoReplicator": "replicators",
+    "ReduceReplicator": "replicators",
     "backend_for": "devices", "side_channel_device": "devices",
     "CommStats": "wire", "all_gather_bytes": "wire", "all_reduce_bytes": "wire", "pack": "wire",
     "plan_bucket": "wire", "unpack": "wire",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-MAX_WIDTH = 16
+# 32 bits index any tensor of up to 2**32 elements (a whole-tensor top-k's indices).
+MAX_WIDTH = 32
 # Values travel in groups of 8: 8 values of w bits are exactly w bytes, so no value straddles
 # a group and every group packs and unpacks with the same few whole-tensor shifts.
 _GROUP = 8
@@ -48,7 +49,8 @@ def pack_bits(values: torch.Tensor, width: int) -> torch.Tensor:
     """Pack the last dim of integer ``values`` (each in [0, 2**width)) at ``width`` bits each.
 
     Returns uint8 of shape (..., packed_nbytes(n, width)); the count is padded with zeros to a
-    multiple of 8. Widths above 8 send the low byte as is and pack the rest at width - 8.
+    multiple of 8. Widths above 8 send the low byte as is and pack the rest at width - 8 (so
+    up to 16 bits: one whole byte, then the high bits packed; above: two whole bytes, ...).
     """
     _check_width(width)
     n = values.shape[-1]
@@ -56,21 +58,28 @@ def pack_bits(values: torch.Tensor, width: int) -> torch.Tensor:
     pad = -n % _GROUP
     if pad:
         v = torch.nn.functional.pad(v, (0, pad))
-    v = v.reshape(*v.shape[:-1], -1, _GROUP)
+    return _pack_groups(v.reshape(*v.shape[:-1], -1, _GROUP), width)
+
+
+def _pack_groups(v: torch.Tensor, width: int) -> torch.Tensor:
+    # v: (..., groups, 8) int64 below 2**width.
     if width <= 8:
         return _pack_narrow(v, width)
     low = (v & 0xFF).to(torch.uint8).flatten(-2)
-    return torch.cat([low, _pack_narrow(v >> 8, width - 8)], dim=-1)
+    return torch.cat([low, _pack_groups(v >> 8, width - 8)], dim=-1)
 
 
 def unpack_bits(packed: torch.Tensor, width: int, count: int) -> torch.Tensor:
     """Inverse of :func:`pack_bits`: int64 (..., count) from uint8 (..., packed_nbytes)."""
     _check_width(width)
     groups = -(-count // _GROUP)
+    return _unpack_groups(packed, width, groups).flatten(-2)[..., :count]
+
+
+def _unpack_groups(packed: torch.Tensor, width: int, groups: int) -> torch.Tensor:
+    # packed: (..., groups * width) uint8 -> (..., groups, 8) int64.
     if width <= 8:
-        v = _unpack_narrow(packed, width)
-    else:
-        low = packed[..., :groups * _GROUP].to(torch.int64)
-        high = _unpack_narrow(packed[..., groups * _GROUP:], width - 8)
-        v = low.reshape(*low.shape[:-1], groups, _GROUP) | (high << 8)
-    return v.flatten(-2)[..., :count]
+        return _unpack_narrow(packed, width)
+    low = packed[..., :groups * _GROUP].to(torch.int64)
+    high = _unpack_groups(packed[..., groups * _GROUP:], width - 8, groups)
+    return low.reshape(*low.shape[:-1], groups, _GROUP) | (high << 8)

@@ -24,9 +24,11 @@ from .graphs import graph_ladder, graph_name_problem, graph_problem
 
 __all__ = ["ARITHMETICS", "BASES", "EXCHANGES", "FRAGMENT_CUTS", "MAX_DCT_CHUNK", "VALUE_DTYPES",
            "VALUE_FORMATS", "AdaKnobs", "DeMoKnobs", "DiLoCoKnobs", "EveryKnobs", "GossipKnobs",
-           "Knobs", "MomentumKnobs", "PartialKnobs", "OUTER_FORMATS", "RandomKnobs",
-           "ScheduleKnobs", "StepKnobs", "StreamingDiLoCoKnobs", "StridingKnobs",
+           "Knobs", "MomentumKnobs", "PartialKnobs", "OUTER_FORMATS", "PowerSGDKnobs",
+           "RandomKnobs", "ScheduleKnobs", "StepKnobs", "StreamingDiLoCoKnobs", "StridingKnobs",
+           "TopKKnobs",
            "check_ada_thresholds",
+           "REDUCE_FORMATS", "SPARSE_FORMATS", "ReduceKnobs", "SparseLoCoKnobs",
            "check_base", "check_dct_chunk", "check_value_format"]
 
 # The wire formats of flexdemo.formats (which owns their encodings), listed here so that they
@@ -339,12 +341,18 @@ class DiLoCoKnobs(Knobs):
     outer_lr: float = 0.7
     """Learning rate of the outer Nesterov SGD step."""
     outer_momentum: float = 0.9
-    """Momentum of the outer Nesterov SGD step, in [0, 1)."""
+    """Momentum of the outer Nesterov SGD step, in [0, 1) (0: plain SGD, no Nesterov)."""
+    outer_format: str = "fp32"
+    """Wire format of the pseudo-gradient: fp32 or bf16 (all-reduced), int8 or 4bit
+    (all-gathered codes with one fp32 scale); what rounding loses is carried to the next sync
+    (error feedback)."""
 
     def check(self) -> None:
-        """Positive ``diloco_h`` and ``outer_lr``; ``outer_momentum`` in [0, 1)."""
+        """Positive ``diloco_h`` and ``outer_lr``; ``outer_momentum`` in [0, 1); a known
+        format."""
         int_at_least("diloco_h", self.diloco_h, 1)
         _check_outer_step(self.outer_lr, self.outer_momentum)
+        _check_outer_format(self.outer_format)
 
 
 def _check_outer_step(lr: object, momentum: object) -> None:
@@ -352,6 +360,12 @@ def _check_outer_step(lr: object, momentum: object) -> None:
     check(isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0,
           f"outer_lr={lr!r} must be a number > 0.")
     in_unit_interval("outer_momentum", momentum, closed_low=True, closed_high=False)
+
+
+def _check_outer_format(outer_format: object) -> None:
+    """The pseudo-gradient's wire format is one of ``OUTER_FORMATS``."""
+    check(outer_format in OUTER_FORMATS,
+          f"outer_format={outer_format!r} is unknown; use one of {', '.join(OUTER_FORMATS)}.")
 
 
 @dataclass(frozen=True)
@@ -373,7 +387,7 @@ class StreamingDiLoCoKnobs(Knobs):
     outer_lr: float = 0.7
     """Learning rate of the outer Nesterov SGD step."""
     outer_momentum: float = 0.9
-    """Momentum of the outer Nesterov SGD step, in [0, 1)."""
+    """Momentum of the outer Nesterov SGD step, in [0, 1) (0: plain SGD, no Nesterov)."""
     outer_format: str = "fp32"
     """Wire format of a fragment's pseudo-gradient: fp32 or bf16 (all-reduced), int8 or 4bit
     (all-gathered codes with one fp32 scale per fragment); what rounding loses is carried
@@ -407,9 +421,7 @@ class StreamingDiLoCoKnobs(Knobs):
         in_unit_interval("fragment_update_alpha", self.fragment_update_alpha, closed_low=True,
                          closed_high=True)
         _check_outer_step(self.outer_lr, self.outer_momentum)
-        check(self.outer_format in OUTER_FORMATS,
-              f"outer_format={self.outer_format!r} is unknown; use one of "
-              f"{', '.join(OUTER_FORMATS)}.")
+        _check_outer_format(self.outer_format)
         check(self.fragment_cut in FRAGMENT_CUTS,
               f"fragment_cut={self.fragment_cut!r} is unknown; use one of "
               f"{', '.join(FRAGMENT_CUTS)}.")
@@ -473,3 +485,126 @@ class AdaKnobs(EveryKnobs):
             return None
         return (f"ada needs at least 2 nodes to gossip between, got nodes={nodes}; "
                 "use nodes >= 2.")
+
+
+@dataclass(frozen=True)
+class PowerSGDKnobs(Knobs):
+    """:class:`~flexdemo.replicators.PowerSGDReplicator`'s knobs (PyTorch's ``PowerSGDState``)."""
+
+    # Rank 4 is the paper's setting for its language model (an LSTM on WikiText-2; rank 2 for
+    # its ResNet-18 on CIFAR-10); PyTorch's hook defaults to 1. PyTorch's start_powerSGD_iter
+    # defaults to 1000 and its docs suggest about 10% of the steps: 10 of the standard 100.
+    powersgd_rank: int = 4
+    """Rank r of PowerSGD's low-rank factors (PyTorch's matrix_approximation_rank); a matrix
+    with fewer rows or columns uses that many."""
+    powersgd_start: int = 10
+    """Steps all-reduced whole before compression starts (PyTorch's start_powerSGD_iter)."""
+    min_compression_rate: float = 2.0
+    """A matrix is compressed only where (n + m) * r * this < n * m, as PyTorch's hook decides;
+    >= 1, so a 1-D tensor is always all-reduced whole."""
+    error_feedback: bool = True
+    """Add what compression left out of a compressed tensor to its next gradient."""
+    warm_start: bool = True
+    """Start each step's power iteration from the last step's Q (false: fresh random Qs every
+    step)."""
+    seed: int = 0
+    """Seed of the random Qs, drawn as PyTorch's hook draws them from its random_seed (a run
+    hands in its own seed)."""
+
+    def check(self) -> None:
+        """A positive integer rank, a start >= 0, a compression rate >= 1, two bools, a seed."""
+        int_at_least("powersgd_rank", self.powersgd_rank, 1)
+        int_at_least("powersgd_start", self.powersgd_start, 0)
+        rate = self.min_compression_rate
+        ok = isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate)
+        check(ok and rate >= 1, f"min_compression_rate={rate!r} must be a finite number >= 1 "
+                                "(the compressed size at most the tensor's).")
+        for name in ("error_feedback", "warm_start"):
+            value = getattr(self, name)
+            check(isinstance(value, bool), f"{name}={value!r} must be true or false.")
+        ok = isinstance(self.seed, int) and not isinstance(self.seed, bool)
+        check(ok and 0 <= self.seed < 2**32,
+              f"seed={self.seed!r} must be an integer from 0 to {2**32 - 1}.")
+
+
+@dataclass(frozen=True)
+class TopKKnobs(Knobs):
+    """:class:`~flexdemo.replicators.TopKReplicator`'s knobs (Deep Gradient Compression's)."""
+
+    density: float = 0.01
+    """Fraction of each shard's entries sent per step, in (0, 1]: k = ceil(density * numel)."""
+    decay: float = 0.9
+    """Momentum factor m of DGC's momentum correction u <- m * u + g, in [0, 1); 0 sends the
+    top-k of the accumulated gradients alone (Stich et al.'s memory)."""
+    value_format: str = "fp32-packed"
+    """Wire format of the values sent (indices bit-packed in the packed and quantized formats):
+    fp32, bf16, fp32-packed, bf16-packed, int8, int2 or sign (one scale per tensor)."""
+
+    def check(self) -> None:
+        """A density in (0, 1], a momentum in [0, 1), a known value format."""
+        in_unit_interval("density", self.density, closed_low=False, closed_high=True)
+        in_unit_interval("decay", self.decay, closed_low=True, closed_high=False)
+        check_value_format(self.value_format)
+# -- SparseLoCo and hsdp-adamw's low-precision reduction --------------------------------------
+# SparseLoCo's wire formats of the values it keeps (replicators/sparseloco.py): the paper's
+# 2-bit statistical codes, or the values themselves in bf16 or fp32.
+SPARSE_FORMATS = ("2bit", "bf16", "fp32")
+# hsdp-adamw's inter-node gradient reduction (replicators/reduce.py): fp32 is FSDP2's own
+# all-reduce; bf16 an all-reduce in bf16; fp8 and int8 rows scaled as torchft's quantized one.
+REDUCE_FORMATS = ("fp32", "bf16", "fp8", "int8")
+
+
+@dataclass(frozen=True)
+class SparseLoCoKnobs(Knobs):
+    """:class:`~flexdemo.replicators.SparseLoCoReplicator`'s knobs (the defaults: the public
+    code's 512M setting of SparseLoCo, arXiv:2508.15706)."""
+
+    diloco_h: int = 15
+    """Inner steps between synchronizations (DiLoCo's H)."""
+    outer_lr: float = 1.0
+    """Learning rate of SparseLoCo's outer step: plain SGD on the replicas' mean sparse update,
+    no momentum (the error feedback stands in for it)."""
+    topk: int = 128
+    """Largest entries of the error-feedback buffer sent per chunk of chunk elements (a chunk
+    shorter than chunk keeps its share, topk x its length / chunk, at least 1)."""
+    chunk: int = 4096
+    """Elements per chunk of each shard's flattened error-feedback buffer (topk / chunk is the
+    density; the last chunk of a shard is padded with zeros)."""
+    error_decay: float = 0.95
+    """Decay of the error-feedback buffer at each sync (SparseLoCo's beta), in [0, 1]."""
+    value_format: str = "2bit"
+    """Wire format of the kept values: 2bit (the paper's statistical 2-bit codes, one mean and
+    four bin means per tensor), bf16 or fp32."""
+
+    def check(self) -> None:
+        """Positive ``diloco_h``, ``outer_lr``, ``topk`` and ``chunk`` with ``topk <= chunk``;
+        ``error_decay`` in [0, 1]; a known value format."""
+        int_at_least("diloco_h", self.diloco_h, 1)
+        check(isinstance(self.outer_lr, (int, float)) and not isinstance(self.outer_lr, bool)
+              and self.outer_lr > 0, f"outer_lr={self.outer_lr!r} must be a number > 0.")
+        int_at_least("topk", self.topk, 1)
+        int_at_least("chunk", self.chunk, 1)
+        check(self.topk <= self.chunk,
+              f"topk={self.topk} is more than chunk={self.chunk}: sparseloco keeps topk of "
+              f"every chunk, a density topk/chunk in (0, 1]; use topk <= {self.chunk}.")
+        in_unit_interval("error_decay", self.error_decay, closed_low=True, closed_high=True)
+        check(self.value_format in SPARSE_FORMATS,
+              f"value_format={self.value_format!r} is unknown for sparseloco; use one of "
+              f"{', '.join(SPARSE_FORMATS)}.")
+
+
+@dataclass(frozen=True)
+class ReduceKnobs(Knobs):
+    """hsdp-adamw's knob: the format of its inter-node gradient reduction
+    (:class:`~flexdemo.replicators.ReduceReplicator` where it is not FSDP2's own)."""
+
+    reduce_format: str = "fp32"
+    """Format of the inter-node gradient all-reduce: fp32 (FSDP2's own), bf16, or fp8 and int8
+    rows with one fp32 scale each, reduced as torchft's quantized all-reduce (all-to-all, sum
+    in fp32, all-gather)."""
+
+    def check(self) -> None:
+        """A known reduce format."""
+        check(self.reduce_format in REDUCE_FORMATS,
+              f"reduce_format={self.reduce_format!r} is unknown; use one of "
+              f"{', '.join(REDUCE_FORMATS)}.")

@@ -6,12 +6,16 @@ default learning rate and how it is wired: whether FSDP2 shards the model, keeps
 all-reduce, and whether the method gossips or adapts its graph. Everything that asks "which
 methods ..." asks the records; :func:`flexdemo.build_optimizer` turns one into an optimizer.
 
+A user's method is the same record, its replicator the class itself, returned by a factory of
+their own module and asked for as ``module.path:factory`` (:mod:`flexdemo.plugins`).
+
 Torch-free, so that run settings are checked without torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,11 +27,16 @@ from .knobs import (
     DiLoCoKnobs,
     GossipKnobs,
     Knobs,
+    PowerSGDKnobs,
     RandomKnobs,
+    ReduceKnobs,
+    SparseLoCoKnobs,
     StepKnobs,
     StreamingDiLoCoKnobs,
     StridingKnobs,
+    TopKKnobs,
 )
+from .plugins import call_factory, check_record, is_plugin
 
 __all__ = ["BASELINE", "FLEXDEMO_KNOBS", "METHODS", "RECORDS", "WIRED", "Method", "method_record"]
 
@@ -40,9 +49,10 @@ class Method:
     """One training method: its replicator, the knobs it reads (with defaults), lr and wiring."""
 
     name: str
-    replicator: str | None
-    """The replicator's name in ``flexdemo.replicators.REPLICATORS``; None: plain AdamW, with
-    FSDP2's all-reduce averaging the gradients across nodes."""
+    replicator: str | type | None
+    """The replicator: its class (a ``Replicator`` subclass, a plug-in's own), or its name in
+    ``flexdemo.replicators.REPLICATORS``; None: plain AdamW, with FSDP2's all-reduce averaging
+    the gradients across nodes."""
     knobs: Knobs = field(default_factory=Knobs)
     """The replicator's knobs (its ``knobs_type``) at this method's defaults."""
     lr: float = 1e-3
@@ -63,12 +73,22 @@ class Method:
     a run's ``base`` and ``sign`` still win."""
 
     @property
+    def replicator_type(self) -> type | None:
+        """The replicator's class (None: plain AdamW); a name is looked up, importing torch."""
+        if self.replicator is None or isinstance(self.replicator, type):
+            return self.replicator
+        from .replicators import REPLICATORS
+
+        return REPLICATORS[self.replicator]
+
+    @property
     def takes(self) -> tuple[str, ...]:
-        """The knobs this method reads, by their run-setting names."""
+        """The knobs this method reads, by their run-setting names (plain AdamW: no step
+        knobs, FlexDeMo's base step is not its step)."""
+        own = tuple(n for n in self.knobs.names() if n not in WIRED)
         if self.replicator is None:
-            return ()
-        step = [n for n in StepKnobs.names() if n != "sign" or self.takes_sign]
-        return tuple(n for n in self.knobs.names() if n not in WIRED) + tuple(step)
+            return own
+        return own + tuple(n for n in StepKnobs.names() if n != "sign" or self.takes_sign)
 
     def settings(self, given: Mapping[str, Any],
                  **wired: Any) -> tuple[Knobs, StepKnobs]:
@@ -98,6 +118,16 @@ class Method:
         problem = knobs.problem(nodes)
         check(problem is None, str(problem))
         return knobs, step
+
+    def wired(self, given: Mapping[str, Any]) -> Method:
+        """This record as the knobs ``given`` wire it: itself, but for plain AdamW with a
+        ``reduce_format`` other than fp32, whose inter-node gradient mean the ``reduce``
+        replicator then takes from FSDP2 (under FlexDeMo's AdamW step). ValueError as
+        :meth:`settings`."""
+        knobs, _ = self.settings(given)
+        if self.replicator is None and getattr(knobs, "reduce_format", "fp32") != "fp32":
+            return dataclasses.replace(self, replicator="reduce", inter_all_reduce=False)
+        return self
 
     def resolved(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Every knob this method reads with its value: as given, else this method's default."""
@@ -134,7 +164,9 @@ RECORDS: tuple[Method, ...] = (
     # target on both seeds (results/tuning/README.md).
     Method("flexdemo-adamw", "demo", FLEXDEMO_KNOBS, step=StepKnobs(base="adamw", sign=False)),
     Method("demo", "demo", DeMoKnobs(), shards=False),
-    Method("hsdp-adamw", None, inter_all_reduce=True),
+    # reduce_format other than fp32: the inter-node mean in bf16, fp8 or int8 rows (torchft's
+    # quantized all-reduce), by the reduce replicator; fp32 is FSDP2's own (Method.wired).
+    Method("hsdp-adamw", None, ReduceKnobs(), inter_all_reduce=True),
     Method("diloco", "diloco", DiLoCoKnobs(), takes_sign=False),
     # DiLoCo per fragment, staggered, each sync overlapped with tau inner steps (torchft's
     # Streaming DiLoCo; the rules live in replicators/streaming_diloco.py).
@@ -145,6 +177,23 @@ RECORDS: tuple[Method, ...] = (
     # Gossip's and Ada's local step is plain AdamW, as DiLoCo's inner one.
     Method("gossip", "gossip", GossipKnobs(), takes_sign=False, gossips=True),
     Method("ada", "ada", AdaKnobs(), takes_sign=False, gossips=True, adapts=True),
+    # HSDP with its inter-node all-reduce replaced by PowerSGD's low-rank factors; AdamW on the
+    # mean it approximates, as hsdp-adamw on the exact one (replicators/powersgd.py).
+    Method("powersgd", "powersgd", PowerSGDKnobs(), takes_sign=False),
+    # Deep Gradient Compression: top-k of a momentum-corrected velocity, all-gathered, SGD step
+    # (replicators/topk.py). Its step is SGD, whose lr is not AdamW's: on lm-tiny 2 x 2, 100
+    # steps, seed 0, lr 0.03, 0.06 and 0.1 ended at val_loss 2.944, 2.913 and 3.070 (1.0
+    # diverged by step 9).
+    Method("topk-ef", "topk", TopKKnobs(), lr=0.06, takes_sign=False),
+    # -- local-sgd and sparseloco ---------------------------------------------------------
+    # Local SGD / FedAvg: averaging the parameters every H steps is applying the replicas'
+    # mean pseudo-gradient with an outer SGD of lr 1 and no momentum: diloco's record with
+    # those defaults (the inner step stays AdamW; base sign without sign is plain SGD).
+    Method("local-sgd", "diloco", DiLoCoKnobs(outer_lr=1.0, outer_momentum=0.0),
+           takes_sign=False),
+    # SparseLoCo: diloco's inner AdamW, a chunked top-k of an error-feedback buffer in 2 bits,
+    # plain SGD outside (the rules live in replicators/sparseloco.py).
+    Method("sparseloco", "sparseloco", SparseLoCoKnobs(), takes_sign=False),
 )
 # Learning rates: tuned on lm-tiny, 2 nodes x 2, 300 steps, constant lr (docs/methods.md, "Learning
 # rates"): hsdp-adamw and flexdemo both degrade sharply above about 1.2e-3; the others keep 1e-3
@@ -160,6 +209,23 @@ _BY_NAME = {m.name: m for m in RECORDS}
 
 
 def method_record(name: str) -> Method:
-    """The record of method ``name`` (ValueError, one sentence, naming the known ones)."""
-    check(name in _BY_NAME, f"method={name!r} is unknown; use one of {', '.join(METHODS)}.")
-    return _BY_NAME[name]
+    """The record of method ``name``: a built-in one, or the one a plug-in's factory
+    ``module.path:factory`` returns, checked and named by that path (:mod:`flexdemo.plugins`;
+    once a process). ValueError, one sentence, naming the known ones or the plug-in's file."""
+    if name in _BY_NAME:
+        return _BY_NAME[name]
+    check(is_plugin(name), f"method={name!r} is unknown; use one of {', '.join(METHODS)}, or "
+                           "your own as module.path:factory.")
+    return _plugin_record(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _plugin_record(spec: str) -> Method:
+    """A plug-in's record, checked; a failure is not kept (the next call tries again)."""
+    record, where = call_factory(spec)
+    check(isinstance(record, Method), f"method {spec!r}: its factory ({where}) returned a "
+                                      f"{type(record).__name__}; it must return a "
+                                      "flexdemo.Method (a name, a Replicator subclass, its "
+                                      "knobs, then lr and wiring).")
+    check_record(record, f"method {spec!r} ({where})")
+    return dataclasses.replace(record, name=spec)

@@ -66,6 +66,12 @@ def all_gather_bytes(nbytes: int, ranks: int) -> int:
     return (ranks - 1) * nbytes
 
 
+def all_to_all_bytes(nbytes: int, ranks: int) -> int:
+    """Bytes one rank sends (and receives) in an all-to-all of ``nbytes`` input bytes, a share
+    1/ranks of them for each rank (its own stays)."""
+    return (ranks - 1) * nbytes // ranks
+
+
 def all_reduce_bytes(nbytes: int, ranks: int) -> int:
     """Bytes one rank sends (and receives) in a ring all-reduce of ``nbytes`` bytes."""
     return 2 * (ranks - 1) * nbytes // ranks

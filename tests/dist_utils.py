@@ -82,8 +82,8 @@ def shaped_world(rank: int, nodes: int, per_node: int, method: str, **knobs):
     torch.manual_seed(0)
     model = TinyBlocks()
     mesh = flexdemo.build_mesh(nodes, per_node, backend=shaping.BACKEND)
-    flexdemo.parallelize(model, mesh,
-                         inter_all_reduce=flexdemo.method_record(method).inter_all_reduce)
+    record = flexdemo.method_record(method).wired(knobs)
+    flexdemo.parallelize(model, mesh, inter_all_reduce=record.inter_all_reduce)
     return recorder, model, mesh, flexdemo.build_optimizer(method, model, mesh, lr=0.01, **knobs)
 
 
@@ -122,3 +122,14 @@ def threads_after_exits(wait_s: float = 5.0) -> list[str]:
         if not any("gloo" in n for n in names) or time.monotonic() > deadline:
             return names
         time.sleep(0.05)
+
+
+def fsdp2_shards(layout: list[list[list[int]]], per_node: int, index: int) -> list[tuple[int, ...]]:
+    """The shard shapes local rank ``index`` of a node holds, from a run's FSDP2 ``layout``
+    (run.json): FSDP2 cuts dim 0 as torch.chunk does."""
+    out = []
+    for shape in (s for unit in layout for s in unit):
+        rows = -(-shape[0] // per_node)
+        mine = max(0, min(rows, shape[0] - index * rows))
+        out.append((mine, *shape[1:]))
+    return out

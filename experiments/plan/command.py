@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import io
 import json
 import math
@@ -21,7 +22,13 @@ import numpy as np
 import pandas as pd
 
 from experiments.aliases import add_old_spelling
-from experiments.config import check_algorithm_on_sites, load_site_file, parse_sets
+from experiments.config import (
+    check_algorithm_on_sites,
+    is_plugin,
+    load_site_file,
+    method_of,
+    parse_sets,
+)
 from experiments.deadline import bounded, run_deadline
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import check_output_file, write_atomic
@@ -37,7 +44,15 @@ from experiments.plan.hardware import (
 from experiments.plan.models import PRESETS, DeclaredModel, declare_model, parse_gpt
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
 from experiments.plan.replicas import check_nodes_per_replica, replica_line, replica_topology
-from experiments.plan.synth import PLANNED_METHODS, Precision, schedule
+from experiments.plan.synth import (
+    PLANNED_METHODS,
+    Precision,
+    has_program,
+    local_shard_shapes,
+    method_program,
+    sync_in_backward,
+    wired,
+)
 from experiments.plan.target import MISSING, StepsSource, steps_source
 from experiments.replay.compute_profile import load_profile
 from experiments.sizes import Cost, Count, Term, check_work
@@ -54,8 +69,6 @@ __all__ = ["DEFAULT_TIMEOUT_S", "configure", "grid_points", "main", "parse_bandw
 OUTPUTS = (".csv", ".json", ".png")
 # --set keys that are the plan's own (FSDP2's mixed precision, ...), not a method's knob.
 PLAN_KEYS = ("param_dtype", "reduce_dtype", "optimizer_s", "backend", "sync_in_backward")
-# Replicators whose sync `sync_in_backward` can start unit by unit in the backward.
-IN_BACKWARD = ("diloco", "streaming-diloco")
 _RANGE = re.compile(r"^([^:]+):([^:]+):([^:]+)$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|TB)\s*$")
 # A plan of the largest preset on a few methods and a dozen bandwidths takes seconds; ten
@@ -281,13 +294,30 @@ def check_work_size(args: argparse.Namespace, units: int | None, *, built: bool 
 def _check_methods(methods: list[str]) -> None:
     """Known methods, each planned, none twice."""
     for method in methods:
+        if is_plugin(method):
+            _check_plugin(method)
+            continue
         if method not in METHODS:
-            raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}.")
-        if method not in PLANNED_METHODS:
-            raise ConfigError(f"--method {method!r} has no synthesized program yet; plan one "
-                              f"of {', '.join(PLANNED_METHODS)}.")
+            raise ConfigError(f"--method {method!r} is unknown; use one of {', '.join(METHODS)}, "
+                              "or your own as module.path:factory.")
+        record = method_record(method)
+        if not has_program(record):
+            raise ConfigError(f"--method {method!r} has no program for the planner: its "
+                              f"replicator {record.replicator!r} writes none "
+                              f"(Replicator.program); plan one of {', '.join(PLANNED_METHODS)}.")
     if len(set(methods)) != len(methods):
         raise ConfigError(f"--method lists a method twice ({' '.join(methods)}).")
+
+
+def _check_plugin(method: str) -> None:
+    """A plug-in is planned from the program its replicator writes (``Replicator.program``)."""
+    record = method_of(method)
+    if not has_program(record):
+        cls = record.replicator_type
+        raise ConfigError(f"--method {method}: its replicator {cls.__name__} "
+                          f"({inspect.getsourcefile(cls)}) writes no program for the planner "
+                          "(Replicator.program); the planner plans the built-in methods and "
+                          "plug-ins whose replicator has one.")
 
 
 def _check_network(args: argparse.Namespace) -> None:
@@ -357,13 +387,17 @@ def _plan(args: argparse.Namespace) -> int:
     if backend not in ("nccl", "gloo"):
         raise ConfigError(f"backend={backend!r} is unknown; use nccl or gloo.")
     in_backward = _sync_in_backward(own.get("sync_in_backward"), args.method)
-    settings, periods = _method_settings(args, knobs)
+    settings = {m: _knobs_on(m, knobs[m], args) for m in args.method}
+    check_work_size(args, _known_units(args.model))
     memory_cap, memory_source = _gpu_memory(args)
     source = steps_source(args.steps_to_target, args.steps_from, args.target, args.model,
                           args.method)
     graphs = (graph_schedule(args.ada_graphs, args.nodes // args.nodes_per_replica,
                              args.model) if "ada" in args.method else None)
-    model = _declared(args, periods)
+    model = declare_model(args.model)
+    # The model's size, known now if only a factory or a config could tell it, and each
+    # method's period as its program says (a schedule of 10^12 steps is a count like any other).
+    check_work_size(args, len(model.units), built=True, periods=_periods(args, settings, model))
     compute = _compute(args, [model.unit_params(u) for u in range(len(model.units))], optimizer_s)
     k = args.nodes_per_replica
     replicas = [replica_topology(t, k) for t in topologies]
@@ -372,7 +406,7 @@ def _plan(args: argparse.Namespace) -> int:
         record = method_record(method)
         return plan_method(record, knobs, model, replicas, labels, compute, precision,
                            args.algorithm, backend=backend, nodes_per_replica=k,
-                           sync_in_backward=in_backward and record.replicator in IN_BACKWARD)
+                           sync_in_backward=in_backward and sync_in_backward(record))
 
     plans = [plan_ada(settings[m], graphs, lambda on_graph: plan_of("ada", on_graph))
              if m == "ada" else plan_of(m, settings[m]) for m in args.method]
@@ -391,24 +425,13 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _method_settings(args: argparse.Namespace,
-                     knobs: dict[str, dict]) -> tuple[dict[str, object], dict[str, int]]:
-    """Each method's knobs (checked on the plan's replicas) and its period in steps (Ada's is
-    its graphs'), the plan's size checked with the periods (a schedule of 10^12 steps is a
-    count like any other)."""
-    settings = {m: _knobs_on(m, knobs[m], args) for m in args.method}
-    periods = {m: schedule(method_record(m), settings[m])[0] for m in args.method if m != "ada"}
-    check_work_size(args, _known_units(args.model), periods=periods)
-    return settings, periods
-
-
-def _declared(args: argparse.Namespace, periods: dict[str, int]) -> DeclaredModel:
-    """The --model, built; one known only once built (a factory's, a config's) is held to the
-    plan's size bound then."""
-    model = declare_model(args.model)
-    if _known_units(args.model) is None:
-        check_work_size(args, len(model.units), built=True, periods=periods)
-    return model
+def _periods(args: argparse.Namespace, settings: dict[str, object],
+             model: DeclaredModel) -> dict[str, int]:
+    """Each method's period in steps, as its program says (Ada's is its graphs')."""
+    shapes = local_shard_shapes(model, args.gpus_per_node, 0)
+    replicas = max(1, args.nodes // args.nodes_per_replica)
+    return {m: method_program(method_record(m), settings[m], shapes, replicas).period
+            for m in args.method if m != "ada"}
 
 
 def _compute(args: argparse.Namespace, unit_params: list[int],
@@ -443,16 +466,17 @@ def _sync_in_backward(value: object, methods: list[str]) -> bool:
         return False
     if not isinstance(value, bool):
         raise ConfigError(f"sync_in_backward={value!r} must be true or false.")
-    if not any(method_record(m).replicator in IN_BACKWARD for m in methods):
+    if not any(sync_in_backward(method_record(m)) for m in methods):
+        able = [m for m in METHODS if sync_in_backward(method_record(m))]
         raise ConfigError(f"sync_in_backward={str(value).lower()} says when the outer sync of "
-                          f"{' and '.join(IN_BACKWARD)} starts, and --method plans neither; "
+                          f"{', '.join(able)} starts, and --method plans none of them; "
                           "plan one of them or leave it out.")
     return value
 
 
 def _sync_lines(plans: list[MethodPlan], in_backward: bool) -> list[str]:
     """When DiLoCo's and Streaming DiLoCo's outer sync starts, if one is planned."""
-    syncing = [p.method for p in plans if method_record(p.method).replicator in IN_BACKWARD]
+    syncing = [p.method for p in plans if sync_in_backward(method_record(p.method))]
     if not syncing:
         return []
     if in_backward:
@@ -556,9 +580,12 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
         knob_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knob).items())
         period = (f"; utilization over a period of {p.period} steps, "
                   f"{p.exchanges_per_period} with the exchange" if p.period > 1 else "")
-        bare = ("FSDP2 all-reduce across nodes" if method_record(p.method).replicator is None
-                else "no knobs; nothing crosses nodes")
-        lines.append(f"{p.method}: {knob_text or bare}{period}")
+        if method_record(p.method).replicator is None:  # hsdp-adamw: FSDP2's, or the reduce's
+            how = ("FSDP2 all-reduce across nodes" if wired(method_record(p.method), knob)
+                   .replicator is None else "the reduce replicator's after the backward, in "
+                   "place of FSDP2's all-reduce across nodes")
+            knob_text = f"{knob_text} ({how})".lstrip()
+        lines.append(f"{p.method}: {knob_text or 'no knobs; nothing crosses nodes'}{period}")
     seen: set[str] = set()
     for p in plans:  # each method's replay notes; the ones every method shares, once
         for note in p.notes:

@@ -1,11 +1,13 @@
 """A plan: each method's synthesized program replayed on every declared bandwidth.
 
-Per method, the program (`experiments.plan.synth`) is written once per kind of step (a step
-without the method's exchange and one with it; three consecutive steps for an exchange carried
-into the next step) and replayed by `netsim.model.simulate` on the target cluster. A periodic
-method's step time is the mean over its period (H steps for DiLoCo): (steps without exchange x
-their time + steps with it x theirs) / period. Compute utilization is compute per step over
-step time; exposed communication is the rest.
+Per method, the trace (`experiments.plan.synth`) is written once per kind of step the
+replicator's program holds (`flexdemo.program`: a step without its exchange and each distinct
+one with it; a window from a post to the step that waits on it; three consecutive steps for an
+exchange carried from every step into the next) and replayed by `netsim.model.simulate` on the
+target cluster. A periodic method's step time is the mean over its program's period (H steps
+for DiLoCo): each kind's time x how often it comes in a period, over the period. Compute
+utilization is compute per step over step time; exposed communication is the rest; the
+replicator's memory is its program's `state_bytes`.
 """
 
 from __future__ import annotations
@@ -17,30 +19,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-import torch
 
 from experiments.errors import ConfigError
 from experiments.plan.hardware import StepCompute
 from experiments.plan.models import DeclaredModel, padded_shard_elements
 from experiments.plan.synth import (
     DTYPE_BYTES,
-    AdaOnGraph,
     Precision,
+    RankProgram,
     Shape,
     local_shard_shapes,
-    sampled_entries,
-    schedule,
+    method_program,
+    rank_program,
     synthesize,
+    wired,
 )
 from experiments.replay import gossip
-from flexdemo.graphs import averages_exactly, busiest_degree, graph_problem, period
-from flexdemo.knobs import DeMoKnobs, StreamingDiLoCoKnobs
+from flexdemo.build import replicator_of
+from flexdemo.graphs import busiest_degree, period
 from flexdemo.methods import Method
-from flexdemo.replicators import REPLICATORS
-from flexdemo.replicators.ada import AdaRule
-from flexdemo.replicators.demo import plan_exchange
-from flexdemo.replicators.gossip import RECEIVE_LIMIT
-from flexdemo.replicators.streaming_diloco import fragment_numels
 from netsim.model import (
     OVERLAP_NOTE,
     AlgorithmChoice,
@@ -122,64 +119,65 @@ class MethodPlan:
 Kind = tuple[int, int, int, bool]
 
 
-def _step_kinds(record: Method, knobs: object) -> tuple[int, list[Kind], bool]:
-    """(period, the traces that make it up, whether an exchange is carried across steps).
+def _step_kinds(record: Method, view: RankProgram) -> tuple[list[Kind], bool]:
+    """The traces that make up the program's period, and whether an exchange is carried
+    across steps, read from the program itself (`flexdemo.program`) from its `steady_from`.
 
-    Steps alike are replayed once: a step without the exchange and one with it (every such
-    step is alike); an exchange carried into the next step: three steps, the third the steady
-    state; Streaming DiLoCo: each fragment's window, from the step that posts its sync to the
-    one that applies it, whole, and one step outside every window.
+    Steps alike are replayed once: each distinct step with ops (a DiLoCo sync, Ada's measuring
+    round), in the order they first come, then a step without any; an exchange waited on in a
+    later step than the one that posted it makes a window from one to the other, replayed
+    whole (Streaming DiLoCo's fragments) before the steps outside every window; an exchange
+    carried from each step into the next (DeMo's delay=1): three steps, the third the steady
+    state.
     """
-    if isinstance(knobs, StreamingDiLoCoKnobs):
-        return _streaming_kinds(knobs)
-    period, exchanges = schedule(record, knobs)
-    if isinstance(knobs, AdaOnGraph):
-        return _ada_kinds(knobs, period, exchanges)
-    delayed = isinstance(knobs, DeMoKnobs) and knobs.delay == 1
-    syncs = sum(exchanges(s) for s in range(1, period + 1))
-    if delayed:
+    program = view.program
+    start, period = program.steady_from, program.period
+    carried = _carried(view, start + 3 * period)
+    if any(a2 <= b1 for (_, b1), (a2, _) in zip(carried, carried[1:], strict=False)):
         if period != 1:
-            raise ConfigError(f"--method {record.name}: a delayed exchange (delay=1) with "
-                              f"replicate_every or skip_every is not planned; plan it with "
-                              "delay=0 or every step replicating.")
-        return period, [(1, 3, 1, False)], True
-    kinds = []
-    quiet = next((s for s in range(1, period + 1) if not exchanges(s)), None)
-    if quiet is not None:
-        kinds.append((quiet, 1, period - syncs, False))
-    loud = next((s for s in range(1, period + 1) if exchanges(s)), None)
-    if loud is not None:
-        kinds.append((loud, 1, syncs, False))
-    return period, kinds, False
+            raise ConfigError(f"--method {record.name}: its exchange is carried from one "
+                              f"exchanging step into the next on a schedule that repeats every "
+                              f"{period} steps, which the plan does not replay; plan it with "
+                              "every step exchanging (or its exchange waited on in its step).")
+        return [(start, 3, 1, False)], True
+    windows = [(a, b) for a, b in carried if start <= a < start + period]
+    covered = {start + (t - start) % period for a, b in windows for t in range(a, b + 1)}
+    kinds: list[Kind] = [(a, b - a + 1, 1, True) for a, b in windows]
+    groups: dict[tuple, list[int]] = {}
+    for step in range(start, start + period):
+        if step not in covered:
+            groups.setdefault(_step_signature(view, step), [step, 0])[1] += 1
+    quiet = groups.pop(((), (), ()), None)
+    kinds += [(first, 1, count, False) for first, count in
+              list(groups.values()) + ([quiet] if quiet else [])]
+    return kinds, bool(windows)
 
 
-def _ada_kinds(knobs: AdaOnGraph, period: int,
-               exchanges: Callable[[int], bool]) -> tuple[int, list[Kind], bool]:
-    """Ada on one graph: steps without a round, rounds, and rounds that measure the spread
-    first (every `ada_every`-th); the period holds a whole number of measurements, taken from
-    the second (round 0 never measures)."""
-    rounds = sum(exchanges(s) for s in range(1, period + 1))
-    if rounds == 0:
-        return period, [(1, 1, period, False)], False
-    period *= math.lcm(rounds, knobs.ada_every) // rounds
-    rule = AdaRule(1, knobs.ada_every, knobs.ada_high, knobs.ada_low)
-    found: dict[tuple[bool, bool], list[int]] = {}
-    for step in range(period + 1, 2 * period + 1):
-        round_ = sum(exchanges(s) for s in range(1, step)) if exchanges(step) else -1
-        key = (exchanges(step), round_ >= 0 and rule.measures_at(round_))
-        found.setdefault(key, [step, 0])[1] += 1
-    return period, [(first, 1, count, False) for first, count in found.values()], False
+def _carried(view: RankProgram, last: int) -> list[tuple[int, int]]:
+    """(posting step, waiting step) of every exchange waited on after the step that posted it,
+    over steps 1 to `last`, by posting step."""
+    posted: dict[object, int] = {}
+    out = []
+    for step in range(1, last + 1):
+        for op in view.posts(step):
+            posted[op.key] = step
+        for key in view.waits(step):
+            at = posted.pop(key, step)
+            if at < step:
+                out.append((at, step))
+    return sorted(out)
 
 
-def _streaming_kinds(knobs: StreamingDiLoCoKnobs) -> tuple[int, list[Kind], bool]:
-    """A full fragment cycle (sync_every steps): every fragment's window and the steps between."""
-    fragments, tau = knobs.num_fragments, knobs.fragment_sync_delay
-    every = knobs.sync_every // fragments  # the replicator's period between two syncs
-    kinds: list[Kind] = [((k + 1) * every - tau, tau + 1, 1, True) for k in range(fragments)]
-    quiet = fragments * (every - tau - 1)
-    if quiet:
-        kinds.append((1, 1, quiet, False))  # step 1 lies in no window: every >= tau + 2
-    return knobs.sync_every, kinds, tau > 0
+def _step_signature(view: RankProgram, step: int) -> tuple:
+    """What sets a step's ops apart from another's: its blocking ops, its posts (keys aside)
+    with their units' elements, and which of them it waits on."""
+    posts = view.posts(step)
+    elements = view.unit_elements(step)
+    keys = [op.key for op in posts]
+    return (tuple((op.op, op.nbytes, op.peer, op.inter) for op in view.blocking(step)),
+            tuple((op.op, op.nbytes, op.peer, op.inter,
+                   tuple(sorted(elements.get(op.key, {}).items()))) for op in posts),
+            tuple(keys.index(key) for key in view.waits(step) if key in keys))
 
 
 def _peak_exchange(trace: pd.DataFrame, split: bool) -> int:
@@ -204,9 +202,12 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
     (`experiments.plan.replicas.replica_topology`: one node a replica of K nodes); bytes and
     bandwidths are reported per real node. `sync_in_backward`: as `synthesize` takes it.
     """
+    record = wired(record, knobs)
     target = topologies[0]
     shape = Shape(min(target.nodes, 2), target.accelerators_per_node)
-    period, kinds, delayed = _step_kinds(record, knobs)
+    view = rank_program(record, knobs, model, shape, target.nodes)
+    period = view.program.period
+    kinds, delayed = _step_kinds(record, view)
     traces: dict[tuple, list] = {}
     for first, length, count, whole in kinds:
         trace = synthesize(record, knobs, model, shape, compute, precision, length,
@@ -218,7 +219,7 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
             traces[key][2] += count
         else:
             traces[key] = [trace, length, count, whole]
-    plan = MethodPlan(record.name, compute.total_s, period, _syncs(record, knobs, period),
+    plan = MethodPlan(record.name, compute.total_s, period, view.program.exchanges,
                       memory(record, knobs, model, target.accelerators_per_node, target.nodes,
                              precision))
     plan = dataclasses.replace(plan, peak_exchange_bytes=max(
@@ -244,6 +245,7 @@ def plan_method(record: Method, knobs: object, model: DeclaredModel, topologies:
         if progress is not None:
             progress(f"{record.name}: {len(topologies)} networks")
     plan.notes.extend(_method_notes(record, knobs, target))
+    plan.notes.extend(view.program.notes())
     plan.notes.extend(_replay_notes(algorithms, delayed))
     k = nodes_per_replica
     for (seconds, egress), topology, label in zip(totals, topologies, labels, strict=True):
@@ -270,14 +272,6 @@ def _signature(trace: pd.DataFrame, first: int) -> tuple:
     inter = trace[trace["inter"] & (trace["kind"] == "collective")]
     return tuple(zip(inter["rank"], inter["step"] - first, inter["op"], inter["bytes"],
                      inter["start_s"].round(12), inter["wait_s"].round(12), strict=True))
-
-
-def _syncs(record: Method, knobs: object, period: int) -> int:
-    """Steps of a period that exchange (Streaming DiLoCo: its syncs, one per fragment)."""
-    if isinstance(knobs, StreamingDiLoCoKnobs):
-        return knobs.num_fragments
-    _, exchanges = schedule(record, knobs)
-    return sum(exchanges(s) for s in range(1, period + 1))
 
 
 def _method_notes(record: Method, knobs: object, target: Topology) -> list[str]:
@@ -315,8 +309,10 @@ def _replay_notes(algorithms: list[AlgorithmChoice], delayed: bool) -> list[str]
 
 def memory(record: Method, knobs: object, model: DeclaredModel, per_node: int, nodes: int,
            precision: Precision) -> Memory:
-    """Bytes per GPU of local rank 0 (the largest shard), by part (see Memory); a method
-    without sharding (demo) holds the whole model on every GPU, each a replica."""
+    """Bytes per GPU of local rank 0 (the largest shard), by part (see Memory), the
+    replicator's from its program (`state_bytes`); a method without sharding (demo) holds the
+    whole model on every GPU, each a replica."""
+    record = wired(record, knobs)
     if not record.shards:
         return _replica_memory(record, knobs, model, per_node * nodes)
     shard = sum(padded_shard_elements(s, per_node) for unit in model.units for s in unit)
@@ -329,51 +325,9 @@ def memory(record: Method, knobs: object, model: DeclaredModel, per_node: int, n
     if record.replicator is None:
         return Memory(params, grads, adamw, 0, working)
     _, step = record.settings({})
-    base = step.base or REPLICATORS[record.replicator].default_base
-    return Memory(params, grads, adamw if base == "adamw" else 0,
-                  _replicator_memory(record, knobs, model, per_node, nodes, shard), working)
-
-
-def _replicator_memory(record: Method, knobs: object, model: DeclaredModel, per_node: int,
-                       nodes: int, shard: int) -> int:
-    """Bytes of the replicator's own state and buffers on local rank 0."""
-    if isinstance(knobs, DeMoKnobs):
-        shapes = local_shard_shapes(model, per_node, 0)
-        plan = plan_exchange(list(shapes), [torch.float32] * len(shapes), knobs, nodes)
-        # The momentum (every coefficient, fp32), this rank's bucket and what it receives
-        # (all-gather: every replica's bucket; dense: the buffer reduced in place).
-        received = plan.dense_bytes if plan.dense else nodes * plan.bucket_bytes
-        exchange = plan.payload_bytes + received
-        return plan.dense_numel * 4 + exchange * (2 if knobs.delay == 1 else 1)
-    if isinstance(knobs, StreamingDiLoCoKnobs):
-        # Every fragment's anchor and outer momentum, the rounding residuals of a lossy wire,
-        # and the largest fragment's sync in flight (all-gathered: every replica's payload).
-        wire = REPLICATORS[record.replicator](knobs).wire
-        sizes = [math.prod(s) for s in local_shard_shapes(model, per_node, 0)]
-        biggest = max(fragment_numels(sizes, knobs.num_fragments, knobs.fragment_cut,
-                                      knobs.fragment_runs))
-        op, nbytes = wire.payload(biggest)
-        in_flight = nbytes * (nodes if op == "all_gather" else 1)
-        return 2 * shard * 4 + (shard * 4 if wire.lossy else 0) + in_flight
-    if record.replicator == "diloco":
-        return 2 * shard * 4  # the anchor and the outer momentum, fp32
-    if record.replicator in ("random", "striding"):
-        # The momentum (delta) and the update it returns (the shard's zeros, the chosen rows
-        # filled in), fp32 both; the chosen rows' flat buffer is a fraction of a shard.
-        return 2 * shard * 4
-    if record.replicator in ("gossip", "ada"):
-        # The flat copy of the shard it sends and an inbox per neighbour of the busiest node in
-        # flight at once: at most RECEIVE_LIMIT (the replicator's windows), and with several
-        # windows the mixed copy besides; none on a graph that all-reduces (the complete one).
-        graph = knobs.graph
-        degree = busiest_degree(graph, nodes, 0) if nodes > 1 and graph_problem(
-            graph, nodes) is None and not averages_exactly(graph, nodes) else 0
-        held = (1 + min(degree, RECEIVE_LIMIT) + (degree > RECEIVE_LIMIT)) * shard * 4
-        if isinstance(knobs, AdaOnGraph):  # the probe: its sampled entries' indices (int64)
-            held += 8 * sampled_entries(local_shard_shapes(model, per_node, 0),
-                                        knobs.ada_sample, knobs.seed)
-        return held
-    return 0
+    base = step.base or replicator_of(record).default_base
+    program = method_program(record, knobs, local_shard_shapes(model, per_node, 0), nodes)
+    return Memory(params, grads, adamw if base == "adamw" else 0, program.state_bytes, working)
 
 
 def _replica_memory(record: Method, knobs: object, model: DeclaredModel, world: int) -> Memory:
@@ -381,9 +335,9 @@ def _replica_memory(record: Method, knobs: object, model: DeclaredModel, world: 
     replicator's state over `world` replicas; no FSDP2 working set."""
     params = model.params * 4
     _, step = record.settings({})
-    base = step.base or REPLICATORS[record.replicator].default_base
-    return Memory(params, params, 2 * params if base == "adamw" else 0,
-                  _replicator_memory(record, knobs, model, 1, world, model.params), 0)
+    base = step.base or replicator_of(record).default_base
+    program = method_program(record, knobs, local_shard_shapes(model, 1, 0), world)
+    return Memory(params, params, 2 * params if base == "adamw" else 0, program.state_bytes, 0)
 
 
 def bandwidth_needed(frame: pd.DataFrame, target: float) -> tuple[float | None, str]:

@@ -13,12 +13,14 @@ the root kept gathered through the backward):
   "unit_backward" mark) a reduce-scatter of its gradients (input: G shards) and, for hsdp-adamw,
   the inter-node all-reduce of the rank's gradient shard, both tagged with the unit so that
   overlap "fsdp2" streams them alongside the following backward;
-- after the "backward" mark: the optimizer step and the method's own exchange (the DeMo
-  family's top-k, sized by `flexdemo.replicators.demo.plan_exchange`, the code the optimizer
-  sets itself up with; DiLoCo's outer all-reduce of the shard every H steps; Streaming
-  DiLoCo's fragment syncs, cut by `fragment_pieces` and sized by the outer wire's `payload`,
-  posted and applied on the replicator's own schedule). An exchange waited on in a later step
-  than the one that posted it is carried there, as a recording holds it.
+- after the "backward" mark: the optimizer step and the method's own exchange, which its
+  replicator writes (`Replicator.program`, `flexdemo.program`) from its own sizing and
+  schedule for each rank's shard shapes: the ops it runs and waits for first, then those it
+  posts, then the posted ones it waits on (in a later step than the one that posted them:
+  carried there, as a recording holds it). The exchange sits between the optimizer step's two
+  halves, or after the whole step where the program says its exchange ends the step
+  (`ends_step`: gossip's mixing). A message goes to the rank of the same local index on its
+  peer's node.
 
 FSDP2's mixed precision sets the sizes: all-gathers carry `param_dtype`, reduce-scatters and
 hsdp-adamw's all-reduce `reduce_dtype`. Collectives take no time in the trace (waited on as
@@ -27,44 +29,51 @@ issued, returned at once): the replay times them. Compute is the gaps between th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import torch
 
 from experiments.errors import ConfigError
 from experiments.plan.hardware import StepCompute
 from experiments.plan.models import DeclaredModel, padded_shard_elements, shard_rows
-from flexdemo.chunking import largest_divisor_at_most
-from flexdemo.graphs import averages_exactly, peers
-from flexdemo.knobs import AdaKnobs, DeMoKnobs
-from flexdemo.methods import Method
-from flexdemo.replicators import REPLICATORS
-from flexdemo.replicators.ada import AdaRule
-from flexdemo.replicators.base import mean_payload
-from flexdemo.replicators.demo import plan_exchange
-from flexdemo.replicators.diloco import outer_payload
-from flexdemo.replicators.gossip import message_bytes
-from flexdemo.replicators.partial import partial_payload, striding_rows
-from flexdemo.replicators.sampled_spread import SampledSpread
-from flexdemo.replicators.streaming_diloco import fragment_pieces
+from flexdemo.build import has_program, program_of, replicator_of
+from flexdemo.knobs import AdaKnobs
+from flexdemo.methods import RECORDS, Method
+from flexdemo.program import Op, Program
 from netsim.costs import collective_volume, default_algorithm
 from netsim.trace import BACKWARD, TRACE_COLUMNS, TRAIN, UNIT_BACKWARD
 
-__all__ = ["DTYPE_BYTES", "PLANNED_METHODS", "AdaOnGraph", "Exchange", "Precision", "Shape",
-           "exchanges", "local_shard_shapes", "outer_bytes", "sampled_entries", "schedule",
-           "synthesize", "synthesize_replicas"]
+__all__ = ["DTYPE_BYTES", "PLANNED_METHODS", "AdaOnGraph", "Precision", "RankProgram", "Shape",
+           "has_program", "local_shard_shapes", "method_program", "rank_program",
+           "sync_in_backward", "synthesize", "synthesize_replicas", "wired"]
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 # The least compute after a delayed exchange's wait in its step (seconds).
 _DECODE_S = 1e-6
-# Methods whose program this module writes; others are refused by name.
-PLANNED_METHODS = ("hsdp-adamw", "flexdemo", "flexdemo-async", "flexdemo-adamw", "demo",
-                   "diloco", "streaming-diloco", "random", "striding", "gossip", "ada", "none")
+
+
+PLANNED_METHODS = tuple(m.name for m in RECORDS if has_program(m))
+"""The built-in methods the planner plans: those whose replicator writes a program."""
+
+
+def sync_in_backward(record: Method) -> bool:
+    """Whether the method's sync could start unit by unit in the backward (its replicator's
+    `sync_in_backward`: its program's `unit_elements`)."""
+    cls = replicator_of(record)
+    return cls is not None and cls.sync_in_backward
+
+
+def wired(record: Method, knobs: object) -> Method:
+    """The record as its knobs wire it (`Method.wired`: hsdp-adamw in low precision is the
+    reduce replicator's)."""
+    if record.replicator is None and dataclasses.is_dataclass(knobs):
+        return record.wired(dataclasses.asdict(knobs))
+    return record
 
 
 @dataclass(frozen=True)
@@ -79,9 +88,26 @@ class AdaOnGraph:
         return getattr(self.knobs, name)
 
 
-def _own_knobs(knobs: object) -> object:
-    """The knobs the replicator itself takes (Ada's, under one graph of its schedule)."""
-    return knobs.knobs if isinstance(knobs, AdaOnGraph) else knobs
+@functools.lru_cache(maxsize=64)
+def method_program(record: Method, knobs: object, shapes: tuple[tuple[int, ...], ...],
+                   replicas: int, node: int = 0) -> Program:
+    """The program `record`'s replicator writes for a rank whose shards have `shapes` (fp32)
+    among `replicas` replicas, as replica `node` (`flexdemo.build.program_of`; cached:
+    sizing a 70B model's DeMo chunks takes seconds). ConfigError (one sentence) for a
+    replicator without a program, or knobs it cannot run on the shards."""
+    record = wired(record, knobs)
+    graph = None
+    if isinstance(knobs, AdaOnGraph):
+        knobs, graph = knobs.knobs, knobs.graph
+    try:
+        program = program_of(record, knobs, shapes, replicas, node=node, graph=graph)
+    except ValueError as err:
+        raise ConfigError(f"--method {record.name}: {err}") from None
+    if program is None:
+        raise ConfigError(f"--method {record.name!r} has no program for the planner: its "
+                          f"replicator {replicator_of(record).__name__} writes none "
+                          f"(Replicator.program); plan one of {', '.join(PLANNED_METHODS)}.")
+    return program
 
 
 @dataclass(frozen=True)
@@ -132,22 +158,84 @@ def local_shard_shapes(model: DeclaredModel, per_node: int,
     return tuple(out)
 
 
-def outer_bytes(model: DeclaredModel, per_node: int, local: int, itemsize: int = 4) -> int:
-    """Bytes of DiLoCo's outer all-reduce of `anchor - params` (fp32) on local rank `local`,
-    sized by the replicator's own `outer_payload`."""
-    numels = [math.prod(s) for s in local_shard_shapes(model, per_node, local)]
-    return outer_payload(numels, itemsize)[1]
+class RankProgram:
+    """One trace rank's view of its method's program: what `synthesize` writes for it.
+
+    A message to replica p goes to global rank p x G + local. A trace of fewer nodes than the
+    replicas (the plan's two for any count) stands in for them: a round's messages are one
+    send and one receive with each of the node's neighbours on a ring of the trace's nodes
+    (with two, the other), and the replay counts the target graph's degree
+    (`simulate(degrees=...)`).
+    """
+
+    def __init__(self, program: Program, model: DeclaredModel, node: int, nodes: int,
+                 local: int, per_node: int, replicas: int) -> None:
+        self.program, self.model = program, model
+        self.node, self.local, self.per_node = node, local, per_node
+        self.stand_in = nodes < replicas
+        self.ring = sorted({(node - 1) % nodes, (node + 1) % nodes} - {node})
+
+    @property
+    def ends_step(self) -> bool:
+        """Whether the exchange is the step's last work (after the whole optimizer step)."""
+        return self.program.ends_step
+
+    def blocking(self, step: int) -> list[Op]:
+        """The ops the step runs and waits for first."""
+        return self.program.blocking(step)
+
+    def posts(self, step: int) -> list[Op]:
+        """The ops posted after the update, messages addressed to global ranks."""
+        out, sent = [], set()
+        for op in self.program.posts(step):
+            if op.peer is None:
+                out.append(op)
+                continue
+            if not self.stand_in:
+                out.append(self._to_rank(op, op.peer, op.key))
+            elif op.op not in sent:
+                sent.add(op.op)
+                out += [self._to_rank(op, peer, (op.key, peer)) for peer in self.ring]
+        return out
+
+    def _to_rank(self, op: Op, peer: int, key: Hashable) -> Op:
+        """A message of `op` to or from node `peer`'s rank of this local index, under `key`."""
+        return dataclasses.replace(op, peer=peer * self.per_node + self.local, key=key)
+
+    def waits(self, step: int) -> list[Hashable]:
+        """The keys waited on after the posts (a stand-in's messages under their own)."""
+        if not self.stand_in:
+            return self.program.waits(step)
+        stood = {op.key: [(op.key, peer) for peer in self.ring]
+                 for op in self.program.posts(step) if op.peer is not None}
+        return [k for key in self.program.waits(step) for k in stood.get(key, [key])]
+
+    def unit_elements(self, step: int) -> dict[Hashable, dict[int, int]]:
+        """Per posted key, its elements in each FSDP2 unit."""
+        out: dict[Hashable, dict[int, int]] = {}
+        for key, per_param in self.program.unit_elements(step).items():
+            units: dict[int, int] = {}
+            for i, n in per_param.items():
+                unit = self.model.unit_of[i]
+                units[unit] = units.get(unit, 0) + n
+            out[key] = units
+        return out
 
 
-def schedule(record: Method, knobs: object) -> tuple[int, Callable[[int], bool]]:
-    """(period in steps, whether 1-based step s exchanges), from the replicator's own schedule."""
-    if record.replicator is None:
-        return 1, lambda _step: True
-    replicator = REPLICATORS[record.replicator](_own_knobs(knobs))
-    every = replicator.replicate_every
-    skip = replicator.skip_every
-    period = every if skip is None else math.lcm(every, skip)
-    return period, replicator.replicates_on
+def rank_program(record: Method, knobs: object, model: DeclaredModel, shape: Shape,
+                 replicas: int | None = None, node: int = 0, local: int = 0) -> RankProgram:
+    """The program of rank (`node`, `local`) of a trace of `shape` for `replicas` replicas
+    (default: the trace's nodes); a method without sharding (demo) is every rank a replica,
+    holding the whole model."""
+    if not record.shards:
+        world = shape.world
+        shapes = local_shard_shapes(model, 1, 0)
+        program = method_program(record, knobs, shapes, replicas or world, node)
+        return RankProgram(program, model, node, world, 0, 1, replicas or world)
+    replicas = replicas or shape.nodes
+    shapes = local_shard_shapes(model, shape.per_node, local)
+    return RankProgram(method_program(record, knobs, shapes, replicas, node), model, node,
+                       shape.nodes, local, shape.per_node, replicas)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -305,34 +393,37 @@ def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape
     (DeMo's exchange="auto"). `backend` names the algorithm each op runs
     (`netsim.costs.default_algorithm`): "nccl" rings; "gloo" runs a reduce-scatter as an
     all-reduce, as CPU recordings hold it. An exchange still in flight after the last step is
-    waited on after it (a run's drain). `sync_in_backward`: DiLoCo's and Streaming DiLoCo's
-    sync is posted unit by unit, each piece when its unit's gradient reduction is issued in
-    the backward (`in_backward`), not after the backward.
+    waited on after it (a run's drain). `sync_in_backward`: a sync whose program gives its
+    elements per parameter (DiLoCo's, Streaming DiLoCo's) is posted unit by unit, each piece
+    when its unit's gradient reduction is issued in the backward (`in_backward`), not after
+    the backward.
     """
-    if record.name not in PLANNED_METHODS:
-        raise ConfigError(f"--method {record.name!r} has no synthesized program yet; plan one "
-                          f"of {', '.join(PLANNED_METHODS)}.")
+    record = wired(record, knobs)
+    if not has_program(record):
+        method_program(record, knobs, (), 1)  # refused, in its one sentence
     if not record.shards:
         return synthesize_replicas(record, knobs, model, shape, compute, steps,
                                    replicas=replicas, backend=backend, first=first)
     sizes = _Sizes(model, shape.per_node, precision)
-    exchange = exchanges(record, knobs, model, shape.per_node, replicas or shape.nodes)
-    if isinstance(exchange, _GossipExchange):
-        return _synthesize_each_rank(record, exchange, sizes, shape, compute, steps, backend,
-                                     first)
+    steps_run = range(first, first + steps)
+    views = {local: rank_program(record, knobs, model, shape, replicas, 0, local)
+             for local in range(shape.per_node)}
+    if shape.nodes > 1 and any(op.peer is not None for s in steps_run
+                               for op in views[0].posts(s)):
+        return _synthesize_each_rank(record, knobs, model, shape, sizes, compute, steps_run,
+                                     replicas, backend)
     # Every rank runs the same FSDP2 program; only the exchange's payload may differ from one
     # local rank to another (FSDP2's last shards can be short). One rank's rows stand for all
     # the ranks whose exchange is the same, relabelled.
-    steps_run = range(first, first + steps)
     alike: dict[tuple, list[int]] = {}
-    for local in range(shape.per_node):
-        posts = tuple(tuple(exchange.posts(s, local)) for s in steps_run) if shape.nodes > 1 \
-            else ()
-        alike.setdefault(posts, []).append(local)
+    for local, view in views.items():
+        ops = tuple((tuple(view.blocking(s)), tuple(view.posts(s))) for s in steps_run) \
+            if shape.nodes > 1 else ()
+        alike.setdefault(ops, []).append(local)
     frames = []
     for locals_ in alike.values():
         rank = _Rank(locals_[0], shape, backend)
-        _sharded_steps(rank, record, exchange, sizes, compute, steps_run,
+        _sharded_steps(rank, record, views[locals_[0]], sizes, compute, steps_run,
                        sync_in_backward and shape.nodes > 1)
         template = pd.DataFrame(rank.rows, columns=list(TRACE_COLUMNS))
         frames.append(_relabelled(template, shape,
@@ -342,26 +433,42 @@ def synthesize(record: Method, knobs: object, model: DeclaredModel, shape: Shape
     return trace.sort_values(["rank", "seq"], kind="stable", ignore_index=True)
 
 
-def _sharded_steps(rank: _Rank, record: Method, exchange: Exchange, sizes: _Sizes,
+def _synthesize_each_rank(record: Method, knobs: object, model: DeclaredModel, shape: Shape,
+                          sizes: _Sizes, compute: StepCompute, steps: range,
+                          replicas: int | None, backend: str) -> pd.DataFrame:
+    """`synthesize` for a program of messages: every rank's ops name its own peers, so every
+    rank is written on its own."""
+    frames = []
+    for rank_id in range(shape.world):
+        rank = _Rank(rank_id, shape, backend)
+        view = rank_program(record, knobs, model, shape, replicas, rank.node, rank.local)
+        _sharded_steps(rank, record, view, sizes, compute, steps, False)
+        frames.append(pd.DataFrame(rank.rows, columns=list(TRACE_COLUMNS)))
+    trace = pd.concat(frames, ignore_index=True).astype(TRACE_COLUMNS)
+    return trace.sort_values(["rank", "seq"], kind="stable", ignore_index=True)
+
+
+def _sharded_steps(rank: _Rank, record: Method, view: RankProgram, sizes: _Sizes,
                    compute: StepCompute, steps: range, sync_in_backward: bool) -> None:
     """One rank's steps: FSDP2's forward and backward, the optimizer step around the method's
     exchange (none on one node), and the drain of what is still in flight."""
     in_flight: dict[object, list[dict]] = {}
     for step in steps:
         begin = rank.begin(step)
-        early = in_backward(exchange, step, rank.local) if sync_in_backward else {}
+        early = in_backward(view, step) if sync_in_backward else {}
         _fsdp2_step(rank, sizes, compute, record.inter_all_reduce,
                     functools.partial(_post_in_backward, rank, early, in_flight) if early
                     else None)
-        rank.compute(compute.optimizer_s / 2)
+        rank.compute(compute.optimizer_s if view.ends_step else compute.optimizer_s / 2)
         # The method's exchange belongs to no FSDP2 unit (as recordings tag it): tagged
         # with the root's, the fsdp2 overlap would stream it as the root's reduction and
         # make the optimizer step wait for it, a carried exchange included.
         rank.unit = -1
         if rank.shape.nodes > 1:
-            _exchange_step(rank, exchange, step, in_flight,
+            _exchange_step(rank, view, step, in_flight,
                            posted={key for unit in early.values() for key, *_ in unit})
-        rank.compute(compute.optimizer_s / 2)
+        if not view.ends_step:
+            rank.compute(compute.optimizer_s / 2)
         rank.end(begin)
     for rows in in_flight.values():  # the run's drain: waited on after its last step
         for row in rows:
@@ -401,27 +508,27 @@ def _post_in_backward(rank: _Rank, early: dict[int, list[tuple[object, str, int]
         in_flight.setdefault(key, []).append(rank.issue(op, nbytes, True, unit=-1))
 
 
-def _exchange_step(rank: _Rank, exchange: Exchange, step: int,
+def _exchange_step(rank: _Rank, view: RankProgram, step: int,
                    in_flight: dict[object, list[dict]], posted: set[object] = frozenset()) -> None:
     """This step's exchange: what it runs first and waits for (Ada's measurement), then post
     what it posts (but the keys in `posted`: already posted in the backward), then wait on
     what it applies."""
-    for op, nbytes, inter in exchange.blocking(step, rank.local):
-        row = rank.issue(op, nbytes, inter)
+    for op in view.blocking(step):
+        row = rank.issue(op.op, op.nbytes, op.inter)
         if row:  # a group of one runs nothing
             rank.wait(row)
             # What follows starts after it (ops at one moment would replay as issued
             # together): the arithmetic on its result (Ada's spread and decision).
             rank.compute(_DECODE_S)
     posted_now = set(posted)
-    for key, op, nbytes, *peer in exchange.posts(step, rank.local):
-        if key in posted:
+    for op in view.posts(step):
+        if op.key in posted:
             continue
-        in_flight[key] = [rank.message(op, nbytes, peer[0]) if peer
-                          else rank.issue(op, nbytes, True)]
-        posted_now.add(key)
+        in_flight[op.key] = [rank.message(op.op, op.nbytes, op.peer) if op.peer is not None
+                             else rank.issue(op.op, op.nbytes, op.inter)]
+        posted_now.add(op.key)
     carried = False
-    for key in exchange.waits(step):
+    for key in view.waits(step):
         for row in in_flight.pop(key, []):
             rank.wait(row)
             carried = carried or key not in posted_now
@@ -431,341 +538,20 @@ def _exchange_step(rank: _Rank, exchange: Exchange, step: int,
         rank.compute(_DECODE_S)
 
 
-class Exchange:
-    """A method's inter-node ops of one step: the ones it posts and the ones it waits on."""
-
-    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
-        """(key, op, payload bytes) of every op posted after 1-based step `step`'s update."""
-        return []
-
-    def waits(self, step: int) -> list[object]:
-        """Keys of the posted ops step `step` waits on (after its posts)."""
-        return []
-
-    def blocking(self, step: int, local: int) -> list[tuple[str, int, bool]]:
-        """(op, payload bytes, whether it crosses nodes) of every op step `step` runs and waits
-        for before its posts."""
-        return []
-
-    def unit_elements(self, step: int, local: int) -> dict[object, dict[int, int]]:
-        """Per key posted after step `step`: its elements in each FSDP2 unit, for a sync that
-        can start unit by unit in the backward (empty: none can)."""
-        return {}
-
-
-def in_backward(exchange: Exchange, step: int,
-                local: int) -> dict[int, list[tuple[object, str, int]]]:
+def in_backward(view: RankProgram, step: int) -> dict[int, list[tuple[object, str, int]]]:
     """Per FSDP2 unit, the pieces of step `step`'s posts that start when its backward ends:
     each post's bytes split over the units by their elements (the total kept exact)."""
-    elements = exchange.unit_elements(step, local)
+    elements = view.unit_elements(step)
     out: dict[int, list[tuple[object, str, int]]] = {}
-    for key, op, nbytes, *_ in exchange.posts(step, local):
-        per_unit = {u: n for u, n in sorted(elements.get(key, {}).items()) if n}
+    for op in view.posts(step):
+        per_unit = {u: n for u, n in sorted(elements.get(op.key, {}).items()) if n}
         total, done, sent = sum(per_unit.values()), 0, 0
         for unit, n in per_unit.items():
             done += n
-            share = nbytes * done // total - sent
+            share = op.nbytes * done // total - sent
             sent += share
-            out.setdefault(unit, []).append((key, op, share))
+            out.setdefault(unit, []).append((op.key, op.op, share))
     return out
-
-
-def _unit_totals(model: DeclaredModel, pieces: list[tuple[int, int, int]]) -> dict[int, int]:
-    """Elements of (parameter, start, end) pieces per FSDP2 unit."""
-    out: dict[int, int] = {}
-    for i, start, end in pieces:
-        unit = model.unit_of[i]
-        out[unit] = out.get(unit, 0) + end - start
-    return out
-
-
-@functools.lru_cache(maxsize=256)
-def sampled_entries(shapes: tuple[tuple[int, ...], ...], sample: int, seed: int) -> int:
-    """Entries Ada's spread is measured on for shards of `shapes`: the count `SampledSpread`
-    itself draws (its seeded picks, de-duplicated), on meta tensors."""
-    params = [torch.empty(shape, device="meta") for shape in shapes]
-    return SampledSpread(params, sample, seed).entries
-
-
-class _DeMoExchange(Exchange):
-    """The DeMo family's one bucket per replicating step, sized by `plan_exchange`."""
-
-    def __init__(self, record: Method, knobs: DeMoKnobs, model: DeclaredModel, per_node: int,
-                 replicas: int) -> None:
-        self.knobs, self.model, self.per_node, self.replicas = knobs, model, per_node, replicas
-        self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
-        self.plans: dict[tuple, object] = {}
-
-    def plan(self, local: int) -> object:
-        """The exchange of local rank `local` (ranks whose shards have the same shapes, all of
-        them where FSDP2 cuts evenly, share one: sizing a 70B model's chunks takes seconds)."""
-        shapes = tuple(local_shard_shapes(self.model, self.per_node, local))
-        if shapes not in self.plans:
-            self.plans[shapes] = plan_exchange(list(shapes), [torch.float32] * len(shapes),
-                                               self.knobs, self.replicas)
-        return self.plans[shapes]
-
-    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
-        """The bucket (or dense vector) of a replicating step."""
-        if not self.replicates_on(step):
-            return []
-        plan = self.plan(local)
-        return [(step, plan.op, plan.payload_bytes)]
-
-    def waits(self, step: int) -> list[object]:
-        """delay=0: this step's own; delay=1: the previous replicating step's."""
-        if not self.replicates_on(step):
-            return []
-        if self.knobs.delay == 0:
-            return [step]
-        earlier = [s for s in range(step - 1, 0, -1) if self.replicates_on(s)]
-        return earlier[:1]
-
-
-class _DiLoCoExchange(Exchange):
-    """DiLoCo's outer all-reduce of the whole shard (fp32) every diloco_h steps."""
-
-    def __init__(self, record: Method, knobs: object, model: DeclaredModel,
-                 per_node: int) -> None:
-        self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
-        self.model, self.per_node = model, per_node
-
-    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
-        """The pseudo-gradient's all-reduce on a syncing step."""
-        if not self.replicates_on(step):
-            return []
-        return [(step, "all_reduce", outer_bytes(self.model, self.per_node, local))]
-
-    def waits(self, step: int) -> list[object]:
-        """Waited on in the step that posts it."""
-        return [step] if self.replicates_on(step) else []
-
-    def unit_elements(self, step: int, local: int) -> dict[object, dict[int, int]]:
-        """The whole shard, unit by unit."""
-        if not self.replicates_on(step):
-            return {}
-        shapes = local_shard_shapes(self.model, self.per_node, local)
-        return {step: _unit_totals(self.model, [(i, 0, math.prod(s))
-                                                for i, s in enumerate(shapes)])}
-
-
-class _StreamingExchange(Exchange):
-    """Streaming DiLoCo: one fragment's sync posted tau steps before it is applied."""
-
-    def __init__(self, record: Method, knobs: object, model: DeclaredModel,
-                 per_node: int) -> None:
-        replicator = REPLICATORS[record.replicator](knobs)
-        self.prepared_on = replicator.fragment_prepared_on
-        self.applied_on = replicator.fragment_applied_on
-        self.wire = replicator.wire
-        self.knobs, self.model, self.per_node = knobs, model, per_node
-
-    def fragments(self, local: int) -> list[int]:
-        """Elements of each fragment of local rank `local`'s shards (the replicator's cut)."""
-        return [sum(b - a for _, a, b in pieces) for pieces in self.pieces(local)]
-
-    def pieces(self, local: int) -> list[list[tuple[int, int, int]]]:
-        """Each fragment's (parameter, start, end) pieces of local rank `local`'s shards."""
-        sizes = [math.prod(s) for s in local_shard_shapes(self.model, self.per_node, local)]
-        try:
-            return fragment_pieces(sizes, self.knobs.num_fragments, self.knobs.fragment_cut,
-                                   self.knobs.fragment_runs)
-        except ValueError as err:
-            raise ConfigError(f"--method streaming-diloco: {err}") from None
-
-    def unit_elements(self, step: int, local: int) -> dict[object, dict[int, int]]:
-        """The fragment prepared after this step, unit by unit."""
-        fragment = self.prepared_on(step)
-        if fragment is None:
-            return {}
-        return {fragment: _unit_totals(self.model, self.pieces(local)[fragment])}
-
-    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
-        """The fragment prepared after this step, in the outer wire format."""
-        fragment = self.prepared_on(step)
-        if fragment is None:
-            return []
-        numel = self.fragments(local)[fragment]
-        if numel == 0:
-            return []  # nothing of it on this rank: nothing crosses (the replicator's rule)
-        op, nbytes = self.wire.payload(numel)
-        return [(fragment, op, nbytes)]
-
-    def waits(self, step: int) -> list[object]:
-        """The fragment applied after this step."""
-        fragment = self.applied_on(step)
-        return [] if fragment is None else [fragment]
-
-
-def exchanges(record: Method, knobs: object, model: DeclaredModel, per_node: int,
-              replicas: int) -> Exchange:
-    """The method's inter-node exchange, from its replicator's own schedule and sizing."""
-    if record.replicator is None:
-        return Exchange()  # hsdp-adamw: FSDP2's all-reduce, in the backward
-    if isinstance(knobs, DeMoKnobs):
-        return _DeMoExchange(record, knobs, model, per_node, replicas)
-    if record.replicator == "diloco":
-        return _DiLoCoExchange(record, knobs, model, per_node)
-    if record.replicator == "streaming-diloco":
-        return _StreamingExchange(record, knobs, model, per_node)
-    if record.replicator in ("random", "striding"):
-        return _PartialExchange(record, knobs, model, per_node)
-    if record.replicator in ("gossip", "ada"):
-        return _GossipExchange(record, knobs, model, per_node, replicas)
-    if record.replicator == "none":
-        return Exchange()
-    raise ConfigError(f"--method {record.name!r} has no synthesized program yet; plan one of "
-                      f"{', '.join(PLANNED_METHODS)}.")
-
-
-def _replicating_before(replicates_on: Callable[[int], bool], step: int) -> int:
-    """Replicating steps before 1-based step `step` (a replicator's counter at that step)."""
-    return sum(1 for s in range(1, step) if replicates_on(s))
-
-
-class _PartialExchange(Exchange):
-    """Random and striding replication: one all-reduce of the chosen rows of the momentum per
-    replicating step, sized by the replicator's own `partial_payload`."""
-
-    def __init__(self, record: Method, knobs: object, model: DeclaredModel,
-                 per_node: int) -> None:
-        self.kind = record.replicator
-        self.replicates_on = REPLICATORS[record.replicator](knobs).replicates_on
-        self.knobs, self.model, self.per_node = knobs, model, per_node
-
-    def posts(self, step: int, local: int) -> list[tuple[object, str, int]]:
-        """The chosen rows' all-reduce on a replicating step (striding's comb by its counter)."""
-        if not self.replicates_on(step):
-            return []
-        counter = _replicating_before(self.replicates_on, step) if self.kind == "striding" else 0
-        shapes = list(local_shard_shapes(self.model, self.per_node, local))
-        if self.kind == "striding":
-            _check_steady_comb(shapes, self.knobs)
-        op, nbytes = partial_payload(self.kind, shapes, self.knobs, counter)
-        return [(step, op, nbytes)] if nbytes else []
-
-    def waits(self, step: int) -> list[object]:
-        """Waited on in the step that posts it."""
-        return [step] if self.replicates_on(step) else []
-
-
-@functools.lru_cache(maxsize=256)
-def _comb_sizes(chunks: int, rate: float) -> frozenset[int]:
-    """The sizes striding's comb over `chunks` chunks takes as its offset turns."""
-    m = max(1, int(rate * chunks))
-    return frozenset(int(striding_rows(chunks, rate, c).numel())
-                     for c in range(math.ceil(chunks / m)))
-
-
-def _check_steady_comb(shapes: list[tuple[int, ...]], knobs: object) -> None:
-    """Refuse a striding rate whose comb changes size from step to step (the plan replays one
-    replicating step for all of them)."""
-    for shape in shapes:
-        numel = math.prod(shape)
-        if numel and len(_comb_sizes(largest_divisor_at_most(numel, knobs.chunk),
-                                     knobs.rate)) > 1:
-            raise ConfigError(f"--method striding: rate={knobs.rate} makes the comb over a "
-                              f"shard of {numel} elements send a different number of chunks "
-                              "at different steps, which the plan does not replay; plan a "
-                              "lower rate (such as the default 0.1).")
-
-
-class _GossipExchange(Exchange):
-    """Gossip: after the local step, one message each way per neighbour of the graph, the
-    neighbours from `flexdemo.graphs.peers` at the replicator's round, the message sized by
-    the replicator's `message_bytes`; a round that is the exact average on the target's
-    replicas (`flexdemo.graphs.averages_exactly`: the complete graph) one all-reduce of the
-    shard instead, as the replicator takes it."""
-
-    def __init__(self, record: Method, knobs: object, model: DeclaredModel, per_node: int,
-                 replicas: int) -> None:
-        self.replicates_on = REPLICATORS[record.replicator](_own_knobs(knobs)).replicates_on
-        self.graph, self.replicas = knobs.graph, replicas
-        self.model, self.per_node = model, per_node
-        self.node, self.nodes = 0, 1
-        # Ada: its rule's measuring rounds, each a blocking measurement before the messages.
-        self.rule = (AdaRule(1, knobs.ada_every, knobs.ada_high, knobs.ada_low)
-                     if isinstance(knobs, AdaOnGraph) else None)
-        self.sample = knobs.ada_sample if self.rule is not None else 0
-        self.rule_seed = knobs.seed if self.rule is not None else 0
-
-    def at(self, node: int, nodes: int) -> _GossipExchange:
-        """This exchange as node `node` of `nodes` runs it (its own neighbours)."""
-        self.node, self.nodes = node, nodes
-        return self
-
-    def _peers(self, round_: int) -> list[int]:
-        """This node's neighbours at `round_`. A trace of fewer nodes than the target (the
-        plan's two) stands in for it: each node's one neighbour is the other, and the replay
-        counts the target graph's degree (`simulate(degrees=...)`)."""
-        if self._exact(round_):
-            return []
-        graph = self.graph if self.nodes == self.replicas else "ring"
-        return peers(graph, self.nodes, self.node, round_)
-
-    def _exact(self, round_: int) -> bool:
-        """Whether the round all-reduces: the exact average on the target's replicas."""
-        return averages_exactly(self.graph, self.replicas, round_)
-
-    def posts(self, step: int, local: int) -> list[tuple[object, str, int, int]]:
-        """A send and a receive per neighbour (global ranks of the same local index)."""
-        if not self.replicates_on(step) or self.nodes < 2:
-            return []
-        round_ = _replicating_before(self.replicates_on, step)
-        numels = [math.prod(s) for s in local_shard_shapes(self.model, self.per_node, local)]
-        nbytes = message_bytes(numels)
-        out = []
-        for node in self._peers(round_):
-            rank = node * self.per_node + local
-            out += [((step, node, "send"), "send", nbytes, rank),
-                    ((step, node, "recv"), "recv", nbytes, rank)]
-        return out
-
-    def waits(self, step: int) -> list[object]:
-        """Every message of the round, in the step that posts them."""
-        if not self.replicates_on(step) or self.nodes < 2:
-            return []
-        round_ = _replicating_before(self.replicates_on, step)
-        return [(step, node, op) for node in self._peers(round_) for op in ("send", "recv")]
-
-    def blocking(self, step: int, local: int) -> list[tuple[str, int, bool]]:
-        """Ada's measurement on a measuring round (`AdaRule.measures_at`), before the messages
-        (`SampledSpread.measure`): an all-reduce of the sampled entries and their sum of
-        squares (float64) over the replicate group, then an all-gather of two float64 inside
-        the node; and a round that is the exact average, its all-reduce of the shard."""
-        if not self.replicates_on(step) or self.nodes < 2:
-            return []
-        round_ = _replicating_before(self.replicates_on, step)
-        shapes = local_shard_shapes(self.model, self.per_node, local)
-        ops = []
-        if self.rule is not None and self.rule.measures_at(round_):
-            entries = sampled_entries(shapes, self.sample, self.rule_seed)
-            ops += [("all_reduce", (entries + 1) * 8, True), ("all_gather", 2 * 8, False)]
-        if self._exact(round_):
-            ops.append((*mean_payload(sum(math.prod(s) for s in shapes)), True))
-        return ops
-
-
-def _synthesize_each_rank(record: Method, exchange: _GossipExchange, sizes: _Sizes, shape: Shape,
-                          compute: StepCompute, steps: int, backend: str,
-                          first: int) -> pd.DataFrame:
-    """`synthesize` for an exchange whose ops differ from node to node (gossip's neighbours):
-    every rank written on its own."""
-    frames = []
-    for rank_id in range(shape.world):
-        rank = _Rank(rank_id, shape, backend)
-        exchange.at(rank.node, shape.nodes)
-        in_flight: dict[object, list[dict]] = {}
-        for step in range(first, first + steps):
-            begin = rank.begin(step)
-            _fsdp2_step(rank, sizes, compute, record.inter_all_reduce)
-            rank.compute(compute.optimizer_s)
-            rank.unit = -1  # the exchange belongs to no FSDP2 unit (see `synthesize`)
-            _exchange_step(rank, exchange, step, in_flight)
-            rank.end(begin)
-        frames.append(pd.DataFrame(rank.rows, columns=list(TRACE_COLUMNS)))
-    trace = pd.concat(frames, ignore_index=True).astype(TRACE_COLUMNS)
-    return trace.sort_values(["rank", "seq"], kind="stable", ignore_index=True)
 
 
 def synthesize_replicas(record: Method, knobs: object, model: DeclaredModel, shape: Shape,
@@ -773,11 +559,10 @@ def synthesize_replicas(record: Method, knobs: object, model: DeclaredModel, sha
                         backend: str = "nccl", first: int = 1) -> pd.DataFrame:
     """The trace of a method without sharding (demo): every rank holds the whole model and is
     a replica; after its forward and backward (one compute, no FSDP2 collectives) and half
-    the optimizer step, its exchange over every rank of the world (the DeMo family's bucket,
-    sized by `plan_exchange` over the whole model's shapes for `replicas` ranks: the target's
-    world, default the trace's)."""
+    the optimizer step, its exchange over every rank of the world (the program for the whole
+    model's shapes among `replicas` ranks: the target's world, default the trace's)."""
     world = shape.world
-    exchange = exchanges(record, knobs, model, 1, replicas or world)
+    view = rank_program(record, knobs, model, shape, replicas)
     group = ",".join(str(r) for r in range(world))
     template = _Rank(0, shape, backend)
     template.replicate = group
@@ -787,10 +572,11 @@ def synthesize_replicas(record: Method, knobs: object, model: DeclaredModel, sha
         begin = template.begin(step)
         template.compute(sum(compute.forward_s) + sum(compute.backward_s))
         template.mark(BACKWARD)
-        template.compute(compute.optimizer_s / 2)
+        template.compute(compute.optimizer_s if view.ends_step else compute.optimizer_s / 2)
         if world > 1:
-            _exchange_step(template, exchange, step, in_flight)
-        template.compute(compute.optimizer_s / 2)
+            _exchange_step(template, view, step, in_flight)
+        if not view.ends_step:
+            template.compute(compute.optimizer_s / 2)
         template.end(begin)
     for rows in in_flight.values():
         for row in rows:

@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from experiments.config import METHODS, RunConfig, shared_for
+from experiments.config import METHODS, RunConfig, is_plugin, shared_for
 from experiments.errors import ConfigError
 from experiments.logs import progress
 from experiments.replay.engine import replay
@@ -269,7 +269,7 @@ def _run_candidate(path: Path) -> Candidate:
 
 def _variant(config: dict, method: str) -> str:
     """`method[knob=value,...]` for the knobs whose values differ from the method's defaults."""
-    if method not in METHODS:
+    if method not in METHODS and not is_plugin(method):
         return method  # read_run refuses it with its own sentence
     # Stored configs hold resolved knob values (older ones None where a knob came later); a
     # config relabelled with another method keeps knobs that method does not read.

@@ -369,7 +369,9 @@ def plot_frontier(res: Results):
 
     table = frontier_table(res)
     fig, ax = plt.subplots(figsize=(7.0, 4.6))
-    colours = dict(zip(dict.fromkeys(table["method"]), plt.get_cmap("tab10").colors,
+    methods = list(dict.fromkeys(table["method"]))
+    # tab10 repeats itself past ten methods (zip would drop the rest); tab20 does not.
+    colours = dict(zip(methods, plt.get_cmap("tab10" if len(methods) <= 10 else "tab20").colors,
                        strict=False))
     for _, row in table.iterrows():
         # A method that sends nothing still gets a place on a log axis: one byte.

@@ -3,12 +3,15 @@
 `flexbench run --emulate` trains what a real run of the same settings trains, rank r on rank r's
 data shard, with the method's real replicator and its real exchange (the collectives go through
 PyTorch's multi-threaded process group, `experiments.run.threaded_group`), so its loss and
-replica variance per step are the real run's (`tests/experiments/test_emulate.py` checks them at
-4 nodes against gloo). It is data-parallel with one rank a node (no FSDP2 sharding inside a
-node) and measures no time: steps.parquet has the loss, val_loss, replica_variance and
-consensus_distance per step, and NaN for wall_time_s and compute_s; there is no trace.parquet
-and no byte counts; run.json says `"executor": "emulated"`. Such a run is a loss curve
-(`flexbench simulate RUN --loss-from EMULATED`), never a trace to replay.
+replica variance per step are the real run's (`tests/experiments/test_emulate.py` checks them
+against gloo for every replicator). It takes every method whose replicator writes a program
+(`flexdemo.program`): the program names the collectives the method runs, and the threaded
+groups run every kind a program can name (`flexdemo.program.OPS`). It is data-parallel with one
+rank a node (no FSDP2 sharding inside a node) and measures no time: steps.parquet has the loss,
+val_loss, replica_variance and consensus_distance per step, and NaN for wall_time_s and
+compute_s; there is no trace.parquet and no byte counts; run.json says `"executor":
+"emulated"`. Such a run is a loss curve (`flexbench simulate RUN --loss-from EMULATED`), never
+a trace to replay.
 
     flexbench run --emulate --method gossip --graph ring --nodes 64 --gpus-per-node 1 \\
         --workload vision-tiny --steps 200 --out runs/gossip-64-emulated
@@ -22,20 +25,33 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from experiments.config import RunConfig
+from experiments.config import RunConfig, is_plugin
 from experiments.errors import ConfigError, RunFailed
 from experiments.io import EMULATED
 from experiments.run.folder import RankResult, RunFolder, write_emulated_run
 from experiments.sizes import available_bytes as _available_bytes
 from experiments.sizes import format_bytes
+from flexdemo.methods import Method
 
-__all__ = ["EMULATED_METHODS", "check_emulated", "emulate", "estimate_bytes", "inbox_peers",
+__all__ = ["check_emulated", "emulate", "emulation_problem", "estimate_bytes", "inbox_peers",
            "replica_size", "unused_settings"]
 
 
-# The methods whose emulated loss equals a real run's (a test at 4 nodes for each family).
-EMULATED_METHODS = ("hsdp-adamw", "flexdemo", "demo", "diloco", "streaming-diloco", "random",
-                    "striding", "gossip", "ada", "none")
+def emulation_problem(record: Method, plugin: bool = False) -> str | None:
+    """Why `--emulate` cannot train `record`'s method, in one sentence; None where it can.
+
+    A built-in method is taken where its replicator writes a program: the program names the
+    collectives it runs, and the threaded groups run every op kind a program can name. A
+    `plugin`'s replicator runs as written over the threads' groups (`emulate` says so).
+    """
+    from flexdemo.build import has_program, replicator_of
+
+    if plugin or has_program(record):
+        return None
+    return (f"--emulate does not cover method {record.name!r}: its replicator "
+            f"{replicator_of(record).__name__} writes no program "
+            "(Replicator.program), so the collectives it runs are not known.")
+
 
 # Per replica: parameters, gradients and up to six more copies (AdamW's two moments, DeMo's
 # momentum, DiLoCo's outer copy and momentum, exchange buffers), the activations one forward
@@ -118,10 +134,9 @@ def replica_size(workload: Any, batch_size: int) -> tuple[int, int]:
 def check_emulated(cfg: RunConfig) -> tuple[RunConfig, int]:
     """The validated config and its memory estimate; ConfigError (one sentence) if refused."""
     cfg = cfg.validate()
-    if cfg.method not in EMULATED_METHODS:
-        raise ConfigError(f"--emulate does not cover method {cfg.method!r} (its emulated loss is "
-                          f"not checked against a real run); it covers "
-                          f"{', '.join(EMULATED_METHODS)}.")
+    problem = emulation_problem(cfg.record, is_plugin(cfg.method))
+    if problem is not None:
+        raise ConfigError(problem)
     if cfg.gpus_per_node != 1:
         raise ConfigError(f"--emulate trains one data-parallel replica a node, got "
                           f"--gpus-per-node {cfg.gpus_per_node}; give --gpus-per-node 1.")
@@ -161,6 +176,10 @@ def emulate(cfg: RunConfig, out: Path | str, *, timeout_s: float | None = None,
     if not quiet:
         print(f"emulating {cfg.nodes} replicas in this process (1 rank a node, data-parallel; "
               f"about {need / 2**30:.1f} GiB); no time is measured")
+        if is_plugin(cfg.method):
+            print(f"{cfg.method} is a plug-in: its replicator runs as written, over threads' "
+                  "groups; that its emulated loss equals a real run's is checked for the "
+                  "built-in methods only")
     folder = RunFolder(out).create()
     try:
         results = _train_replicas(cfg, timeout_s, quiet)

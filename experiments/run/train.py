@@ -99,7 +99,7 @@ def _build(cfg: RunConfig, workload: Workload, device: torch.device, setting: Ra
         torch.manual_seed(cfg.seed)  # same init on every rank
         model = workload.model().to(device)
     backend = setting.backend
-    record = cfg.record
+    record = cfg.record.wired(cfg.given_knobs())  # hsdp-adamw's reduce_format rewires it
     layout = None
     if record.shards:
         # Recorded so that a replay on another shard count can resize every sharded collective.

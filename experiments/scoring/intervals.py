@@ -29,7 +29,7 @@ RESAMPLES = 2000
 MIN_SEEDS = 3  # below this a bootstrap interval pretends more than the data holds: the range
 _RNG_SEED = 0  # fixed: a report's brackets do not move between runs of `flexbench report`
 # A runs frame column holding, per run, its time to target under resampled step times (an
-# array; `experiments.replay.step_noise`). Present only when asked for (--step-noise).
+# array; `experiments.scoring.step_noise`). Present only when asked for (--step-noise).
 SAMPLES_COLUMN = "ttt_samples"
 
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.config import KNOBS, METHODS, RunConfig, parse_sets
+from experiments.config import KNOBS, RunConfig, is_plugin, method_of, parse_sets
 from experiments.errors import ConfigError
 from experiments.sizes import LONG_S, Cost, Count, Term, check_work
 from experiments.sweep.executors import EXECUTORS
 from experiments.values import AT_LEAST_ZERO, COUNT, POSITIVE, POSITIVE_INT, SEED, UNIT_OPEN_LOW
-from flexdemo.methods import BASELINE, method_record
+from flexdemo.methods import BASELINE
 
 if TYPE_CHECKING:
     from netsim.topology import Link
@@ -141,6 +141,7 @@ def parse_config(raw: dict[str, Any], source: str = "the sweep config") -> Sweep
     grid = _table(raw, "grid")
     methods, networks, seeds, knobs = _grid(grid)
     variants = _variants(grid.get("variants", []), methods)
+    _plugin_knobs_in_run(run, methods)
     target, fraction = _target(raw.get("target"), source)
     timeout = raw.get("timeout_s")
     if timeout is not None:  # leaving timeout_s out is how a sweep says "no limit"
@@ -165,7 +166,7 @@ def parse_config(raw: dict[str, Any], source: str = "the sweep config") -> Sweep
 def _emulate(raw: dict[str, Any], cfg: SweepConfig, source: str) -> list[int]:
     """[emulate] nodes: node counts every training unit is emulated at (`flexbench run
     --emulate`), each needing what an emulated run needs and one rank a node."""
-    from experiments.run.emulate import EMULATED_METHODS
+    from experiments.run.emulate import emulation_problem
 
     if "emulate" not in raw:
         return []
@@ -184,10 +185,10 @@ def _emulate(raw: dict[str, Any], cfg: SweepConfig, source: str) -> list[int]:
         if n == cfg.run.nodes:
             raise ConfigError(f"emulate.nodes lists {n}, the recorded units' own node count; "
                               "give only other node counts.")
-    uncovered = [m for m in cfg.methods if m not in EMULATED_METHODS]
-    if uncovered:
-        raise ConfigError(f"[emulate] does not cover method {uncovered[0]!r} of grid.methods; "
-                          f"it covers {', '.join(EMULATED_METHODS)}.")
+    for method in cfg.methods:
+        problem = emulation_problem(method_of(method), is_plugin(method))
+        if problem is not None:
+            raise ConfigError(f"[emulate] of grid.methods: {problem}")
     gridded = [m for m, knobs in cfg.knobs.items() if "nodes" in knobs]
     gridded += [m for m, settings in cfg.variants if "nodes" in settings]
     if gridded:
@@ -210,11 +211,20 @@ def _unread_run_knobs(run: dict[str, Any], methods: list[str]) -> None:
     Each unit keeps only the [run] knobs its method reads (`shared_for`), so a knob no method
     reads would be dropped from every unit without a word.
     """
-    readers = {name for m in methods for name in method_record(m).takes}
+    readers = {name for m in methods for name in method_of(m).takes}
     for name in run:
         if name in KNOBS and name not in readers:
             raise ConfigError(f"run.{name} is read by none of grid.methods "
                               f"({', '.join(methods)}); remove it or add a method that reads it.")
+
+def _plugin_knobs_in_run(run: dict[str, Any], methods: list[str]) -> None:
+    """A plug-in's own knob belongs in its [grid.knobs] table: [run] is every method's."""
+    for name in run:
+        owner = next((m for m in methods if is_plugin(m) and name not in KNOBS
+                      and name in method_of(m).takes), None)
+        if owner is not None:
+            raise ConfigError(f"run.{name} is a knob of {owner} alone; give it in "
+                              f'[grid.knobs."{owner}"].')
 
 def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int],
                                          dict[str, dict[str, list[Any]]]]:
@@ -222,9 +232,7 @@ def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int
     _known("[grid]", grid, GRID_KEYS)
     methods = _nonempty_list(grid, "methods", str)
     for method in methods:
-        if method not in METHODS:
-            raise ConfigError(f"unknown method {method!r} in grid.methods; choose from "
-                              f"{', '.join(METHODS)}.")
+        _known_method("grid.methods", method)
     bws = _nonempty_list(grid, "inter_bw", str)
     lats = _nonempty_list(grid, "inter_lat", str)
     points = len(bws) * len(lats)  # bounded before any is made: each training unit is scored
@@ -237,7 +245,7 @@ def _grid(grid: dict[str, Any]) -> tuple[list[str], list[NetworkPoint], list[int
     return methods, networks, seeds, _knobs(grid.get("knobs", {}), methods)
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
+    parts = _key_parts(key)
     node = raw
     for part in parts[:-1]:
         child = node.setdefault(part, {})
@@ -245,6 +253,19 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
             raise ConfigError(f"--set {key}: {part!r} is not a table.")
         node = child
     node[parts[-1]] = value
+
+def _key_parts(key: str) -> list[str]:
+    """The parts of a dotted --set key, read as TOML reads one: a quoted part may hold dots
+    and colons (`grid.knobs."my_pkg.mod:make".momentum`)."""
+    try:
+        node: Any = tomllib.loads(f"{key} = 0")
+    except tomllib.TOMLDecodeError:
+        return key.split(".")
+    parts = []
+    while isinstance(node, dict):
+        parts.append(next(iter(node)))
+        node = node[parts[-1]]
+    return parts
 
 def _executor(raw: dict[str, Any]) -> dict[str, Any]:
     """The [executor] table, every key checked now rather than when the units are submitted.
@@ -327,26 +348,36 @@ def network_point(bw: str, lat: str) -> NetworkPoint:
     """A grid or validation point; its labels parsed as a run parses them (ConfigError if bad)."""
     return NetworkPoint(bw, lat, RunConfig(inter_bw=bw, inter_lat=lat).topology().inter)
 
-def _check_setting(where: str, name: str) -> None:
-    """A grid may set any run setting but those every unit gets from the sweep (UNIT_FIELDS)."""
-    fields = {f.name for f in dataclasses.fields(RunConfig)} - set(UNIT_FIELDS)
-    if name not in fields:
-        raise ConfigError(f"{where} is not a run setting; known: {', '.join(sorted(fields))}.")
+def _known_method(where: str, method: Any) -> None:
+    """ConfigError naming ``where`` unless ``method`` is a built-in method or a usable plug-in."""
+    try:
+        method_of(method)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _check_setting(where: str, name: str, method: str | None = None) -> None:
+    """A grid may set any run setting but those every unit gets from the sweep (UNIT_FIELDS),
+    and the knobs of its plug-in ``method``."""
+    fields = {f.name for f in dataclasses.fields(RunConfig)} - set(UNIT_FIELDS) - {
+        "plugin_knobs"}
+    if name in fields or is_plugin(method) and name in method_of(method).takes:
+        return
+    own = f", and {method}'s knobs" if is_plugin(method) else ""
+    raise ConfigError(f"{where} is not a run setting; known: {', '.join(sorted(fields))}{own}.")
 
 def _knobs(table: Any, methods: list[str]) -> dict[str, dict[str, list[Any]]]:
     if not isinstance(table, dict):
         raise ConfigError(f"grid.knobs must be a table of [grid.knobs.<method>], got {table!r}.")
     out: dict[str, dict[str, list[Any]]] = {}
     for method, knobs in table.items():
-        if method not in METHODS:
-            raise ConfigError(f"grid.knobs.{method}: unknown method {method!r}; choose from "
-                              f"{', '.join(METHODS)}.")
+        _known_method(f"grid.knobs.{method}", method)
         if not isinstance(knobs, dict):
             raise ConfigError(f"grid.knobs.{method} must be a table, got {knobs!r}.")
         # Names are checked even for a method left out of the grid, so that a typo is found
         # before the method is put back.
         for name in knobs:
-            _check_setting(f"grid.knobs.{method}.{name}", name)
+            _check_setting(f"grid.knobs.{method}.{name}", name, method)
         if method not in methods:
             continue  # knobs of a method dropped from the grid (e.g. by --set) are moot
         out[method] = {}
@@ -377,7 +408,7 @@ def _variants(table: Any, methods: list[str]) -> list[tuple[str, dict[str, Any]]
             raise ConfigError(f"{where} sets nothing but the method; give the settings that "
                               "make it a variant, e.g. decay = 0.9.")
         for name, value in settings.items():
-            _check_setting(f"{where}.{name}", name)
+            _check_setting(f"{where}.{name}", name, method)
             if isinstance(value, (list, dict)):
                 raise ConfigError(f"{where}.{name} must be one value, got {value!r}; a list of "
                                   "values belongs in [grid.knobs.<method>].")

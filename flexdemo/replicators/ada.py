@@ -43,17 +43,19 @@ is intra-node traffic (netsim's ``intra_bytes``), outside the replication-group 
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from .._checks import check, int_at_least
 from ..graphs import graph_ladder
 from ..knobs import AdaKnobs, check_ada_thresholds
+from ..program import schedule_period
 from ..wire import CommStats
 from .base import Group
-from .gossip import GossipReplicator
+from .gossip import GossipProgram, GossipReplicator
 from .sampled_spread import SampledSpread
 
 
@@ -116,6 +118,24 @@ class AdaReplicator(GossipReplicator):
         self.ladder: list[str] = []
         self.rule: AdaRule | None = None
 
+    @classmethod
+    def program(cls, knobs: AdaKnobs, shard_shapes: Sequence[tuple[int, ...]], replicas: int,
+                *, node: int = 0, graph: str | None = None) -> GossipProgram:
+        """Gossip on ``graph`` (None: the ladder's densest, where Ada starts) with Ada's
+        measurement every ``ada_every`` rounds; the period holds a whole number of them, taken
+        from the second (round 0 never measures)."""
+        if graph is None:
+            ladder = graph_ladder(replicas)
+            graph = ladder[-1] if ladder else "complete"
+        rule = AdaRule(1, knobs.ada_every, knobs.ada_high, knobs.ada_low)
+        period = schedule_period(knobs.replicate_every, None) * knobs.ada_every
+        program = GossipProgram(cls(knobs).replicates_on, graph, shard_shapes, replicas, node,
+                                period, rule.measures_at,
+                                sampled_entries(tuple(map(tuple, shard_shapes)),
+                                                knobs.ada_sample, knobs.seed))
+        program.steady_from = period + 1
+        return program
+
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Build the ladder for ``ranks`` nodes, start on its top and draw the sample."""
         self.ladder = graph_ladder(ranks)
@@ -150,3 +170,11 @@ class AdaReplicator(GossipReplicator):
               f"({', '.join(self.ladder)}); load a state saved on the same number of nodes.")
         self.rule.rung = rung
         self.graph = self.ladder[rung]
+
+
+@functools.lru_cache(maxsize=256)
+def sampled_entries(shapes: tuple[tuple[int, ...], ...], sample: int, seed: int) -> int:
+    """Entries Ada's spread is measured on for shards of ``shapes``: the count
+    :class:`SampledSpread` itself draws (its seeded picks, de-duplicated), on meta tensors."""
+    params = [torch.empty(shape, device="meta") for shape in shapes]
+    return SampledSpread(params, sample, seed).entries

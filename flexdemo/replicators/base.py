@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -10,6 +11,7 @@ import torch.distributed as dist
 
 from .._checks import check
 from ..knobs import Knobs, ScheduleKnobs
+from ..program import Program
 from ..wire import CommStats, all_reduce_bytes
 
 Group = dist.ProcessGroup | None
@@ -22,6 +24,13 @@ def mean_payload(numel: int, itemsize: int = 4) -> tuple[str, int]:
     return "all_reduce", numel * itemsize
 
 
+def all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Group) -> object:
+    """Post an all-gather of every replica's ``inp`` into ``out`` (ranks x inp); its handle."""
+    # torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(out, inp, group=group, async_op=True)
+
+
 class Replicator:
     """Turns local shard gradients into the updates every replica applies; subclass per scheme.
 
@@ -30,7 +39,8 @@ class Replicator:
     and :meth:`after_update` after it, on the others :meth:`accumulate`; after the last step,
     :meth:`drain`. Every collective goes over ``group`` (one rank per node) and is recorded in
     the ``CommStats`` it is handed.
-    A new scheme is one subclass: set ``name`` and ``knobs_type``, override the hooks it needs.
+    A new scheme is one subclass: set ``name`` and ``knobs_type``, override the hooks it needs,
+    and write its :meth:`program` (what it sends when, as data) for a planner and an emulator.
 
     Its knobs are a ``knobs_type`` (:mod:`flexdemo.knobs`), handed in whole or by name over
     their defaults (``DeMoReplicator(topk=8)``); building checks them once and sets each as an
@@ -53,6 +63,9 @@ class Replicator:
     # True when a replicating step's update already carries the learning rate (a momentum
     # built from lr * grad): a base step without sign then must not multiply by lr again.
     lr_in_update: ClassVar[bool] = False
+    # True when its program's sync could start unit by unit in the backward (its
+    # Program.unit_elements), which a plan may assume (`sync_in_backward`).
+    sync_in_backward: ClassVar[bool] = False
 
     def __init__(self, knobs: Knobs | None = None, **given: Any) -> None:
         """Build from ``knobs`` (a ``knobs_type``; None: its defaults) with ``given`` replaced."""
@@ -76,6 +89,19 @@ class Replicator:
         given = {"topk": topk, "chunk": chunk, "decay": decay, "value_dtype": value_dtype,
                  "chunking": chunking}
         return cls(**{k: v for k, v in given.items() if k in cls.knobs_type.names()})
+
+    @classmethod
+    def program(cls, knobs: Knobs, shard_shapes: Sequence[tuple[int, ...]], replicas: int, *,
+                node: int = 0, graph: str | None = None) -> Program | None:
+        """This scheme's exchange, step by step (:mod:`flexdemo.program`), as one rank runs it
+        whose local shards have ``shard_shapes`` (fp32) among ``replicas`` replicas, written
+        from the scheme's own sizing and schedule; None: it has none (a planner refuses it).
+
+        ``node`` is the rank's replica (node index: a gossip's neighbours); ``graph`` the graph
+        a scheme that picks its own (Ada) gossips on (None: where it starts). ValueError (one
+        sentence) where the knobs cannot run on these shards.
+        """
+        return None
 
     def replicates_on(self, step: int) -> bool:
         """Whether the 1-based optimizer step ``step`` communicates."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from ..chunking import BlockLayout
 from ..codec import clamp_topk
 from ..formats import make_format
 from ..knobs import DeMoKnobs
+from ..program import Op, Program, schedule_period
 from ..wire import (
     CommStats,
     all_gather_bytes,
@@ -23,7 +25,7 @@ from ..wire import (
     plan_bucket,
     unpack,
 )
-from .base import Group, Replicator, copy_state
+from .base import Group, Replicator, all_gather_flat, copy_state
 from .blocks import BlockGroup
 from .reference_blocks import ReferenceBlockGroup
 
@@ -53,12 +55,6 @@ class Pending:
     work: object | None
     sent: torch.Tensor | None = None
     ahead: Ahead | None = None
-
-
-def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Group) -> object:
-    # torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return gather(out, inp, group=group, async_op=True)
 
 
 GroupKey = tuple[int, int, torch.dtype]  # (c1, c2, dtype) of a block group
@@ -149,6 +145,38 @@ def plan_exchange(shapes: list[tuple[int, ...]], dtypes: list[torch.dtype], knob
                         bucket_bytes, tuple(offsets), dense_numel, counted, dense_bytes, dense)
 
 
+class DeMoProgram(Program):
+    """DeMo's exchange: one bucket (or dense vector) per replicating step, sized by
+    :func:`plan_exchange`, waited on in its step (``delay=0``) or at the next replicating one
+    (``delay=1``)."""
+
+    def __init__(self, replicator: DeMoReplicator, plan: ExchangePlan, replicas: int) -> None:
+        self.replicates_on, self.delay = replicator.replicates_on, replicator.delay
+        self.plan = plan
+        self.period = schedule_period(replicator.replicate_every, replicator.skip_every)
+        self.exchanges_on = self.replicates_on
+        # The momentum (every coefficient, fp32), this rank's bucket and what it receives
+        # (all-gather: every replica's bucket; dense: the buffer reduced in place), twice
+        # while one exchange is in flight across a step (delay=1).
+        received = plan.dense_bytes if plan.dense else replicas * plan.bucket_bytes
+        exchange = plan.payload_bytes + received
+        self.state_bytes = plan.dense_numel * 4 + exchange * (2 if self.delay == 1 else 1)
+
+    def posts(self, step: int) -> list[Op]:
+        """The bucket (or dense vector) of a replicating step."""
+        if not self.replicates_on(step):
+            return []
+        return [Op(self.plan.op, self.plan.payload_bytes, key=step)]
+
+    def waits(self, step: int) -> list[Hashable]:
+        """delay=0: this step's own; delay=1: the previous replicating step's."""
+        if not self.replicates_on(step):
+            return []
+        if self.delay == 0:
+            return [step]
+        return next(([s] for s in range(step - 1, 0, -1) if self.replicates_on(s)), [])
+
+
 class DeMoReplicator(Replicator):
     """DeMo (Peng et al.): each replica sends the top-k DCT coefficients of its momentum.
 
@@ -232,6 +260,14 @@ class DeMoReplicator(Replicator):
         self.arrived: Pending | None = None
         self.shards: list[torch.Tensor] = []
 
+    @classmethod
+    def program(cls, knobs: DeMoKnobs, shard_shapes: Sequence[tuple[int, ...]], replicas: int,
+                *, node: int = 0, graph: str | None = None) -> DeMoProgram:
+        """DeMo's exchange over fp32 shards of ``shard_shapes`` (:class:`DeMoProgram`)."""
+        shapes = [tuple(s) for s in shard_shapes]
+        plan = plan_exchange(shapes, [torch.float32] * len(shapes), knobs, replicas)
+        return DeMoProgram(cls(knobs), plan, replicas)
+
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Group the shards' blocks by shape and plan the bucket every step sends."""
         super().setup(params, group, ranks)
@@ -305,7 +341,7 @@ class DeMoReplicator(Replicator):
                    self.bucket_bytes)
         gathered = torch.empty(self.ranks * self.bucket_bytes, dtype=torch.uint8,
                                device=buf.device)
-        work = _all_gather_flat(gathered, buf, self.group)
+        work = all_gather_flat(gathered, buf, self.group)
         sent = all_gather_bytes(self.bucket_bytes, self.ranks)
         stats.add(sent, sent)
         return Pending(gathered, work, buf)

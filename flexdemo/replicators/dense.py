@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..knobs import Knobs
+from ..program import Program
 from ..wire import CommStats
 from .base import Replicator
 
@@ -25,6 +28,12 @@ class NoReplicator(Replicator):
 
     name = "none"
     knobs_type = Knobs  # nothing is sent, so no schedule either
+
+    @classmethod
+    def program(cls, knobs: Knobs, shard_shapes: Sequence[tuple[int, ...]], replicas: int, *,
+                node: int = 0, graph: str | None = None) -> Program:
+        """Nothing crosses nodes; no state."""
+        return Program()
 
     def replicate(self, grads: list[torch.Tensor], lrs: list[float],
                   stats: CommStats) -> list[torch.Tensor]:

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..graphs import averages_exactly, check_graph, degree_of, weights
+from ..graphs import (
+    averages_exactly,
+    busiest_degree,
+    check_graph,
+    degree_of,
+    graph_problem,
+    peers,
+    weights,
+)
 from ..knobs import GossipKnobs
+from ..program import Op, Program, replicating_before, schedule_period
 from ..wire import CommStats
-from .base import Group, Replicator
+from .base import Group, Replicator, mean_payload
 
 
 def message_bytes(numels: list[int], itemsize: int = 4) -> int:
@@ -45,6 +56,70 @@ def exchange_windows(peers: list[int], nodes: int, node: int) -> list[list[int]]
     return [windows[k] for k in sorted(windows)]
 
 
+class GossipProgram(Program):
+    """Gossip's exchange on one ``graph``: after the local step of each round, one message each
+    way per neighbour (:func:`flexdemo.graphs.peers` of replica ``node`` at the round), sized by
+    :func:`message_bytes`; a round that is the exact average
+    (:func:`flexdemo.graphs.averages_exactly`) one all-reduce of the shard instead.
+
+    ``measure`` (Ada's): a round index at which the spread is measured first, an all-reduce of
+    ``entries`` sampled float64 entries and their sum of squares between the replicas, then an
+    all-gather of two float64 inside the node (:class:`SampledSpread`).
+    """
+
+    ends_step = True  # the mixing after the exchange is a weighted sum, no optimizer step
+
+    def __init__(self, replicates_on: Callable[[int], bool], graph: str,
+                 shard_shapes: Sequence[tuple[int, ...]], replicas: int, node: int, period: int,
+                 measure: Callable[[int], bool] | None = None, entries: int = 0) -> None:
+        self.replicates_on, self.graph = replicates_on, graph
+        self.replicas, self.node = replicas, node
+        self.shard = sum(math.prod(s) for s in shard_shapes)
+        self.measure, self.entries = measure, entries
+        self.period = period
+        self.exchanges_on = replicates_on
+        # The flat copy of the shard it sends and an inbox per neighbour of the busiest replica
+        # in flight at once: at most RECEIVE_LIMIT (its windows), and with several windows the
+        # mixed copy besides; none on a graph that all-reduces (the complete one). Ada's probe:
+        # its sampled entries' indices (int64).
+        degree = busiest_degree(graph, replicas, 0) if replicas > 1 and graph_problem(
+            graph, replicas) is None and not averages_exactly(graph, replicas) else 0
+        self.state_bytes = ((1 + min(degree, RECEIVE_LIMIT) + (degree > RECEIVE_LIMIT))
+                            * self.shard * 4 + 8 * entries)
+
+    def _round(self, step: int) -> int | None:
+        """The gossip round ``step`` runs (0-based), or None."""
+        if self.replicas < 2 or not self.replicates_on(step):
+            return None
+        return replicating_before(self.replicates_on, step)
+
+    def posts(self, step: int) -> list[Op]:
+        """A send and a receive per neighbour of the round (none on an exact round)."""
+        round_ = self._round(step)
+        if round_ is None or averages_exactly(self.graph, self.replicas, round_):
+            return []
+        nbytes = message_bytes([self.shard])
+        return [Op(op, nbytes, key=(step, peer, op), peer=peer)
+                for peer in peers(self.graph, self.replicas, self.node, round_)
+                for op in ("send", "recv")]
+
+    def waits(self, step: int) -> list[Hashable]:
+        """Every message of the round, in its step."""
+        return [op.key for op in self.posts(step)]
+
+    def blocking(self, step: int) -> list[Op]:
+        """Ada's measurement on a measuring round, then an exact round's all-reduce."""
+        round_ = self._round(step)
+        if round_ is None:
+            return []
+        ops = []
+        if self.measure is not None and self.measure(round_):
+            ops += [Op("all_reduce", (self.entries + 1) * 8), Op("all_gather", 2 * 8, inter=False)]
+        if averages_exactly(self.graph, self.replicas, round_):
+            ops.append(Op(*mean_payload(self.shard)))
+        return ops
+
+
 class GossipReplicator(Replicator):
     """Decentralized data parallel: each node mixes its parameters with its neighbours' only.
 
@@ -71,6 +146,13 @@ class GossipReplicator(Replicator):
         super().__init__(knobs, **given)
         self.rounds = 0  # gossip rounds so far: selects a time-varying graph's peer
         self.node = 0
+
+    @classmethod
+    def program(cls, knobs: GossipKnobs, shard_shapes: Sequence[tuple[int, ...]],
+                replicas: int, *, node: int = 0, graph: str | None = None) -> GossipProgram:
+        """Replica ``node``'s messages on its graph (:class:`GossipProgram`)."""
+        return GossipProgram(cls(knobs).replicates_on, knobs.graph, shard_shapes, replicas, node,
+                             schedule_period(knobs.replicate_every, None))
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Check the graph fits the number of replicas and find this replica's node index."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 
 import torch
 
 from ..chunking import largest_divisor_at_most, matrix_shape
 from ..knobs import PartialKnobs, RandomKnobs, StridingKnobs
+from ..program import Periodic, replicating_before, schedule_period
 from ..wire import CommStats
 from .base import Group, Replicator, copy_state
 
@@ -61,6 +64,27 @@ def partial_payload(kind: str, shapes: list[tuple[int, ...]], knobs: PartialKnob
     return "all_reduce", numel * itemsize
 
 
+@functools.lru_cache(maxsize=256)
+def _comb_sizes(chunks: int, rate: float) -> frozenset[int]:
+    """The sizes striding's comb over ``chunks`` chunks takes as its offset turns."""
+    m = max(1, int(rate * chunks))
+    return frozenset(int(striding_rows(chunks, rate, c).numel())
+                     for c in range(math.ceil(chunks / m)))
+
+
+def _check_steady_comb(shapes: list[tuple[int, ...]], knobs: PartialKnobs) -> None:
+    """Refuse a striding rate whose comb changes size from step to step (a program of one
+    replicating step for all of them would not hold it)."""
+    for shape in shapes:
+        numel = math.prod(shape)
+        if numel and len(_comb_sizes(largest_divisor_at_most(numel, knobs.chunk),
+                                     knobs.rate)) > 1:
+            raise ValueError(f"rate={knobs.rate} makes the comb over a shard of {numel} "
+                             "elements send a different number of chunks at different steps, "
+                             "which the plan does not replay; plan a lower rate (such as the "
+                             "default 0.1).")
+
+
 class _DeltaReplicator(Replicator):
     """Shared steps: decay and add into ``delta``, send the selected rows, remove them.
 
@@ -72,6 +96,29 @@ class _DeltaReplicator(Replicator):
     knobs_type = PartialKnobs
     owns_updates = True
     lr_in_update = True
+
+    @classmethod
+    def program(cls, knobs: PartialKnobs, shard_shapes: Sequence[tuple[int, ...]],
+                replicas: int, *, node: int = 0, graph: str | None = None) -> Periodic:
+        """One all-reduce of the chosen rows per replicating step (:func:`partial_payload`;
+        striding's comb by its counter, of one size at every step)."""
+        shapes = [tuple(s) for s in shard_shapes]
+        striding = cls.name == "striding"
+        if striding and replicas > 1:  # one replica sends nothing, at any rate
+            _check_steady_comb(shapes, knobs)
+        replicates_on = cls(knobs).replicates_on
+
+        def ops(step: int) -> list[tuple[str, int]]:
+            counter = replicating_before(replicates_on, step) if striding else 0
+            op, nbytes = partial_payload(cls.name, shapes, knobs, counter)
+            return [(op, nbytes)] if nbytes else []
+
+        # The momentum (delta) and the update it returns (the shard's zeros, the chosen rows
+        # filled in), fp32 both; the chosen rows' flat buffer is a fraction of a shard.
+        shard = sum(math.prod(s) for s in shapes)
+        return Periodic(replicates_on, ops,
+                        period=schedule_period(knobs.replicate_every, knobs.skip_every),
+                        state_bytes=2 * shard * 4)
 
     def setup(self, params: list[torch.Tensor], group: Group, ranks: int) -> None:
         """Allocate the momentum."""

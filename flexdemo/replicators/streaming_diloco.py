@@ -4,15 +4,60 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
 
 from .._checks import check
 from ..knobs import StreamingDiLoCoKnobs
+from ..program import Op, Program
 from ..wire import CommStats
 from .base import Group, Replicator, copy_state
 from .outer_wire import Pending, make_outer_wire
+
+
+class StreamingProgram(Program):
+    """Streaming DiLoCo's exchange: one fragment's sync posted after the step that prepares it,
+    in the outer wire's format, waited on after the step that applies it."""
+
+    def __init__(self, replicator: StreamingDiLoCoReplicator, pieces: list[list[Piece]],
+                 replicas: int) -> None:
+        self.prepared_on = replicator.fragment_prepared_on
+        self.applied_on = replicator.fragment_applied_on
+        self.wire, self.pieces = replicator.wire, pieces
+        self.numels = [sum(b - a for _, a, b in f) for f in pieces]
+        self.period, self.exchanges = replicator.sync_every, replicator.num_fragments
+        # Every fragment's anchor and outer momentum, the rounding residuals of a lossy wire,
+        # and the largest fragment's sync in flight (all-gathered: every replica's payload).
+        shard = sum(self.numels)
+        op, nbytes = self.wire.payload(max(self.numels))
+        in_flight = nbytes * (replicas if op == "all_gather" else 1)
+        self.state_bytes = 2 * shard * 4 + (shard * 4 if self.wire.lossy else 0) + in_flight
+
+    def posts(self, step: int) -> list[Op]:
+        """The fragment prepared after this step (nothing where this rank holds none of it:
+        nothing crosses, the replicator's rule)."""
+        fragment = self.prepared_on(step)
+        if fragment is None or self.numels[fragment] == 0:
+            return []
+        return [Op(*self.wire.payload(self.numels[fragment]), key=fragment)]
+
+    def waits(self, step: int) -> list[Hashable]:
+        """The fragment applied after this step."""
+        fragment = self.applied_on(step)
+        return [] if fragment is None else [fragment]
+
+    def unit_elements(self, step: int) -> dict[Hashable, dict[int, int]]:
+        """The fragment prepared after this step, parameter by parameter."""
+        fragment = self.prepared_on(step)
+        if fragment is None:
+            return {}
+        elements: dict[int, int] = {}
+        for i, a, b in self.pieces[fragment]:
+            elements[i] = elements.get(i, 0) + b - a
+        return {fragment: elements}
 
 
 class StreamingDiLoCoReplicator(Replicator):
@@ -60,6 +105,7 @@ class StreamingDiLoCoReplicator(Replicator):
     knobs_type = StreamingDiLoCoKnobs
     default_base = "adamw"
     default_sign = False
+    sync_in_backward = True
 
     def __init__(self, knobs: StreamingDiLoCoKnobs | None = None, **given: Any) -> None:
         super().__init__(knobs, **given)
@@ -67,6 +113,16 @@ class StreamingDiLoCoReplicator(Replicator):
         self.wire = make_outer_wire(self.outer_format)
         self.steps = 0  # steps seen (replicate + accumulate), the schedule's clock
         self.in_flight: dict[int, Pending] = {}
+
+    @classmethod
+    def program(cls, knobs: StreamingDiLoCoKnobs, shard_shapes: Sequence[tuple[int, ...]],
+                replicas: int, *, node: int = 0, graph: str | None = None) -> StreamingProgram:
+        """Each fragment's sync on the replicator's schedule, cut by :func:`fragment_pieces`
+        and sized by the outer wire (:class:`StreamingProgram`)."""
+        sizes = [math.prod(s) for s in shard_shapes]
+        pieces = fragment_pieces(sizes, knobs.num_fragments, knobs.fragment_cut,
+                                 knobs.fragment_runs)
+        return StreamingProgram(cls(knobs), pieces, replicas)
 
     # -- the schedule ----------------------------------------------------------------------
     def _sync_due(self, step: int) -> int | None:
@@ -101,8 +157,9 @@ class StreamingDiLoCoReplicator(Replicator):
             self.pieces = [[(i, 0, params[i].numel()) for i in r] for r in self.fragments]
         self.anchors = [[_piece(params, piece).detach().clone() for piece in pieces]
                         for pieces in self.pieces]
+        # torch refuses Nesterov without momentum: momentum 0 is plain SGD.
         self.outers = [torch.optim.SGD(a, lr=self.outer_lr, momentum=self.outer_momentum,
-                                       nesterov=True) for a in self.anchors]
+                                       nesterov=self.outer_momentum > 0) for a in self.anchors]
         self.numels = [[a.numel() for a in anchors] for anchors in self.anchors]
         device = params[0].device
         self.residuals = [torch.zeros(sum(ns), dtype=torch.float32, device=device)

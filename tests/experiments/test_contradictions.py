@@ -314,7 +314,7 @@ def test_a_warm_up_given_to_a_constant_schedule_is_refused(tmp_path, capsys, fla
     (["sweep", str(QUICK_TOML), "--estimate-from", str(QUICK)], ("--estimate-from", "--dry-run")),
     (["check-comm", "--update", "--tolerance", "0.05"], ("--tolerance 0.05", "--update")),
     (["plan", "--method", "hsdp-adamw", "--nodes", "2", *NET, "--set", "sync_in_backward=false"],
-     ("sync_in_backward=false", "plans neither")),
+     ("sync_in_backward=false", "plans none of them")),
 ])
 def test_a_flag_that_applies_to_nothing_is_refused(tmp_path, capsys, argv, words):
     if argv[0] == "plan":

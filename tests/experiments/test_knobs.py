@@ -65,10 +65,10 @@ def test_flags_left_out_take_the_methods_defaults():
 
 @pytest.mark.parametrize(("flags", "words"), [
     (["--method", "hsdp-adamw", "--topk", "8"],
-     "method 'hsdp-adamw' does not read topk; it takes no knobs."),
+     "method 'hsdp-adamw' does not read topk; it takes reduce_format."),
     (["--method", "diloco", "--graph", "ring", "--no-sign"],
      "method 'diloco' does not read graph, sign; it takes diloco_h, outer_lr, outer_momentum, "
-     "base, beta1."),
+     "outer_format, base, beta1."),
     (["--method", "demo", "--rate", "0.5"], "method 'demo' does not read rate; it takes "
                                             "replicate_every, skip_every, decay"),
 ])
@@ -97,3 +97,42 @@ def test_every_stored_run_reads_back_with_the_knobs_it_ran_with():
         for name, value in cfg.knob_values().items():
             if name in stored and stored[name] is not None:
                 assert value == stored[name], (path, name)
+
+
+# -- sparseloco, local-sgd, diloco's outer_format, hsdp-adamw's reduce_format --------------------
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--method", "sparseloco", "--topk", "5000"],
+     "topk=5000 is more than chunk=4096: sparseloco keeps topk of every chunk, a density "
+     "topk/chunk in (0, 1]; use topk <= 4096."),
+    (["--method", "sparseloco", "--topk", "0"], "argument --topk: must be an integer >= 1"),
+    (["--method", "sparseloco", "--diloco-h", "-2"],
+     "argument --diloco-h: must be an integer >= 1, got '-2'."),
+    (["--method", "sparseloco", "--error-decay", "1.5"],
+     "argument --error-decay: must be a number in [0, 1], got '1.5'."),
+    (["--method", "sparseloco", "--value-format", "int3"],
+     "value_format='int3' is unknown for sparseloco; use one of 2bit, bf16, fp32."),
+    (["--method", "hsdp-adamw", "--reduce-format", "fp16"],
+     "reduce_format='fp16' is unknown; use one of fp32, bf16, fp8, int8."),
+    (["--method", "local-sgd", "--outer-format", "3bit"],
+     "outer_format='3bit' is unknown; use one of fp32, bf16, int8, 4bit."),
+    (["--method", "diloco", "--reduce-format", "int8"],
+     "method 'diloco' does not read reduce_format;"),
+])
+def test_an_impossible_value_of_a_new_knob_is_one_sentence_exit_2(tmp_path, capsys, flags,
+                                                                   words):
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and words in err, err
+    assert not out.exists()
+
+
+def test_the_new_knobs_reach_their_replicators():
+    opt = _optimizer(_from_flags(["--method", "sparseloco", "--topk", "64", "--chunk", "1024",
+                                  "--error-decay", "0.5", "--value-format", "bf16"]))
+    rep = opt.replicator
+    assert (rep.topk, rep.chunk, rep.error_decay, rep.value_format) == (64, 1024, 0.5, "bf16")
+    opt = _optimizer(_from_flags(["--method", "diloco", "--outer-format", "4bit"]))
+    assert opt.replicator.wire.name == "4bit"
+    opt = _optimizer(_from_flags(["--method", "hsdp-adamw", "--reduce-format", "fp8"]))
+    assert (opt.replicator.name, opt.replicator.reduce_format) == ("reduce", "fp8")

@@ -98,3 +98,17 @@ def test_the_bandwidth_notebook_widens_its_brackets_with_step_noise(
     assert "brackets widened by step-time variation" in shown
     assert step_noise.note() in shown
     assert "the time brackets that decided are over seeds widened" in shown
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.dist
+def test_the_bandwidth_notebook_takes_every_method(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On results/methods (every built-in method), its summary names every variant."""
+    import pandas as pd
+
+    methods = ROOT / "results" / "methods"
+    nb = _execute(ROOT / "notebooks" / "bandwidth_sweep.ipynb", methods, monkeypatch)
+    shown = "".join(str(o.get("data", {}).get("text/markdown", ""))
+                    for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    variants = set(pd.read_parquet(methods / "runs.parquet")["variant"])
+    assert len(variants) >= 16 and not [v for v in variants if v not in shown]

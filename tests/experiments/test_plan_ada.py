@@ -12,8 +12,9 @@ from experiments.plan.ada import GraphSchedule, plan_ada
 from experiments.plan.hardware import given_compute
 from experiments.plan.models import declare_model
 from experiments.plan.plan import plan_method
-from experiments.plan.synth import AdaOnGraph, Precision, local_shard_shapes, sampled_entries
+from experiments.plan.synth import AdaOnGraph, Precision, local_shard_shapes
 from flexdemo.methods import method_record
+from flexdemo.replicators.ada import sampled_entries
 from netsim import Link, Topology
 from netsim.costs import ring_all_reduce_time
 

@@ -2,12 +2,10 @@
 
 The recordings are results/standard's and results/overlap's at 2 x 2, results/quick's at
 2 x 1, and the gossip runs of results/decentralized and results/decentralized-scale at 4-16
-nodes of one rank (CPU gloo, no mixed precision: everything fp32); each is planned at its own
-shape and knobs, with param_dtype=reduce_dtype=fp32 and gloo's algorithms (its reduce-scatter
-runs as an all-reduce, which sets the wire bytes), so every collective's payload and wire
-bytes, and every gossip message's peer, must be the recording's. A step right after an
-evaluation is the one exception, and a known one: the evaluation's forward left the root unit
-gathered, so the recording lacks that step's first all-gather (the root's).
+nodes of one rank; each is planned at its own shape and knobs and must hold every collective
+the recording holds (`tests/experiments/plan_anchor.py`). The methods added since are held
+against the runs their own tests record (test_run_compressed_methods.py, test_powersgd.py,
+test_topk.py).
 """
 
 from __future__ import annotations
@@ -22,16 +20,9 @@ from experiments.plan.hardware import given_compute
 from experiments.plan.models import declare_model
 from experiments.plan.synth import AdaOnGraph, Precision, Shape, synthesize
 from flexdemo.methods import method_record
+from tests.experiments.plan_anchor import assert_plan_holds, per_step, plan_of_run
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
-
-
-def _per_step(trace: pd.DataFrame) -> pd.Series:
-    """Per (step, rank): every training collective as (op, inter, bytes, sent, received, peer)."""
-    rows = trace[(trace["phase"] == "train") & (trace["kind"] == "collective")]
-    return rows.groupby(["step", "rank"]).apply(
-        lambda g: tuple(sorted(zip(g["op"], g["inter"], g["bytes"], g["bytes_sent"],
-                                   g["bytes_received"], g["peer"], strict=True))))
 
 
 @pytest.mark.parametrize("unit", ["standard/units/hsdp-adamw-s0", "standard/units/flexdemo-s0",
@@ -49,35 +40,10 @@ def _per_step(trace: pd.DataFrame) -> pd.Series:
                                   "decentralized/units/gossip-nodes=8_graph=one-peer-exponential-s0",
                                   "decentralized-scale/units/gossip-nodes=16_graph=sites_4-s0"])
 def test_plan_holds_the_recorded_bytes(unit):
-    recorded_dir = RESULTS / unit
-    recorded = pd.read_parquet(recorded_dir / "trace.parquet")
-    config = json.loads((recorded_dir / "run.json").read_text())["config"]
-    steps = int(recorded["step"].max())
-    model = declare_model(config["workload"])
-    record = method_record(config["method"])
-    knobs, _ = record.settings({k: config[k] for k in record.takes if k in config})
-    compute = given_compute([model.unit_params(u) for u in range(len(model.units))], 0.1)
-    shape = Shape(int(config["nodes"]), int(config["gpus_per_node"]))  # the recording's
-    planned = synthesize(record, knobs, model, shape, compute, Precision("fp32", "fp32"),
-                         steps, backend="gloo")
-    ours, theirs = _per_step(planned), _per_step(recorded)
-    assert set(ours.index) == set(theirs.index)
-    # Only FSDP2 at several ranks a node gathers the root, which an evaluation leaves gathered.
-    evals = int(config["eval_every"]) if record.shards and shape.per_node > 1 else steps + 1
-    root_gather = ("all_gather", False, model.unit_params(len(model.units) - 1) // 2 * 4)
-    exact = 0
-    for key in theirs.index:
-        step = key[0]
-        if step > 1 and (step - 1) % evals == 0 and shape.per_node > 1:  # 2 x 1 gathers nothing
-            missing = list(ours[key])
-            gathered = next(op for op in missing if op[:3] == root_gather)
-            missing.remove(gathered)
-            assert tuple(missing) == theirs[key], key
-        else:
-            assert ours[key] == theirs[key], key
-            exact += 1
-    assert exact >= 0.8 * len(theirs)
-    if record.replicator == "diloco":  # the outer all-reduce falls on the recorded steps
+    recorded, planned, config = plan_of_run(RESULTS / unit)
+    exact = assert_plan_holds(recorded, planned, config)
+    assert exact >= 0.8 * len(per_step(recorded))
+    if method_record(config["method"]).replicator == "diloco":  # on the recorded steps
         inter = recorded[(recorded["kind"] == "collective") & recorded["inter"]]
         mine = planned[(planned["kind"] == "collective") & planned["inter"]]
         assert sorted(inter["step"].unique()) == sorted(mine["step"].unique()) == [50, 100]
@@ -102,7 +68,7 @@ def test_the_plan_of_ada_on_its_recorded_graphs_holds_the_recorded_bytes():
                                     compute, Precision("fp32", "fp32"), 1, backend="gloo",
                                     first=int(step)) for step in graphs.index],
                         ignore_index=True)
-    ours, theirs = _per_step(planned), _per_step(recorded)
+    ours, theirs = per_step(planned), per_step(recorded)
     assert set(ours.index) == set(theirs.index)
     for key in theirs.index:
         assert ours[key] == theirs[key], key

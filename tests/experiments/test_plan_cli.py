@@ -86,7 +86,7 @@ def test_memory_above_the_gpu_is_flagged(tmp_path, capsys):
     (["--step-compute", "1", "--method", "diloco", "--set", "sync_in_backward=maybe"],
      "sync_in_backward='maybe' must be true or false"),
     (["--step-compute", "1", "--method", "hsdp-adamw", "--set", "sync_in_backward=true"],
-     "--method plans neither"),
+     "--method plans none of them"),
 ])
 def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path, capsys, extra, words):
     argv = [] if "--method" in extra else ["--method", "flexdemo"]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
+from experiments.errors import ConfigError
 from experiments.plan.hardware import given_compute
 from experiments.plan.models import declare_model
 from experiments.plan.plan import bandwidth_needed, plan_method
@@ -20,9 +23,13 @@ GBIT = 1e9 / 8
 
 def _plan(method: str, step_s: float, bandwidth: float, precision: Precision | None = None,
           **knobs):
+    return _plan_record(method_record(method), step_s, bandwidth, precision, **knobs)
+
+
+def _plan_record(record, step_s: float, bandwidth: float, precision: Precision | None = None,
+                 **knobs):
     precision = precision or Precision()
     model = declare_model(MODEL)
-    record = method_record(method)
     settings, _ = record.settings(knobs)
     compute = given_compute([model.unit_params(u) for u in range(len(model.units))], step_s)
     topology = Topology(NODES, 1, Link(100e9, 0.0), Link(bandwidth, 0.0))
@@ -51,6 +58,129 @@ def test_diloco_exposes_one_outer_all_reduce_every_h_steps():
     assert row["bytes_per_node_round"] == pytest.approx(
         2 * (NODES - 1) / NODES * model.params * 4, rel=1e-6)
     assert row["bytes_per_node_step"] == pytest.approx(row["bytes_per_node_round"] / h)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "4bit"])
+def test_diloco_plans_its_outer_format(fmt):
+    model, plan = _plan("diloco", 0.5, GBIT, diloco_h=10, outer_format=fmt)
+    row = plan.frame().iloc[0]
+    n = model.params  # one rank a node: its shard is the whole model
+    if fmt == "bf16":  # a ring all-reduce of 2-byte values
+        expected = 2 * (NODES - 1) / NODES * n * 2
+    else:  # an all-gather of the codes (1 byte, or 4 bits in whole groups of 8) and a scale
+        codes = n if fmt == "int8" else -(-n // 8) * 4
+        expected = (NODES - 1) * -(-(codes + 4) // 4) * 4
+    assert row["bytes_per_node_round"] == pytest.approx(expected, rel=1e-9)
+
+
+def _shapes(model) -> list[tuple[int, ...]]:
+    """Every parameter's shape: at one GPU a node a rank's shards are the whole tensors."""
+    return [tuple(s) or (1,) for s in model.shapes]
+
+
+def _ring(payload: int) -> float:
+    """Bytes a node sends in a ring all-reduce of `payload` bytes over NODES nodes."""
+    return 2 * (NODES - 1) / NODES * payload
+
+
+@pytest.mark.parametrize("start", [0, 10])
+def test_powersgd_exposes_three_all_reduces_of_its_factors_after_the_backward(start):
+    step_s, link = 0.5, Link(GBIT, 0.0)
+    model, plan = _plan("powersgd", step_s, GBIT, powersgd_start=start)
+    whole = p = q = 0  # docs/methods.md: rank r = min(n, m, 4) where (n + m) r 2 < n m
+    for shape in _shapes(model):
+        n, m = shape[0], math.prod(shape[1:])
+        r = min(n, m, 4)
+        if len(shape) > 1 and (n + m) * r * 2 < n * m:
+            p, q = p + n * r, q + m * r
+        else:
+            whole += n * m
+    assert 0 < whole and 0 < p and 0 < q and (whole + p + q) * 4 < model.params
+    payloads = [4 * whole, 4 * p, 4 * q]
+    assert plan.points[0].bytes_per_node_step == pytest.approx(_ring(sum(payloads)), rel=1e-9)
+    # The three run one after another after the backward (FSDP2's inter-node reduction off).
+    exposed = sum(ring_all_reduce_time(NODES, b, link) for b in payloads)
+    assert plan.points[0].step_time_s == pytest.approx(step_s + exposed, rel=1e-3)
+    said = [n for n in plan.notes if n.startswith("powersgd: its first")]
+    assert len(said) == (1 if start else 0)
+    assert not start or f"from step {start + 1}" in said[0]
+
+
+def test_topk_ef_all_gathers_its_bucket_every_step():
+    model, plan = _plan("topk-ef", 0.5, GBIT)
+    bucket = 0  # docs/methods.md: fp32-packed values and ceil(log2 numel)-bit indices
+    for shape in _shapes(model):
+        numel = math.prod(shape)
+        k = math.ceil(0.01 * numel)
+        bucket += 4 * k + math.ceil(k / 8) * math.ceil(math.log2(numel))
+    bucket = -(-bucket // 4) * 4
+    assert (plan.period, plan.exchanges_per_period) == (1, 1)
+    assert plan.points[0].bytes_per_node_step == pytest.approx((NODES - 1) * bucket, rel=1e-9)
+
+
+def test_sparseloco_all_gathers_its_sparse_bucket_every_h_steps():
+    h = 15
+    model, plan = _plan("sparseloco", 0.5, GBIT, diloco_h=h)
+    total = 0  # docs/methods.md's S, at topk 128 of chunk 4096 in 2bit
+    for shape in _shapes(model):
+        n = math.prod(shape)
+        c = min(4096, n)
+        chunks = math.ceil(n / c)
+        k = min(c, max(1, math.floor(c * 128 / 4096 + 0.5)))
+        width = max(1, math.ceil(math.log2(c)))
+        total += math.ceil(chunks * k * width / 8) + 2 * math.ceil(chunks * k / 8) + 20
+    bucket = 4 * math.ceil(total / 4)
+    assert (plan.period, plan.exchanges_per_period) == (h, 1)
+    row = plan.frame().iloc[0]
+    assert row["bytes_per_node_round"] == pytest.approx((NODES - 1) * bucket, rel=1e-9)
+
+
+def test_local_sgd_is_diloco_s_all_reduce_and_holds_only_its_anchor():
+    model, plan = _plan("local-sgd", 0.5, GBIT, diloco_h=10)
+    _, diloco = _plan("diloco", 0.5, GBIT, diloco_h=10)
+    assert (plan.period, plan.exchanges_per_period) == (10, 1)
+    row = plan.frame().iloc[0]
+    assert row["bytes_per_node_round"] == pytest.approx(_ring(4 * model.params), rel=1e-9)
+    assert plan.points[0].step_time_s == diloco.points[0].step_time_s
+    # diloco keeps an outer momentum beside its anchor; SGD at momentum 0 keeps none.
+    assert (plan.memory.replicator, diloco.memory.replicator) == (4 * model.params,
+                                                                   8 * model.params)
+
+
+def test_hsdp_adamw_in_bf16_all_reduces_half_the_bytes_after_the_backward():
+    step_s = 0.5
+    model, plan = _plan("hsdp-adamw", step_s, GBIT, reduce_format="bf16")
+    assert plan.points[0].bytes_per_node_step == pytest.approx(_ring(2 * model.params),
+                                                               rel=1e-9)
+    # One bucket in the optimizer step: nothing of it hides behind the backward.
+    exposed = ring_all_reduce_time(NODES, 2 * model.params, Link(GBIT, 0.0))
+    assert plan.points[0].step_time_s == pytest.approx(step_s + exposed, rel=1e-3)
+    assert plan.memory.optimizer == 8 * model.params  # still AdamW
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_hsdp_adamw_in_scaled_rows_sends_an_all_to_all_and_an_all_gather(fmt):
+    model, plan = _plan("hsdp-adamw", 0.5, GBIT, reduce_format=fmt)
+    rows = 0  # docs/methods.md's B: r_t rows of c_t one-byte codes and a 4-byte scale each
+    for shape in _shapes(model):
+        if len(shape) > 1:
+            r, c = math.ceil(shape[0] / NODES), math.prod(shape[1:])
+        else:
+            r, c = 1, math.ceil(shape[0] / NODES)
+        rows += r * (c + 4)
+    block = 4 * math.ceil(rows / 4)
+    assert plan.points[0].bytes_per_node_step == pytest.approx(2 * (NODES - 1) * block,
+                                                               rel=1e-9)
+
+
+def test_a_method_whose_replicator_writes_no_program_is_refused_in_one_sentence():
+    from flexdemo.methods import Method
+
+    with pytest.raises(ConfigError) as err:
+        _plan_record(Method("full-sync", "full"), 0.5, GBIT)
+    said = str(err.value)
+    assert "has no program for the planner" in said and "FullReplicator" in said
+    assert said.count(". ") == 0 and said.endswith(".")
 
 
 def test_full_overlap_leaves_the_last_units_reduction_exposed():

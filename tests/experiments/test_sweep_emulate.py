@@ -87,7 +87,6 @@ def test_emulated_units_join_a_finished_sweep_timed_by_their_recorded_traces(
 
 @pytest.mark.parametrize("change, says", [
     ("gpus_per_node = 1", "set run.gpus_per_node = 1"),
-    ('methods = ["hsdp-adamw", "gossip"]', "does not cover method 'flexdemo-async'"),
     ("[emulate]\nnodes = [4]", "emulate.nodes lists 2"),
     ("[emulate]\nnodes = [4]", "emulate.nodes must be"),
     ("[emulate]\nnodes = [4]", "unknown key 'steps' in [emulate]"),
@@ -97,7 +96,6 @@ def test_bad_emulate_settings_are_one_sentence(tmp_path: Path, change: str, says
     text = CONFIG + EMULATE
     replacement = {
         "set run.gpus_per_node = 1": "gpus_per_node = 2",
-        "does not cover method 'flexdemo-async'": 'methods = ["hsdp-adamw", "flexdemo-async"]',
         "emulate.nodes lists 2": "[emulate]\nnodes = [2]",
         "emulate.nodes must be": "[emulate]\nnodes = [0]",
         "unknown key 'steps' in [emulate]": "[emulate]\nnodes = [4]\nsteps = 2",

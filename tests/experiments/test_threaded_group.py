@@ -44,6 +44,51 @@ def test_threads_are_ranks_with_collectives_and_messages():
     assert sys.excepthook is hook  # and the process's excepthook, unwrapped by no rank
 
 
+def _every_program_op(rank: int) -> dict[str, list[float]]:
+    """One collective of every op kind a program can name, called as the replicators call
+    them (flat all-gathers, a single-tensor all-to-all), and a message each way."""
+    world = dist.get_world_size()
+    out = {}
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    out["all_reduce"] = total.tolist()
+    gathered = torch.zeros(world)
+    dist.all_gather_single(gathered, torch.tensor([float(rank)]))
+    out["all_gather"] = gathered.tolist()
+    swapped = torch.zeros(world)
+    dist.all_to_all_single(swapped, torch.arange(world, dtype=torch.float32) + 10 * rank)
+    out["all_to_all"] = swapped.tolist()
+    mine = torch.zeros(1)
+    dist.reduce_scatter_single(mine, torch.arange(world, dtype=torch.float32))
+    out["reduce_scatter"] = mine.tolist()
+    root = torch.tensor([float(rank)])
+    dist.broadcast(root, src=1)
+    out["broadcast"] = root.tolist()
+    inbox = torch.zeros(1)
+    peer = world - 1 - rank
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.tensor([float(rank)]), peer),
+                                        dist.P2POp(dist.irecv, inbox, peer)]):
+        work.wait()
+    out["send"] = out["recv"] = inbox.tolist()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_every_op_kind_a_program_names_runs_on_the_threaded_groups():
+    # The emulator takes any method with a program (experiments/run/emulate.py) because its
+    # groups run every kind in flexdemo.program.OPS, as the replicators call them.
+    from flexdemo.program import OPS
+
+    with threaded_world(4, timeout_s=30) as world:
+        results = world.run(_every_program_op, deadline_s=50)
+    for rank, out in enumerate(results):
+        assert set(out) == set(OPS)
+        assert out["all_reduce"] == [10.0] and out["all_gather"] == [0.0, 1.0, 2.0, 3.0]
+        assert out["all_to_all"] == [rank + 10.0 * r for r in range(4)]
+        assert out["reduce_scatter"] == [4.0 * rank] and out["broadcast"] == [1.0]
+        assert out["recv"] == [3.0 - rank]
+
+
 @pytest.mark.timeout(60)
 def test_a_failing_rank_ends_the_run_with_its_error():
     def target(rank: int) -> None:

@@ -35,8 +35,8 @@ def _tiny():
 def test_every_record_builds_its_replicator_at_its_defaults():
     assert METHODS == tuple(m.name for m in RECORDS)
     for record in RECORDS:
-        if record.replicator is None:
-            assert record.takes == () and record.inter_all_reduce
+        if record.replicator is None:  # plain AdamW: only the knob that rewires it
+            assert record.takes == ("reduce_format",) and record.inter_all_reduce
             continue
         cls = REPLICATORS[record.replicator]
         assert type(record.knobs) is cls.knobs_type, record.name
@@ -79,7 +79,8 @@ def test_the_flexdemo_family_shares_its_defaults_and_takes_another_decay():
 
 
 @pytest.mark.parametrize(("method", "knobs", "words"), [
-    ("hsdp-adamw", {"topk": 4}, "method 'hsdp-adamw' does not read topk; it takes no knobs."),
+    ("hsdp-adamw", {"topk": 4}, "method 'hsdp-adamw' does not read topk; it takes "
+                                "reduce_format."),
     ("gossip", {"chunk": 4, "decay": 0.5},
      "method 'gossip' does not read chunk, decay; it takes replicate_every, graph, base, "
      "beta1."),

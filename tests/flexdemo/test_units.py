@@ -202,7 +202,8 @@ def test_diloco_inner_steps_are_plain_adamw_and_refuse_the_sign_knob():
     opt = build_optimizer("diloco", _tiny(), None, lr=0.1, diloco_h=7)
     assert (opt.base.name, opt.sign, opt.replicator.diloco_h) == ("adamw", False, 7)
     with pytest.raises(ValueError, match="^method 'diloco' does not read sign; it takes "
-                                         "diloco_h, outer_lr, outer_momentum, base, beta1.$"):
+                                         "diloco_h, outer_lr, outer_momentum, outer_format, "
+                                         "base, beta1.$"):
         build_optimizer("diloco", _tiny(), None, lr=0.1, sign=True, diloco_h=7)
     opt = build_optimizer("demo", _tiny(), None, lr=0.1, topk=5)
     assert (opt.base.name, opt.sign, opt.replicator.topk) == ("sign", True, 5)

@@ -20,7 +20,7 @@ from flexdemo import (
 )
 
 
-@pytest.mark.parametrize("width", range(1, 17))
+@pytest.mark.parametrize("width", [*range(1, 17), 20, 24, 31, 32])
 @pytest.mark.parametrize("count", [1, 3, 8, 13, 64, 1001])
 def test_bit_packing_round_trips_every_width_and_odd_counts(width, count):
     g = torch.Generator().manual_seed(width * 1000 + count)
@@ -32,9 +32,10 @@ def test_bit_packing_round_trips_every_width_and_odd_counts(width, count):
 
 
 def test_index_width_is_ceil_log2_of_the_chunk():
-    assert [index_width(n) for n in (2, 5, 8, 64, 4096, 65536)] == [1, 3, 3, 6, 12, 16]
-    with pytest.raises(ValueError, match="^width=17 must be an integer in"):
-        pack_bits(torch.zeros(3, dtype=torch.int64), 17)
+    assert [index_width(n) for n in (2, 5, 8, 64, 4096, 65536, 2**20 + 1)] == [1, 3, 3, 6, 12,
+                                                                             16, 21]
+    with pytest.raises(ValueError, match=r"^width=33 must be an integer in \[1, 32\]"):
+        pack_bits(torch.zeros(3, dtype=torch.int64), 33)
 
 
 def _picked(blocks: int = 7, k: int = 5, numel: int = 64):
