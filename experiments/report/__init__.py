@@ -11,8 +11,7 @@ the crossover bandwidths) are `experiments.replay`'s, which never imports this p
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from experiments.lazy import lazy_names
 
 # Name -> the module that defines it, imported on first use (PEP 562): importing the package
 # (or one of its modules) loads nothing else.
@@ -31,16 +30,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module defining ``name`` on first use and keep the name here."""
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """The public names and this module's own."""
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)
