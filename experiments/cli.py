@@ -5,6 +5,7 @@
     flexbench calibrate --shaping wall --out calibration.json
     flexbench compare results/quick --inter-bw 200Mbit --inter-lat 30ms --out cmp.json
     flexbench validate-sim --calibration calibration.json
+    flexbench import-trace outputs/profile_traces/iteration_10 --gpus-per-node 8 --out runs/mine
     flexbench profile-compute --workload lm-small --method flexdemo --out profile.json
     flexbench plan --model llama3-8b --method hsdp-adamw flexdemo --nodes 4 --gpus-per-node 8 \
         --gpu h100 --batch 2 --seq 4096 --inter-bw 1Gbit:400Gbit:12 --inter-lat 5ms --out p.csv
@@ -34,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "rank the methods of recorded runs or a sweep by time to target on one network"),
     "validate-sim": ("experiments.replay.validate", "compare the cost model with shaped real runs"),
     "calibrate": ("experiments.replay.calibrate", "fit the model's goodput and per-message cost"),
+    "import-trace": ("experiments.traces.command",
+                     "read per-rank torch.profiler traces of a data-parallel job as a run folder"),
     "profile-compute": ("experiments.replay.compute_profile",
                         "time a step's compute phases on this machine's device, for simulate"),
     "plan": ("experiments.plan.command",

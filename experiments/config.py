@@ -236,6 +236,10 @@ class RunSettings:
     sync_phases: bool = False
     """Wait for the GPU at the end of each step phase (the backward mark, the step's end), so
     the trace's times are the device's: `flexbench profile-compute` sets it. CPU runs ignore it."""
+    profile: bool = False
+    """Write a torch.profiler trace of each rank's training steps beside the recording
+    (OUT/profile/rankR.pt.trace.json.gz), up to the first evaluation, to check `flexbench
+    import-trace` against the run's own trace.parquet."""
     stall_timeout: float = field(default=90.0, metadata={"kind": POSITIVE})
     """Seconds without progress on any rank before the run is stopped as stalled."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -334,6 +338,11 @@ class RunConfig(KnobSettings, RunSettings):  # type: ignore[misc, valid-type]
         """Shaping needs a bandwidth or sites; kernel shaping runs gloo ranks in namespaces."""
         if self.shaping != "off" and self.inter_bw is None and self.topology_file is None:
             raise ConfigError(f"shaping={self.shaping!r} needs an inter-node bandwidth (inter_bw).")
+        if self.profile and self.shaping in ("wall", "virtual"):
+            raise ConfigError(f"profile=true records the backends' own timing, and "
+                              f"shaping={self.shaping!r} delays collectives only in netsim's "
+                              "model; profile an unshaped run (shaping off) or a kernel-shaped "
+                              "one.")
         if self.shaping == "kernel" and self.backend == "nccl":
             raise ConfigError("shaping='kernel' runs gloo ranks over the namespaces' links; use "
                               "backend auto or gloo, not nccl.")

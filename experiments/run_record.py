@@ -89,6 +89,22 @@ class RunRecord:
         return is_emulated(self.meta)
 
     @property
+    def imported(self) -> dict[str, Any] | None:
+        """What an imported trace's run.json says of its source (`flexbench import-trace`):
+        files, device, what was inferred; None for a run of this toolkit."""
+        info = self.meta.get("imported")
+        return info if isinstance(info, dict) else None
+
+    @property
+    def shards(self) -> bool:
+        """Whether the run's payloads are FSDP2 shards: its method's rule, or what an imported
+        trace holds (a DDP job's are not, whatever method it is replayed as)."""
+        info = self.imported
+        if info is not None and "shards" in info:
+            return bool(info["shards"])
+        return self.run_config().record.shards
+
+    @property
     def final_val_loss(self) -> float | None:
         """run.json's final validation loss; None where it recorded none (or not a number)."""
         value = self.meta.get("final_val_loss")

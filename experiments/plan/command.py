@@ -41,6 +41,7 @@ from experiments.plan.hardware import (
     gpu,
     rule_compute,
 )
+from experiments.plan.measured import measured_compute
 from experiments.plan.models import PRESETS, DeclaredModel, declare_model, parse_gpt
 from experiments.plan.plan import CU_TARGETS, MethodPlan, bandwidth_needed, plan_method
 from experiments.plan.replicas import check_nodes_per_replica, replica_line, replica_topology
@@ -115,6 +116,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     compute.add_argument("--compute-profile", default=None, metavar="P",
                          help="a `flexbench profile-compute` file of the same model: its "
                               "forward+backward and optimizer seconds per step")
+    compute.add_argument("--compute-from", default=None, metavar="RUN",
+                         help="a recording or an imported trace (import-trace) of the same "
+                              "model and GPUs per node: its measured forward+backward (per "
+                              "FSDP2 unit where the trace names them) and optimizer seconds")
     parser.add_argument("--mfu", type=UNIT_OPEN_LOW.arg, default=None,
                         help=f"model FLOPs utilization with --gpu (default {DEFAULT_MFU})")
     parser.add_argument("--batch", type=POSITIVE_INT.arg, default=None,
@@ -243,7 +248,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def _inputs(args: argparse.Namespace) -> list[str]:
     """Every file and folder the plan reads: its output may be none of them, nor inside one."""
-    given = [*(args.steps_from or ()), args.compute_profile, args.topology]
+    given = [*(args.steps_from or ()), args.compute_profile, args.compute_from, args.topology]
     if args.ada_graphs is not None and Path(args.ada_graphs).exists():
         given.append(args.ada_graphs)  # a run's folder, not GRAPH=STEPS
     if args.model.endswith(".json"):
@@ -336,11 +341,15 @@ def _check_network(args: argparse.Namespace) -> None:
 
 def _check_compute(args: argparse.Namespace) -> None:
     """The rule's flags only with --gpu, and all of them there."""
-    if args.step_compute is not None or args.compute_profile is not None:
+    given = next((flag for flag, value in (("--step-compute", args.step_compute),
+                                            ("--compute-profile", args.compute_profile),
+                                            ("--compute-from", args.compute_from))
+                  if value is not None), None)
+    if given is not None:
         for flag, value in (("--mfu", args.mfu), ("--batch", args.batch), ("--seq", args.seq)):
             if value is not None:
-                raise ConfigError(f"{flag} sizes the compute with --gpu; --step-compute or "
-                                  "--compute-profile gives it already, so leave it out.")
+                raise ConfigError(f"{flag} sizes the compute with --gpu; {given} gives it "
+                                  "already, so leave it out.")
     elif args.batch is None or args.seq is None:
         raise ConfigError("--gpu needs --batch and --seq (sequences per GPU and tokens per "
                           "sequence) for the 6 x N x tokens rule.")
@@ -440,6 +449,11 @@ def _compute(args: argparse.Namespace, unit_params: list[int],
     `optimizer_s` (--set optimizer_s; None: not given, 0 s) beside the first and the last."""
     if args.compute_profile is not None:
         return _profiled(args, unit_params, optimizer_s)
+    if args.compute_from is not None:
+        if optimizer_s is not None:
+            raise ConfigError("--set optimizer_s and --compute-from both give the optimizer "
+                              "step's seconds; give one.")
+        return measured_compute(args.compute_from, unit_params, args.gpus_per_node, args.model)
     if args.gpu is not None:
         return rule_compute(unit_params, gpu(args.gpu),
                             DEFAULT_MFU if args.mfu is None else args.mfu, args.batch, args.seq,
@@ -568,8 +582,10 @@ def _assumptions(args: argparse.Namespace, model, compute, precision: Precision,
              f"intra-node: {args.intra_bw}, {args.intra_lat} a message (declared); {network}; "
              f"algorithm {args.algorithm}",
              "FSDP2 prefetch: each unit's all-gather overlaps the previous unit's compute "
-             "(forward and backward), one all-gather at a time; nothing is measured, "
-             "everything is declared",
+             "(forward and backward), one all-gather at a time; "
+             + ("the communication is declared, not measured"
+                if args.compute_profile or args.compute_from else
+                "nothing is measured, everything is declared"),
              f"memory per GPU: master params, grads (fp32 shards), optimizer and replicator "
              f"state, FSDP2's gathered working set; activations not counted; GPU memory "
              f"{memory_source}"]

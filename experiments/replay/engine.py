@@ -34,6 +34,7 @@ from experiments.replay.gossip import recorded_schedule
 from experiments.replay.recordings import RecordedRun
 from experiments.replay.reshard import MISSING_INTRA, reshard_trace, run_layout
 from experiments.replay.target import ReplayTarget
+from experiments.run_record import RunRecord
 from experiments.sizes import Cost, Count, Term, check_work
 from netsim.model import Replay, ReplayOptions, has_backward_marks, has_unit_marks, simulate
 from netsim.topology import Topology
@@ -193,14 +194,19 @@ def _payload_clause(run: RecordedRun, rules: tuple[str, ...]) -> str | None:
     """How the replay sized its payloads, for the model's note (None: as recorded, said there)."""
     if not rules:
         return None
-    verb = "re-sharded" if run.config.record.shards else "as recorded"
+    verb = "re-sharded" if _shards(run) else "as recorded"
     return f"{verb} ({'; '.join(rules)})"
+
+
+def _shards(run: RecordedRun) -> bool:
+    """Whether the run's payloads are FSDP2 shards (an imported DDP job's are not)."""
+    return RunRecord(run.path, run.meta).shards
 
 
 def _units(run: RecordedRun, target: RunConfig) -> tuple[list, str] | None:
     """The run's FSDP2 layout and its source where the target has other ranks per node (else
     None: nothing is resized)."""
-    if target.gpus_per_node == run.config.gpus_per_node or not run.config.record.shards:
+    if target.gpus_per_node == run.config.gpus_per_node or not _shards(run):
         return None
     return run_layout(run.meta, run.config)
 
@@ -215,6 +221,9 @@ def _resharded(run: RecordedRun, target: RunConfig, layout: tuple[list, str] | N
     g_new = target.gpus_per_node
     if g_new == run.config.gpus_per_node:
         return run.trace, ()
+    if not _shards(run):  # an imported DDP job: every rank holds the whole model
+        return run.trace, (f"{str(run.path)!r} shards nothing (DDP: every rank a whole "
+                           f"replica): payloads as recorded at {g_new} ranks per node",)
     trace, added = run.trace, None
     if (run.config.gpus_per_node == 1 and layout is not None and has_unit_marks(trace)):
         # Only an explicit nccl run is known to have had nccl's ring reduce-scatter; gloo's is an
@@ -237,7 +246,7 @@ def _shape_compute(run: RecordedRun, target: RunConfig, layout: tuple[list, str]
     what = "recorded"
     if phase_seconds is not None:
         measured_g, what = phases_at or target.gpus_per_node, "profiled"
-    if layout is None and measured_g != target.gpus_per_node and run.config.record.shards:
+    if layout is None and measured_g != target.gpus_per_node and _shards(run):
         layout = run_layout(run.meta, run.config)
     units = layout[0] if layout is not None else None
     marks = phase_seconds is not None or has_backward_marks(run.trace)
@@ -278,8 +287,10 @@ def _intra_line(target: ReplayTarget, run: RecordedRun, model: Replay, intra: st
         return (f"modeled on {link.bandwidth * 8 / 1e9:.4g} Gbit/s "
                 f"({link.bandwidth / 1e9:.4g} GB/s), {link.latency * 1e6:.3g} us "
                 f"a message{' (NVLink-class default)' if default else ''}")
-    line = "measured: recorded durations (the recording's CPU gloo)"
-    if model.payload_rules and run.config.record.shards:
+    info = RunRecord(run.path, run.meta).imported
+    line = ("measured: recorded durations (the recording's CPU gloo)" if info is None else
+            f"measured: traced durations ({info.get('backend')} on {info.get('device')})")
+    if model.payload_rules and _shards(run):
         # Durations, not bytes, are replayed: the resized intra-node payloads need a link.
         line += (f", as at {run.config.gpus_per_node} ranks per node (--intra model "
                  "prices the re-sharded ones)")
@@ -290,7 +301,7 @@ def _payloads(run: RecordedRun, model: Replay) -> str:
     """How the inter-node payloads were sized: as recorded, or re-sharded (rules below)."""
     if not model.payload_rules:
         return "payloads as recorded"
-    verb = "re-sharded to" if run.config.record.shards else "as recorded at"
+    verb = "re-sharded to" if _shards(run) else "as recorded at"
     return f"payloads {verb} {model.topology.accelerators_per_node} ranks per node (below)"
 
 
@@ -310,11 +321,11 @@ def _compute_line(target: ReplayTarget, run: RecordedRun, scale: float) -> str:
     recorded = float(run.steps["compute_s"].median())
     if target.compute.step_s is not None:
         return (f"compute: declared: {target.compute.step_s:.4g} s per step, x{scale:.4g} of "
-                f"the recording's CPU ({recorded:.4g} s per step outside inter-node calls)")
+                f"{_measured_on(run)} ({recorded:.4g} s per step outside inter-node calls)")
     if target.compute.scale is not None:
-        return (f"compute: declared: x{scale:.4g} of the recording's CPU ({recorded:.4g} s per "
+        return (f"compute: declared: x{scale:.4g} of {_measured_on(run)} ({recorded:.4g} s per "
                 "step outside inter-node calls)")
-    return (f"compute: measured on the recording's CPU ({recorded:.4g} s per step outside "
+    return (f"compute: measured on {_measured_on(run)} ({recorded:.4g} s per step outside "
             "inter-node calls)")
 
 
@@ -329,7 +340,18 @@ def _overlap_line(target: ReplayTarget, run: RecordedRun, overlap: str) -> str:
         return ("overlap: recorded (serial, as on the recording's CPU gloo), not the GPU-class "
                 f"default fsdp2: {str(run.path)!r} has no FSDP2 backward marks "
                 f"({_no_marks_reason(run)})")
+    if RunRecord(run.path, run.meta).imported is not None:
+        return "overlap: recorded (the trace's order: each collective where the traced job ran it)"
     return "overlap: recorded (the trace's order: FSDP2's reduce serial, as on CPU gloo)"
+
+
+def _measured_on(run: RecordedRun) -> str:
+    """Where the run's compute was measured: the recording's CPU, or an imported trace's device."""
+    info = RunRecord(run.path, run.meta).imported
+    if info is None:
+        return "the recording's CPU"
+    return f"the traced {info.get('device', 'device')} ({info.get('timeline', 'its')} timeline)"
+
 
 
 def loss_on_time_axis(steps: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:

@@ -235,6 +235,9 @@ def choose_loss_curve(recordings: list[Recording], *, nodes: int, gpus_per_node:
     _check_batches_known(recordings, rule)
     gossips = method_record(first.method).gossips
     pool = [r for r in recordings if r.nodes == nodes] if gossips else recordings
+    # An imported profiler trace measured no loss: a curve that has one is taken before it.
+    measured = [r for r in pool if r.steps["val_loss"].notna().any()]
+    pool = measured or pool
     refusal = None
     if not pool:
         have = ", ".join(str(n) for n in sorted({r.nodes for r in recordings}))

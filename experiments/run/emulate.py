@@ -66,7 +66,7 @@ _PROCESS_BASE = 600 * 2**20  # the interpreter with torch, pandas and the worklo
 # What an emulated run records without using: it measures no time (so shapes and models no
 # link and waits on no GPU) and starts no processes (so pins and threads none of its own).
 _UNUSED = ("inter_bw", "inter_lat", "node_links", "topology_file", "intra_bw", "intra_lat",
-           "threads_per_rank", "pin_cores", "sync_phases")
+           "threads_per_rank", "pin_cores", "sync_phases", "profile")
 
 
 def unused_settings(cfg: RunConfig) -> list[str]:

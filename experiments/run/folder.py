@@ -27,8 +27,11 @@ from netsim.trace import TRAIN, comm_per_step
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RankResult", "RunFolder", "read_rank_result", "write_emulated_run", "write_rank_result",
-           "write_run"]
+__all__ = ["PROFILE_DIR", "PROFILE_SUFFIX", "RankResult", "RunFolder", "read_rank_result",
+           "write_emulated_run", "write_rank_result", "write_run"]
+
+PROFILE_DIR = "profile"  # OUT's folder of torch.profiler traces (run --profile)
+PROFILE_SUFFIX = ".pt.trace.json.gz"  # torch.profiler's and torchtitan's name for a trace
 
 
 @dataclass
@@ -42,6 +45,7 @@ class RankResult:
     params: int = 0
     diverged_step: int | None = None  # first step whose loss was not finite, on any rank
     layout: list | None = None  # FSDP2 units' parameter shapes (flexdemo.shard_layout), if sharded
+    profile: bytes | None = None  # the rank's torch.profiler trace, gzipped JSON (run --profile)
 
 
 class RunFolder:
@@ -125,6 +129,8 @@ def write_rank_result(result: RankResult, folder: Path) -> None:
     pd.DataFrame(result.steps).to_parquet(f"{stem}.steps.parquet", index=False)
     if result.trace is not None:
         result.trace.to_parquet(f"{stem}.trace.parquet", index=False)
+    if result.profile is not None:
+        Path(f"{stem}{PROFILE_SUFFIX}").write_bytes(result.profile)
     meta = {"rank": result.rank, "config": result.config, "params": result.params,
             "diverged_step": result.diverged_step, "layout": result.layout}
     Path(f"{stem}.json.tmp").write_text(json.dumps(meta))
@@ -138,11 +144,13 @@ def read_rank_result(folder: Path, rank: int) -> RankResult:
     stem = folder / f"rank{rank}"
     meta = json.loads(Path(f"{stem}.json").read_text())
     trace_file = Path(f"{stem}.trace.parquet")
+    profile = Path(f"{stem}{PROFILE_SUFFIX}")
     return RankResult(
         rank=rank, config=meta["config"], params=meta["params"],
         diverged_step=meta["diverged_step"], layout=meta.get("layout"),
         steps=pd.read_parquet(f"{stem}.steps.parquet").to_dict("records"),
         trace=pd.read_parquet(trace_file) if trace_file.exists() else None,
+        profile=profile.read_bytes() if profile.exists() else None,
     )
 
 
@@ -154,9 +162,20 @@ def write_run(results: list[RankResult], folder: Path,
     steps, trace = _steps_and_trace(results, cfg)
     steps.to_parquet(folder / "steps.parquet", index=False)
     trace.to_parquet(folder / "trace.parquet", index=False)
+    _write_profiles(results, folder)
     meta = _run_meta(results, cfg, steps, extra)
     (folder / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return meta
+
+
+def _write_profiles(results: list[RankResult], folder: Path) -> None:
+    """Each rank's torch.profiler trace (run --profile) as OUT/profile/rankR.pt.trace.json.gz."""
+    profiled = [r for r in results if r.profile is not None]
+    if not profiled:
+        return
+    (folder / PROFILE_DIR).mkdir()
+    for result in profiled:
+        (folder / PROFILE_DIR / f"rank{result.rank}{PROFILE_SUFFIX}").write_bytes(result.profile)
 
 
 def write_emulated_run(results: list[RankResult], folder: Path,

@@ -61,6 +61,58 @@ def _phase_sync(cfg: RunConfig, device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
+class _Profiler:
+    """torch.profiler over the training steps up to the first evaluation (`run --profile`).
+
+    One ProfilerStep per training step, begun where the step begins: the trace a user's own
+    job writes (torchtitan's, or `torch.profiler.profile(schedule=...)` with `prof.step()`), so
+    `flexbench import-trace` can be checked against this run's recording. It stops before the
+    first evaluation, whose collectives an importer could not tell from training's.
+    """
+
+    def __init__(self, cfg: RunConfig, device: torch.device) -> None:
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        # Without --profile nothing is profiled: no step is the last one.
+        self.last = min(cfg.steps, cfg.eval_every) if cfg.profile else 0
+        activities = [ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self.trace: bytes | None = None
+        """The gzipped Chrome-trace JSON of the profiled steps, once written."""
+        self._profile = profile(activities=activities, record_shapes=True,
+                                schedule=schedule(wait=0, warmup=0, active=max(self.last, 1),
+                                                  repeat=1),
+                                on_trace_ready=self._keep) if cfg.profile else None
+
+    def begin(self, step: int) -> None:
+        """Begin ProfilerStep#0 with the first training step."""
+        import warnings
+
+        if self._profile is None or step != 1:
+            return
+        with warnings.catch_warnings():  # no warm-up: the first step is the recording's too
+            warnings.simplefilter("ignore")
+            self._profile.start()
+
+    def step_done(self, step: int) -> None:
+        """Close the ProfilerStep of training step `step`; the last one writes the trace."""
+        if self._profile is not None and step < self.last:
+            self._profile.step()
+        elif self._profile is not None and step == self.last:
+            self._profile.stop()
+
+    def _keep(self, prof) -> None:  # type: ignore[no-untyped-def]
+        import gzip
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(path)
+            with open(path, "rb") as f:
+                self.trace = gzip.compress(f.read(), mtime=0)
+
+
 class _NoRecorder:
     """A recorder that records nothing: the emulated path measures no time and sends no bytes."""
 
@@ -213,9 +265,11 @@ def train_rank(cfg: RunConfig, setting: RankSetting,
     bar = tqdm(total=cfg.steps, desc=cfg.method, unit="step", disable=quiet, dynamic_ncols=True)
     eval_s = 0.0  # evaluation time is excluded from the training clock
     first_bad = math.inf  # first step whose training loss was not finite on this rank
+    profiler = _Profiler(cfg, device)
     beat(0)
     start = clock()
     for step in range(1, cfg.steps + 1):
+        profiler.begin(step)
         recorder.begin_step(step)
         t0 = clock()
         loss = workload.loss(model, to_dev(workload.batch(step, rank, cfg.batch_size, cfg.seed)))
@@ -232,6 +286,7 @@ def train_rank(cfg: RunConfig, setting: RankSetting,
         if not math.isfinite(loss_value):
             first_bad = min(first_bad, step)
         recorder.end_step(step)
+        profiler.step_done(step)
         now = clock() - start - eval_s
         # Byte and call counts come from the trace after the run, off the training clock.
         row = {"step": step, "wall_time_s": now, "loss": loss_value, "val_loss": math.nan,
@@ -257,4 +312,5 @@ def train_rank(cfg: RunConfig, setting: RankSetting,
     if callable(drain):
         drain()
     result.trace = recorder.frame()
+    result.profile = profiler.trace
     return result

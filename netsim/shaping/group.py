@@ -29,6 +29,7 @@ from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
 
 from netsim.costs import P2P_OPS, CollectiveVolume, collective_volume, default_algorithm
 from netsim.nic import Timeline, fair_share_finishes
+from netsim.shaping.annotate import profiled
 from netsim.shaping.site_links import site_finish
 from netsim.shaping.work import ShapedWork
 from netsim.sites import SITE_OPS
@@ -319,15 +320,17 @@ class ShapedProcessGroup(dist.ProcessGroup):
                 op, self._ranks, inter, algorithm, nbytes, volume.bytes_sent,
                 volume.bytes_received, issued - shaper.t0, peer=peer_rank,
             )  # fmt: skip
-        if p2p:
-            return self._message(op, tensors, peer, tag, launch, row, issued, device, inner,
-                                 issued_mono)
-        arrival = sync = None
-        if self._shaped and self.size() > 1:
-            # Everybody's arrival time, so the modeled transfer starts when the last rank shows up.
-            arrival = torch.tensor([issued], dtype=torch.float64, device=device)
-            sync = inner.allreduce([arrival], _max_options())
-        works = _as_list(launch(inner))
+        with profiled(op, tensors, self._ranks):  # named in a torch.profiler trace, if any
+            if p2p:
+                return self._message(op, tensors, peer, tag, launch, row, issued, device, inner,
+                                     issued_mono)
+            arrival = sync = None
+            if self._shaped and self.size() > 1:
+                # Everybody's arrival time, so the modeled transfer starts when the last rank
+                # shows up.
+                arrival = torch.tensor([issued], dtype=torch.float64, device=device)
+                sync = inner.allreduce([arrival], _max_options())
+            works = _as_list(launch(inner))
         finish = ((lambda begin: self._model_finish(begin, volume, op, nbytes))
                   if self._shaped else None)
         return ShapedWork(shaper, works, finish, row, issued, arrival, sync,

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from netsim.shaping.annotate import waiting
+
 if TYPE_CHECKING:
     from netsim.shaping.state import ShaperState
 
@@ -95,8 +97,9 @@ class ShapedWork(dist.Work):
                 return True
             shaper = self._shaper
             waited = shaper.now()
-            for work in self._works:
-                work.wait()
+            with waiting():  # when this rank began to wait, in a torch.profiler trace if any
+                for work in self._works:
+                    work.wait()
             modeled = math.nan
             if self._shaped:
                 begin, finish = self._modeled()
