@@ -69,6 +69,9 @@ class StepCompute:
     """The optimizer step's seconds."""
     rule: str
     """How these were found, in words (printed with the plan)."""
+    root_tail_s: float = 0.0
+    """Of the root's backward (the last unit's ``backward_s``), the seconds computed after every
+    block's backward (the embedding's gradient): measured in a trace; 0 by the rule."""
 
     @property
     def total_s(self) -> float:

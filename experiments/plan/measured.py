@@ -7,7 +7,8 @@ that computed unevenly count as a synchronous step waits for them), split into f
 and optimizer at the "backward" mark in the busiest position's proportion
 (`netsim.model.compute_phases`). A planned program's ranks all compute alike, and this is the
 compute that makes them step as RUN's did. Per FSDP2 unit, an imported trace's own module
-names give each unit's forward and backward share (`experiments.traces.units`); a recording,
+names give each unit's forward and backward share, and the part of the root's backward
+computed after the blocks' (`experiments.traces.units`); a recording,
 which marks where a unit's backward ends but not where its forward does, is split by the rule
 (forward 1/3, backward 2/3, by the units' parameters). The plan's compute line says which.
 """
@@ -60,12 +61,13 @@ def measured_compute(path: str, unit_params: list[int], gpus_per_node: int,
         return dataclasses.replace(compute, rule=f"{said}; per unit split by the rule (forward "
                                    "1/3, backward 2/3, by the units' parameters): the run marks "
                                    "no unit's forward")
-    forward, backward = shares
+    forward, backward, tail = shares
     total = sum(forward) + sum(backward)
     return StepCompute(tuple(forward_backward * f / total for f in forward),
                        tuple(forward_backward * b / total for b in backward), optimizer,
                        f"{said}; per unit as the trace's FSDP2 module names share it (each "
-                       "unit's forward and backward busy time)")
+                       "unit's forward and backward busy time, the root's backward after the "
+                       "blocks' apart)", root_tail_s=forward_backward * tail / total)
 
 
 # A link on which a collective takes no time to speak of.
@@ -84,8 +86,9 @@ def _critical_path(path: str) -> float:
 
 
 def _unit_shares(record: RunRecord, units: int,
-                 flag: str) -> tuple[list[float], list[float]] | None:
-    """An imported trace's forward and backward seconds per unit (None: it names none)."""
+                 flag: str) -> tuple[list[float], list[float], float] | None:
+    """An imported trace's forward and backward seconds per unit, and the root's backward
+    after the blocks' (None: it names no unit)."""
     info = record.imported or {}
     measured = info.get("unit_compute")
     if not measured or sum(measured["forward"]) + sum(measured["backward"]) <= 0:
@@ -93,4 +96,6 @@ def _unit_shares(record: RunRecord, units: int,
     if len(measured["forward"]) != units:
         raise ConfigError(f"{flag} names {len(measured['forward'])} FSDP2 units and --model "
                           f"has {units}; give a trace of the model you plan.")
-    return list(measured["forward"]), list(measured["backward"])
+    # An import written before the tail was measured has none: the root's backward runs first.
+    tail = measured.get("backward_tail", [0.0] * units)[-1]
+    return list(measured["forward"]), list(measured["backward"]), tail

@@ -20,6 +20,7 @@ import pandas as pd
 from experiments.config import RunConfig
 from experiments.io import provenance
 from experiments.traces.job import Job
+from experiments.traces.units import PHASES
 from netsim.trace import comm_per_step
 
 __all__ = ["IMPORTED", "imported_meta", "steps_table", "write_imported"]
@@ -145,12 +146,17 @@ def _inferred(job: Job, shards: bool, layout: list | None, workload: str,
 
 
 def _unit_compute(job: Job) -> dict[str, list[float]] | None:
-    """Per FSDP2 unit its forward and backward busy seconds a step, the slowest rank's."""
+    """Per FSDP2 unit its forward, backward and backward-tail busy seconds a step
+    (`units.PHASES`), the slowest rank's."""
     found = [tl.unit_seconds for tl in job.timelines if tl.unit_seconds is not None]
     if not found:
         return None
-    return {phase: [max(seconds[phase][u] for seconds in found)
-                    for u in range(len(found[0][phase]))] for phase in ("forward", "backward")}
+    slowest = {phase: [max(seconds[phase][u] for seconds in found)
+                       for u in range(len(found[0][phase]))] for phase in PHASES}
+    # The slowest rank's tail may be another's: never more than the backward it is part of.
+    slowest["backward_tail"] = [min(t, b) for t, b in zip(slowest["backward_tail"],
+                                                          slowest["backward"], strict=True)]
+    return slowest
 
 
 def _ranks(alike: dict[int, int]) -> str:

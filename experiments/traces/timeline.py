@@ -31,7 +31,7 @@ from experiments.traces.names import (
     is_nccl_kernel,
     worker_names,
 )
-from experiments.traces.units import unit_compute
+from experiments.traces.units import boundaries, unit_compute
 from netsim.trace import BACKWARD, UNIT_BACKWARD
 
 __all__ = ["Collective", "RankTimeline", "rank_timeline"]
@@ -41,6 +41,7 @@ _OPTIMIZER = "Optimizer.step#"
 _FSDP_REDUCE = re.compile(r"^FSDP::post_backward_reduce(?: \((.*)\))?$")
 _FSDP_GATHER = re.compile(r"^FSDP::all_gather(?: \((.*)\))?$")
 _LAUNCH = ("cuda_runtime", "cuda_driver")
+_REDUCTIONS = ("reduce_scatter", "all_reduce")  # a gradient's, in a unit's post-backward
 _EPS = 1e-9
 
 
@@ -94,11 +95,12 @@ class RankTimeline:
     host_steps: list[tuple[int, float, float]] = field(default_factory=list)
     """The ProfilerStep spans on the host, where collectives and marks are told apart."""
     unit_seconds: dict[str, list[float]] | None = None
-    """Per FSDP2 unit its forward and backward busy seconds (`units.unit_compute`)."""
+    """Per phase of `units.PHASES`, per FSDP2 unit its compute seconds (`units.unit_compute`)."""
     dropped: dict[str, int] = field(default_factory=dict)
     """What was left out and how often (host-side collectives of a GPU trace, ...)."""
     work: list[tuple[float, float]] | None = None
-    """(host time it ran or was launched, busy seconds) of each piece of compute."""
+    """(host time it ran or was launched, seconds) of each piece of compute: a GPU's kernels,
+    a host's time in its steps not spent waiting on a collective."""
     waits_named: bool = False
     """Whether the trace's own wait events said when the rank began each wait."""
 
@@ -115,7 +117,12 @@ class RankTimeline:
             c.step -= n
         self.marks = [(t, op, u, k - n, h) for t, op, u, k, h in self.marks if k >= n]
         self.unit_seconds = None if self.work is None else unit_compute(
-            self.source.events, self.work, self.host_steps, self.units)
+            self.source.events, self.work, self.host_steps, self.units, self.reductions())
+
+    def reductions(self) -> list[tuple[float, str]]:
+        """(host time issued, FSDP2 unit) of each gradient reduction in a backward."""
+        return [(c.issue, self.units[c.unit]) for c in self.collectives
+                if c.op in _REDUCTIONS and 0 <= c.unit < len(self.units)]
 
 
 def _nest(events: list[Event]) -> tuple[list[int], list[int]]:
@@ -437,21 +444,53 @@ def rank_timeline(rank: RankFile) -> RankTimeline:
     units = _unit_names(host)
     marks = _marks(host, host_steps, steps, device_events, launches, on_device, units)
     _place(kept, host_steps, steps, marks, busy, dropped)
-    work = _work(host, device_events, launches, on_device, workers)
+    if on_device:
+        work = _work(device_events, launches)
+    else:
+        issued = [c.issue for c in kept if c.op in _REDUCTIONS and c.unit >= 0]
+        work = _host_compute(host_steps, kept, sorted([*boundaries(rank.events), *issued]))
     timeline = RankTimeline(rank, on_device, steps, kept, busy, marks, units, host_steps,
                             dropped=dropped, work=work, waits_named=named)
     timeline.skip(0)
     return timeline
 
 
-def _work(host: _Host, device_events: list[Event], launches: dict[int, float],
-          on_device: bool, workers: set) -> list[tuple[float, float]]:
-    """Each piece of compute: a kernel or copy at its launch, or a host op where it ran."""
-    if on_device:
-        return [(launches[e.args["correlation"]], e.end - e.start) for e in device_events
-                if e.cat in ("kernel", "gpu_memcpy", "gpu_memset") and not is_nccl_kernel(e.name)
-                and e.args.get("correlation") in launches]
-    return [(e.start, e.end - e.start) for e in _host_work(host, workers)]
+def _work(device_events: list[Event], launches: dict[int, float]) -> list[tuple[float, float]]:
+    """A GPU timeline's compute: each kernel or copy at its launch, its seconds on the device."""
+    return [(launches[e.args["correlation"]], e.end - e.start) for e in device_events
+            if e.cat in ("kernel", "gpu_memcpy", "gpu_memset") and not is_nccl_kernel(e.name)
+            and e.args.get("correlation") in launches]
+
+
+def _host_compute(host_steps: list[tuple[int, float, float]], colls: list[Collective],
+                  cuts: list[float]) -> list[tuple[float, float]]:
+    """A host timeline's compute as its replay counts it: its steps less the time it waited on
+    collectives, in pieces (start, seconds) cut where the FSDP2 unit a moment counts for may
+    change (`units.boundaries`, the reductions' issues)."""
+    waits = _merged([(c.wait, c.end) for c in colls if c.wait < c.end])  # NaN: never waited
+    pieces = []
+    for _, begin, end in host_steps:
+        for a, b in _less(begin, end, waits):
+            edges = [a, *(t for t in cuts if a < t < b), b]
+            pieces += [(x, y - x) for x, y in zip(edges, edges[1:], strict=False)]
+    return pieces
+
+
+def _less(begin: float, end: float,
+          taken: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """[begin, end] less the sorted, disjoint intervals `taken`."""
+    out, at = [], begin
+    for a, b in taken:
+        if b <= at:
+            continue
+        if a >= end:
+            break
+        if a > at:
+            out.append((at, a))
+        at = b
+    if at < end:
+        out.append((at, end))
+    return out
 
 
 def _step_of(host_steps: list[tuple[int, float, float]], t: float) -> int:

@@ -2,11 +2,23 @@
 
 FSDP2 annotates its hooks with the unit's module name: a unit's forward runs from the end of
 `FSDP::pre_forward (UNIT)` to the start of `FSDP::post_forward (UNIT)`, its backward from the
-end of `FSDP::pre_backward (UNIT)` to the start of its first `FSDP::post_backward_*`. The root's
-spans hold the blocks', so each piece of work counts for the innermost unit whose span holds
-it: a host op where it ran (CPU traces), a GPU kernel where it was launched (GPU traces), its
-own busy seconds in either case. Per unit the median over the traced steps is kept, the
-slowest rank's.
+end of `FSDP::pre_backward (UNIT)` to the start of its first `FSDP::post_backward_*`. Each piece
+of compute (on a GPU trace a kernel, where it was launched, its seconds on the device; on a CPU
+trace the host's time not spent waiting on a collective, as its replay counts compute, cut at
+these boundaries) counts for the unit whose compute a plan places at that moment
+(`experiments.plan.synth`: the root's backward, then each block's followed by its reduction,
+then the rest of the root's):
+
+- inside a unit's span and no span nested in it: that unit;
+- in the root's backward before the first block's: the root;
+- after a block's backward, up to the issue of its last gradient reduction (its gradients
+  copied into the reduce-scatter's buffer, the reduce-scatter waited on): that block;
+- after that, before the next block's backward: the next block (it hides the reduction);
+- after the last block's reduction was issued, up to the issue of the root's own (the
+  embedding's gradient, the root's post-backward): the root's backward tail, which a plan
+  computes after every block's.
+
+Per unit the median over the traced steps is kept, the slowest rank's.
 """
 
 from __future__ import annotations
@@ -16,14 +28,20 @@ import statistics
 
 from experiments.traces.chrome import Event
 
-__all__ = ["unit_compute"]
+__all__ = ["PHASES", "boundaries", "unit_compute"]
+
+PHASES = ("forward", "backward", "backward_tail")
+"""What `unit_compute` gives per unit: its forward, its whole backward, and the part of that
+backward computed after every unit nested in it (the root's; 0 for a block)."""
 
 _HOOK = re.compile(r"^FSDP::(pre_forward|post_forward|pre_backward|post_backward_\w+)"
                    r"(?: \((.*)\))?$")
 
+Span = tuple[float, float, str, str]  # (begin, end, unit, "forward" | "backward")
 
-def _spans(host: list[Event]) -> list[tuple[float, float, str, str]]:
-    """(begin, end, unit, "forward" | "backward") of every unit's compute span, host times."""
+
+def _spans(host: list[Event]) -> list[Span]:
+    """Every unit's compute span, host times."""
     opened: dict[tuple[str, str], float] = {}
     spans = []
     for e in sorted(host, key=lambda e: e.start):
@@ -41,35 +59,72 @@ def _spans(host: list[Event]) -> list[tuple[float, float, str, str]]:
     return spans
 
 
-def _innermost(spans: list[tuple[float, float, str, str]], t: float) -> tuple[str, str] | None:
-    """The unit and phase of the shortest span holding host time t."""
+def boundaries(host: list[Event]) -> list[float]:
+    """Host times at which a unit's span begins or ends (with the reductions' issues, where
+    the unit a moment counts for may change)."""
+    return sorted({t for s in _spans(host) for t in s[:2]})
+
+
+def _counts_for(spans: list[Span], issued: list[tuple[float, str]],
+                t: float) -> tuple[str, str] | None:
+    """The unit and phase (of PHASES) host time t counts for (module docstring)."""
     holding = [s for s in spans if s[0] <= t <= s[1]]
     if not holding:
+        return _post_backward(spans, issued, t)
+    begin, end, unit, phase = min(holding, key=lambda s: s[1] - s[0])
+    inner = sorted(s for s in spans if s[3] == phase and begin <= s[0] and s[1] <= end
+                   and s[2] != unit)
+    if phase == "forward" or not inner or t < inner[0][0]:
+        return unit, phase
+    last = max((s for s in inner if s[1] < t), key=lambda s: s[1])
+    reduced = max((r for r, u in issued if u == last[2] and r >= last[1]), default=None)
+    if reduced is None or t <= reduced:
+        return last[2], "backward"
+    following = [s for s in inner if s[0] > t]
+    return (following[0][2], "backward") if following else (unit, "backward_tail")
+
+
+def _post_backward(spans: list[Span], issued: list[tuple[float, str]],
+                   t: float) -> tuple[str, str] | None:
+    """Host time t outside every span: the post-backward of the unit whose backward ended last
+    before it, up to the issue of that unit's last reduction (None: outside it)."""
+    ended = [s for s in spans if s[3] == "backward" and s[1] < t]
+    if not ended:
         return None
-    _, _, unit, phase = min(holding, key=lambda s: s[1] - s[0])
-    return unit, phase
+    begin, end, unit, _ = max(ended, key=lambda s: s[1])
+    reduced = max((r for r, u in issued if u == unit and r >= end), default=None)
+    if reduced is None or t > reduced:
+        return None
+    holds = any(s[2] != unit and begin <= s[0] and s[1] <= end for s in ended)
+    return unit, "backward_tail" if holds else "backward"
 
 
 def unit_compute(host: list[Event], work: list[tuple[float, float]],
-                 steps: list[tuple[int, float, float]],
-                 units: list[str]) -> dict[str, list[float]] | None:
-    """Per unit (the recording's order) its forward and backward seconds, median over steps;
-    `work` holds (host time it was issued or ran, busy seconds). None without FSDP2 names."""
+                 steps: list[tuple[int, float, float]], units: list[str],
+                 issued: list[tuple[float, str]]) -> dict[str, list[float]] | None:
+    """Per phase of PHASES, per unit (the recording's order) its seconds, median over steps;
+    `work` holds (host time it was issued or ran, seconds), `issued` (host time, unit) of each
+    gradient reduction. None without FSDP2 names."""
     spans = sorted(_spans(host))
     if not spans or not units:
         return None
-    per_step = [_one_step(spans, work, begin, end, units) for _, begin, end in steps]
-    return {phase: [statistics.median(seconds[(u, phase)] for seconds in per_step)
-                    for u in units] for phase in ("forward", "backward")}
+    per_step = [_one_step(spans, issued, work, begin, end, units) for _, begin, end in steps]
+    found = {phase: [statistics.median(seconds[(u, phase)] for seconds in per_step)
+                     for u in units] for phase in PHASES}
+    found["backward"] = [b + t for b, t in zip(found["backward"], found["backward_tail"],
+                                               strict=True)]
+    return found
 
 
-def _one_step(spans: list, work: list[tuple[float, float]], begin: float, end: float,
+def _one_step(spans: list[Span], issued: list[tuple[float, str]],
+              work: list[tuple[float, float]], begin: float, end: float,
               units: list[str]) -> dict[tuple[str, str], float]:
-    """(unit, phase) -> busy seconds of one step [begin, end]."""
-    seconds = {(u, p): 0.0 for u in units for p in ("forward", "backward")}
+    """(unit, phase) -> seconds of one step [begin, end] (the tail apart)."""
+    seconds = {(u, p): 0.0 for u in units for p in PHASES}
     own = [s for s in spans if begin <= s[0] <= end]  # the step's own spans
+    own_issued = [(t, u) for t, u in issued if begin <= t <= end]
     for t, busy in work:
-        where = _innermost(own, t) if begin <= t <= end else None
+        where = _counts_for(own, own_issued, t) if begin <= t <= end else None
         if where in seconds:
             seconds[where] += busy
     return seconds

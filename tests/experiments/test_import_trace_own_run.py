@@ -63,7 +63,7 @@ def test_the_import_replays_within_five_percent_of_the_recording(profiled, bandw
 
 @pytest.mark.dist
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("bandwidth", ["10Gbit", "100Gbit"])
+@pytest.mark.parametrize("bandwidth", ["10Mbit", "1Gbit", "10Gbit", "100Gbit"])
 def test_plan_compute_from_the_import_steps_as_its_replay(profiled, tmp_path, capsys,
                                                           bandwidth):
     _, imported = profiled
@@ -78,8 +78,8 @@ def test_plan_compute_from_the_import_steps_as_its_replay(profiled, tmp_path, ca
     # The plan's basis: intra-node on its NVLink-class link, FSDP2's reduce streamed.
     target = ReplayTarget(inter_bw=bandwidth, inter_lat="1ms", intra="model", overlap="fsdp2")
     replayed = replay(imported, target).frame["step_time_s"].median()
-    # Where the network hides under compute. At 1 Gbit/s the plan's synthesized FSDP2 program
-    # exposes more of lm-tiny's reduction than the trace's own order does (measured +12%).
+    # Measured over six profiles of 3 and 8 steps at 1 ms: +0.4% to +4.0%, the most at 1 Gbit/s
+    # (the plan's ranks compute alike, so none has slack to hide a latency in).
     assert abs(planned / replayed - 1) < 0.05, (planned, replayed)
 
 
