@@ -64,14 +64,23 @@ class Job:
     def trace(self) -> pd.DataFrame:
         """netsim's trace of every rank (traced and taken as alike), times from the first step."""
         origin = min(tl.steps[0][1] for tl in self.timelines)
+        skewed = self.keeps_entry_skew
         rows = []
         for tl in self.timelines:
-            rows += _rows(tl, tl.rank, self, origin, lambda r: r)
+            rows += _rows(tl, tl.rank, self, origin, lambda r: r, skewed)
         for rank, source in sorted(self.alike.items()):
             tl = next(t for t in self.timelines if t.rank == source)
-            rows += _rows(tl, rank, self, origin, self._mover(source, rank))
+            rows += _rows(tl, rank, self, origin, self._mover(source, rank), skewed)
         frame = pd.DataFrame(rows, columns=list(TRACE_COLUMNS)).astype(TRACE_COLUMNS)
         return frame.sort_values(["rank", "start_s", "seq"], kind="stable").reset_index(drop=True)
+
+    @property
+    def keeps_entry_skew(self) -> bool:
+        """Whether the first step begins for every rank where the first entered it: a window
+        after the profiler's first step (ProfilerStep#N, N > 0), where a later rank was still
+        at the step before; at #0 the ranks' skew is their start-up, left out as a recording
+        leaves it out."""
+        return self.steps[0] > 0
 
     def _mover(self, source: int, rank: int):
         """Global rank of `source`'s job -> the same place seen from `rank`: nodes and local
@@ -82,8 +91,10 @@ class Job:
         return lambda r: ((r // g + dn) % self.nodes) * g + (r % g + dl) % g
 
 
-def _rows(tl: RankTimeline, rank: int, job: Job, origin: float, move) -> list[dict]:
-    """The trace rows of one rank: step spans, marks and collectives."""
+def _rows(tl: RankTimeline, rank: int, job: Job, origin: float, move,
+          skewed: bool) -> list[dict]:
+    """The trace rows of one rank: step spans, marks and collectives (`skewed`: the first step
+    begins at `origin`, `Job.keeps_entry_skew`)."""
     g = job.gpus_per_node
     node, local = rank // g, rank % g
     base = {"rank": rank, "node": node, "local": local, "group": "", "group_size": 0,
@@ -92,8 +103,9 @@ def _rows(tl: RankTimeline, rank: int, job: Job, origin: float, move) -> list[di
             "wait_s": math.nan}
     events = []
     for k, (_, start, end) in enumerate(tl.steps):
-        events.append((start, 0, {**base, "step": k + 1, "kind": "step", "op": "",
-                                  "start_s": start - origin, "end_s": end - origin}))
+        begin = origin if k == 0 and skewed else start
+        events.append((begin, 0, {**base, "step": k + 1, "kind": "step", "op": "",
+                                  "start_s": begin - origin, "end_s": end - origin}))
     for when, op, unit, k, _ in tl.marks:
         events.append((when, 1, {**base, "step": k + 1, "kind": "mark", "op": op, "unit": unit,
                                  "start_s": when - origin, "end_s": when - origin}))
@@ -140,10 +152,27 @@ def read_job(paths: list[str], gpus_per_node: int | None = None, skip_steps: int
     for tl in timelines:
         _refuse_model_parallel(tl)
     job = Job(timelines, world, gpus_per_node, ranks[0].backend, inferred=inferred)
+    job.inferred += _entry_skew(job)
     _check_collectives(job)
     _check_size(job)
     job.alike = _alike(job)
     return job
+
+
+def _entry_skew(job: Job) -> list[str]:
+    """The sentence for traced ranks that entered the first step apart (`Job.trace`)."""
+    entries = [tl.steps[0][1] for tl in job.timelines]
+    skew = max(entries) - min(entries)
+    if skew <= 0:
+        return []
+    apart = (f"the traced ranks entered the first step (ProfilerStep#{job.steps[0]}) up to "
+             f"{skew * 1e3:.3g} ms apart")
+    if job.keeps_entry_skew:
+        return [f"{apart}; it begins for every rank where the first entered it, a later rank's "
+                "time before its entry kept as compute (work of the step before, which the "
+                "trace does not hold)"]
+    return [f"{apart}: their start-up, as the profiler's first step; each rank's step begins "
+            "at its own entry, as a recording's"]
 
 
 def _gpus_per_node(ranks, given: int | None) -> int:
