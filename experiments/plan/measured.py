@@ -66,7 +66,7 @@ def measured_compute(path: str, unit_params: list[int], gpus_per_node: int,
     return StepCompute(tuple(forward_backward * f / total for f in forward),
                        tuple(forward_backward * b / total for b in backward), optimizer,
                        f"{said}; per unit as the trace's FSDP2 module names share it (each "
-                       "unit's forward and backward busy time, the root's backward after the "
+                       "unit's forward and backward compute, the root's backward after the "
                        "blocks' apart)", root_tail_s=forward_backward * tail / total)
 
 

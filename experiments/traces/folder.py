@@ -146,7 +146,7 @@ def _inferred(job: Job, shards: bool, layout: list | None, workload: str,
 
 
 def _unit_compute(job: Job) -> dict[str, list[float]] | None:
-    """Per FSDP2 unit its forward, backward and backward-tail busy seconds a step
+    """Per FSDP2 unit its forward, backward and backward-tail compute seconds a step
     (`units.PHASES`), the slowest rank's."""
     found = [tl.unit_seconds for tl in job.timelines if tl.unit_seconds is not None]
     if not found:
