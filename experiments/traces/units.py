@@ -76,12 +76,23 @@ def _counts_for(spans: list[Span], issued: list[tuple[float, str]],
                    and s[2] != unit)
     if phase == "forward" or not inner or t < inner[0][0]:
         return unit, phase
+    return _between(inner, issued, unit, t)
+
+
+def _between(inner: list[Span], issued: list[tuple[float, str]], outer: str,
+             t: float) -> tuple[str, str]:
+    """Host time t in `outer`'s backward after the first of the backward spans `inner` to it."""
     last = max((s for s in inner if s[1] < t), key=lambda s: s[1])
-    reduced = max((r for r, u in issued if u == last[2] and r >= last[1]), default=None)
+    reduced = _reduced(issued, last)
     if reduced is None or t <= reduced:
         return last[2], "backward"
     following = [s for s in inner if s[0] > t]
-    return (following[0][2], "backward") if following else (unit, "backward_tail")
+    return (following[0][2], "backward") if following else (outer, "backward_tail")
+
+
+def _reduced(issued: list[tuple[float, str]], span: Span) -> float | None:
+    """When the last gradient reduction of `span`'s unit after it was issued (None: none)."""
+    return max((r for r, u in issued if u == span[2] and r >= span[1]), default=None)
 
 
 def _post_backward(spans: list[Span], issued: list[tuple[float, str]],
@@ -91,12 +102,12 @@ def _post_backward(spans: list[Span], issued: list[tuple[float, str]],
     ended = [s for s in spans if s[3] == "backward" and s[1] < t]
     if not ended:
         return None
-    begin, end, unit, _ = max(ended, key=lambda s: s[1])
-    reduced = max((r for r, u in issued if u == unit and r >= end), default=None)
+    last = max(ended, key=lambda s: s[1])
+    reduced = _reduced(issued, last)
     if reduced is None or t > reduced:
         return None
-    holds = any(s[2] != unit and begin <= s[0] and s[1] <= end for s in ended)
-    return unit, "backward_tail" if holds else "backward"
+    holds = any(s[2] != last[2] and last[0] <= s[0] and s[1] <= last[1] for s in ended)
+    return last[2], "backward_tail" if holds else "backward"
 
 
 def unit_compute(host: list[Event], work: list[tuple[float, float]],
