@@ -13,7 +13,7 @@ from experiments.replay.recordings import read_run
 from experiments.replay.target import ReplayTarget
 from experiments.run.launch import launch
 
-STEPS = 3
+STEPS = 8
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +78,9 @@ def test_plan_compute_from_the_import_steps_as_its_replay(profiled, tmp_path, ca
     # The plan's basis: intra-node on its NVLink-class link, FSDP2's reduce streamed.
     target = ReplayTarget(inter_bw=bandwidth, inter_lat="1ms", intra="model", overlap="fsdp2")
     replayed = replay(imported, target).frame["step_time_s"].median()
-    # Measured over six profiles of 3 and 8 steps at 1 ms: +0.4% to +4.0%, the most at 1 Gbit/s
-    # (the plan's ranks compute alike, so none has slack to hide a latency in).
-    assert abs(planned / replayed - 1) < 0.05, (planned, replayed)
+    # Measured over 32 profiles of 3, 8 and 16 steps at 1 ms: -1% to +5.5%, the most at
+    # 1 Gbit/s, where the plan exposes about twice the replay's communication (docs/traces.md).
+    assert 0.97 < planned / replayed < 1.07, (planned, replayed)
 
 
 def test_profiling_a_run_shaped_in_the_model_alone_is_refused():
