@@ -444,13 +444,14 @@ def rank_timeline(rank: RankFile) -> RankTimeline:
     units = _unit_names(host)
     marks = _marks(host, host_steps, steps, device_events, launches, on_device, units)
     _place(kept, host_steps, steps, marks, busy, dropped)
-    if on_device:
-        work = _work(device_events, launches)
-    else:
-        issued = [c.issue for c in kept if c.op in _REDUCTIONS and c.unit >= 0]
-        work = _host_compute(host_steps, kept, sorted([*boundaries(rank.events), *issued]))
     timeline = RankTimeline(rank, on_device, steps, kept, busy, marks, units, host_steps,
-                            dropped=dropped, work=work, waits_named=named)
+                            dropped=dropped, waits_named=named)
+    if on_device:
+        timeline.work = _work(device_events, launches)
+    else:
+        issued = [t for t, _ in timeline.reductions()]
+        timeline.work = _host_compute(host_steps, kept,
+                                      sorted([*boundaries(rank.events), *issued]))
     timeline.skip(0)
     return timeline
 
