@@ -72,6 +72,10 @@ class StepCompute:
     root_tail_s: float = 0.0
     """Of the root's backward (the last unit's ``backward_s``), the seconds computed after every
     block's backward (the embedding's gradient): measured in a trace; 0 by the rule."""
+    root_end_s: float = 0.0
+    """Of the root's backward, the seconds computed after its gradient reduction was issued,
+    before the optimizer step (the rest of FSDP2's post-backward, the loop's work before
+    ``opt.step``), while the last reductions run: measured in a trace; 0 by the rule."""
 
     @property
     def total_s(self) -> float:

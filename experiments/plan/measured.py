@@ -3,13 +3,15 @@
 `plan --compute-from RUN` plans on the compute RUN measured instead of the 6·N·tokens rule:
 its compute per step as its own replay counts it, with every collective taking no time (the
 median replayed step: between each pair of collectives the slowest rank's compute, so ranks
-that computed unevenly count as a synchronous step waits for them), split into forward+backward
+that computed unevenly count as a synchronous step waits for them; FSDP2's reduce streamed, as
+the plan replays it, where RUN marks its units), split into forward+backward
 and optimizer at the "backward" mark in the busiest position's proportion
 (`netsim.model.compute_phases`). A planned program's ranks all compute alike, and this is the
 compute that makes them step as RUN's did. Per FSDP2 unit, an imported trace's own module
-names give each unit's forward and backward share, and the part of the root's backward
-computed after the blocks' (`experiments.traces.units`); a recording,
-which marks where a unit's backward ends but not where its forward does, is split by the rule
+names give each unit's forward and backward share, and the parts of the root's backward
+computed after the blocks' and after its own reduction was issued
+(`experiments.traces.units`); a recording, which marks where a unit's backward ends but not
+where its forward does, is split by the rule
 (forward 1/3, backward 2/3, by the units' parameters). The plan's compute line says which.
 """
 
@@ -61,13 +63,15 @@ def measured_compute(path: str, unit_params: list[int], gpus_per_node: int,
         return dataclasses.replace(compute, rule=f"{said}; per unit split by the rule (forward "
                                    "1/3, backward 2/3, by the units' parameters): the run marks "
                                    "no unit's forward")
-    forward, backward, tail = shares
+    forward, backward, tail, end = shares
     total = sum(forward) + sum(backward)
     return StepCompute(tuple(forward_backward * f / total for f in forward),
                        tuple(forward_backward * b / total for b in backward), optimizer,
                        f"{said}; per unit as the trace's FSDP2 module names share it (each "
-                       "unit's forward and backward compute, the root's backward after the "
-                       "blocks' apart)", root_tail_s=forward_backward * tail / total)
+                       "unit's forward and backward compute; the root's backward after the "
+                       "blocks' and after its own reduction apart)",
+                       root_tail_s=forward_backward * tail / total,
+                       root_end_s=forward_backward * end / total)
 
 
 # A link on which a collective takes no time to speak of.
@@ -75,20 +79,25 @@ _FREE = "1000Tbit"
 
 
 def _critical_path(path: str) -> float:
-    """RUN's median step replayed with free links: its compute as a synchronous step spends it."""
+    """RUN's median step replayed with free links: its compute as a synchronous step spends it
+    (FSDP2's reduce streamed where RUN marks its units, as the plan replays it: a rank then
+    waits for the others at the all-gathers and the backward's end, not at every reduction)."""
     from experiments.replay.engine import replay
     from experiments.replay.recordings import read_run
     from experiments.replay.target import ReplayTarget
+    from netsim.model import has_unit_marks
 
+    run = read_run(path)
     free = ReplayTarget(inter_bw=_FREE, inter_lat="0ms", intra="model", intra_bw=_FREE,
-                        intra_lat="0us", overlap="recorded")
-    return float(replay(read_run(path), free).frame["step_time_s"].median())
+                        intra_lat="0us",
+                        overlap="fsdp2" if has_unit_marks(run.trace) else "recorded")
+    return float(replay(run, free).frame["step_time_s"].median())
 
 
 def _unit_shares(record: RunRecord, units: int,
-                 flag: str) -> tuple[list[float], list[float], float] | None:
+                 flag: str) -> tuple[list[float], list[float], float, float] | None:
     """An imported trace's forward and backward seconds per unit, and the root's backward
-    after the blocks' (None: it names no unit)."""
+    after the blocks' and after its own reduction (None: it names no unit)."""
     info = record.imported or {}
     measured = info.get("unit_compute")
     if not measured or sum(measured["forward"]) + sum(measured["backward"]) <= 0:
@@ -96,6 +105,8 @@ def _unit_shares(record: RunRecord, units: int,
     if len(measured["forward"]) != units:
         raise ConfigError(f"{flag} names {len(measured['forward'])} FSDP2 units and --model "
                           f"has {units}; give a trace of the model you plan.")
-    # An import written before the tail was measured has none: the root's backward runs first.
+    # An import written before the tail or end was measured has none: the root's backward
+    # runs first.
     tail = measured.get("backward_tail", [0.0] * units)[-1]
-    return list(measured["forward"]), list(measured["backward"]), tail
+    end = measured.get("backward_end", [0.0] * units)[-1]
+    return list(measured["forward"]), list(measured["backward"]), tail, end

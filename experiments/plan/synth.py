@@ -352,13 +352,16 @@ def _fsdp2_step(rank: _Rank, sizes: _Sizes, compute: StepCompute, inter_all_redu
         if unit != root:  # the root's reduction waits for the backward's end
             reduce_unit(unit)
 
-    # The root's backward before the blocks' (the head's gradient), and its tail after them.
+    # The root's backward before the blocks' (the head's gradient), its tail after them, and
+    # its end after its own reduction was issued.
     before = list(compute.backward_s)
-    before[root] -= compute.root_tail_s
+    before[root] -= compute.root_tail_s + compute.root_end_s
     _prefetching(rank, sizes, backward, before, then=reduce_block)
     if compute.root_tail_s > 0:
         rank.compute(compute.root_tail_s)
     reduce_unit(root)
+    if compute.root_end_s > 0:
+        rank.compute(compute.root_end_s)
     # After the root's reduction, as a recording marks it (the backward's end, FSDP2's last
     # reduce-scatter included): the optimizer step, and any exchange in it, waits for them all.
     rank.mark(BACKWARD)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,15 +81,16 @@ class _Profiler:
             activities.append(ProfilerActivity.CUDA)
         self.trace: bytes | None = None
         """The gzipped Chrome-trace JSON of the profiled steps, once written."""
-        self._profile = profile(activities=activities, record_shapes=True,
-                                schedule=schedule(wait=0, warmup=0, active=max(self.last, 1),
-                                                  repeat=1),
-                                on_trace_ready=self._keep) if cfg.profile else None
+        self._profile = None
+        if cfg.profile:
+            with warnings.catch_warnings():  # no warm-up: the first step is the recording's too
+                warnings.simplefilter("ignore")
+                every = schedule(wait=0, warmup=0, active=max(self.last, 1), repeat=1)
+            self._profile = profile(activities=activities, record_shapes=True, schedule=every,
+                                    on_trace_ready=self._keep)
 
     def begin(self, step: int) -> None:
         """Begin ProfilerStep#0 with the first training step."""
-        import warnings
-
         if self._profile is None or step != 1:
             return
         with warnings.catch_warnings():  # no warm-up: the first step is the recording's too

@@ -146,16 +146,19 @@ def _inferred(job: Job, shards: bool, layout: list | None, workload: str,
 
 
 def _unit_compute(job: Job) -> dict[str, list[float]] | None:
-    """Per FSDP2 unit its forward, backward and backward-tail compute seconds a step
-    (`units.PHASES`), the slowest rank's."""
+    """Per FSDP2 unit its forward, backward, backward-tail and backward-end compute seconds
+    a step (`units.PHASES`), the slowest rank's."""
     found = [tl.unit_seconds for tl in job.timelines if tl.unit_seconds is not None]
     if not found:
         return None
     slowest = {phase: [max(seconds[phase][u] for seconds in found)
                        for u in range(len(found[0][phase]))] for phase in PHASES}
-    # The slowest rank's tail may be another's: never more than the backward it is part of.
-    slowest["backward_tail"] = [min(t, b) for t, b in zip(slowest["backward_tail"],
-                                                          slowest["backward"], strict=True)]
+    # The slowest rank's tail and end may be others': never more than the backward they are
+    # parts of, the end first (it is the later part).
+    slowest["backward_end"] = [min(e, b) for e, b in zip(slowest["backward_end"],
+                                                         slowest["backward"], strict=True)]
+    slowest["backward_tail"] = [min(t, b - e) for t, b, e in zip(
+        slowest["backward_tail"], slowest["backward"], slowest["backward_end"], strict=True)]
     return slowest
 
 

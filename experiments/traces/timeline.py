@@ -117,7 +117,12 @@ class RankTimeline:
             c.step -= n
         self.marks = [(t, op, u, k - n, h) for t, op, u, k, h in self.marks if k >= n]
         self.unit_seconds = None if self.work is None else unit_compute(
-            self.source.events, self.work, self.host_steps, self.units, self.reductions())
+            self.source.events, self.work, self.host_steps, self.units, self.reductions(),
+            self.optimizer_starts())
+
+    def optimizer_starts(self) -> list[float]:
+        """Host times at which an optimizer step began (its "backward" marks)."""
+        return [host for _, op, _, _, host in self.marks if op == BACKWARD]
 
     def reductions(self) -> list[tuple[float, str]]:
         """(host time issued, FSDP2 unit) of each gradient reduction in a backward."""
@@ -450,8 +455,8 @@ def rank_timeline(rank: RankFile) -> RankTimeline:
         timeline.work = _work(device_events, launches)
     else:
         issued = [t for t, _ in timeline.reductions()]
-        timeline.work = _host_compute(host_steps, kept,
-                                      sorted([*boundaries(rank.events), *issued]))
+        timeline.work = _host_compute(host_steps, kept, sorted(
+            [*boundaries(rank.events), *issued, *timeline.optimizer_starts()]))
     timeline.skip(0)
     return timeline
 
@@ -467,7 +472,7 @@ def _host_compute(host_steps: list[tuple[int, float, float]], colls: list[Collec
                   cuts: list[float]) -> list[tuple[float, float]]:
     """A host timeline's compute as its replay counts it: its steps less the time it waited on
     collectives, in pieces (start, seconds) cut where the FSDP2 unit a moment counts for may
-    change (`units.boundaries`, the reductions' issues)."""
+    change (`units.boundaries`, the reductions' issues, the optimizer steps' starts)."""
     waits = _merged([(c.wait, c.end) for c in colls if c.wait < c.end])  # NaN: never waited
     pieces = []
     for _, begin, end in host_steps:

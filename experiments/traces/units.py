@@ -16,7 +16,10 @@ then the rest of the root's):
 - after that, before the next block's backward: the next block (it hides the reduction);
 - after the last block's reduction was issued, up to the issue of the root's own (the
   embedding's gradient, the root's post-backward): the root's backward tail, which a plan
-  computes after every block's.
+  computes after every block's;
+- after the root's last reduction was issued, up to the optimizer step's start (the step's
+  "backward" mark: the rest of FSDP2's post-backward, the loop's work before `opt.step`): the
+  backward's end, which a plan computes while the last reductions run.
 
 Per unit the median over the traced steps is kept, the slowest rank's.
 """
@@ -30,9 +33,10 @@ from experiments.traces.chrome import Event
 
 __all__ = ["PHASES", "boundaries", "unit_compute"]
 
-PHASES = ("forward", "backward", "backward_tail")
-"""What `unit_compute` gives per unit: its forward, its whole backward, and the part of that
-backward computed after every unit nested in it (the root's; 0 for a block)."""
+PHASES = ("forward", "backward", "backward_tail", "backward_end")
+"""What `unit_compute` gives per unit: its forward, its whole backward, the part of that
+backward computed after every unit nested in it (the root's; 0 for a block), and the part
+after its own reduction was issued, before the optimizer step (the root's; 0 for a block)."""
 
 _HOOK = re.compile(r"^FSDP::(pre_forward|post_forward|pre_backward|post_backward_\w+)"
                    r"(?: \((.*)\))?$")
@@ -65,12 +69,13 @@ def boundaries(host: list[Event]) -> list[float]:
     return sorted({t for s in _spans(host) for t in s[:2]})
 
 
-def _counts_for(spans: list[Span], issued: list[tuple[float, str]],
-                t: float) -> tuple[str, str] | None:
-    """The unit and phase (of PHASES) host time t counts for (module docstring)."""
+def _counts_for(spans: list[Span], issued: list[tuple[float, str]], t: float,
+                optimizer: float | None = None) -> tuple[str, str] | None:
+    """The unit and phase (of PHASES) host time t counts for (module docstring); `optimizer`:
+    when the step's optimizer step began (None: it has none)."""
     holding = [s for s in spans if s[0] <= t <= s[1]]
     if not holding:
-        return _post_backward(spans, issued, t)
+        return _post_backward(spans, issued, t, optimizer)
     begin, end, unit, phase = min(holding, key=lambda s: s[1] - s[0])
     inner = sorted(s for s in spans if s[3] == phase and begin <= s[0] and s[1] <= end
                    and s[2] != unit)
@@ -95,47 +100,57 @@ def _reduced(issued: list[tuple[float, str]], span: Span) -> float | None:
     return max((r for r, u in issued if u == span[2] and r >= span[1]), default=None)
 
 
-def _post_backward(spans: list[Span], issued: list[tuple[float, str]],
-                   t: float) -> tuple[str, str] | None:
+def _post_backward(spans: list[Span], issued: list[tuple[float, str]], t: float,
+                   optimizer: float | None) -> tuple[str, str] | None:
     """Host time t outside every span: the post-backward of the unit whose backward ended last
-    before it, up to the issue of that unit's last reduction (None: outside it)."""
+    before it, up to the issue of that unit's last reduction; after the last backward's, up to
+    the optimizer step, the backward's end (None: outside them)."""
     ended = [s for s in spans if s[3] == "backward" and s[1] < t]
     if not ended:
         return None
     last = max(ended, key=lambda s: s[1])
     reduced = _reduced(issued, last)
-    if reduced is None or t > reduced:
+    if reduced is None:
         return None
+    if t > reduced:
+        later = any(s[3] == "backward" and s[0] > t for s in spans)
+        ends = optimizer is not None and t < optimizer and not later
+        return (last[2], "backward_end") if ends else None
     holds = any(s[2] != last[2] and last[0] <= s[0] and s[1] <= last[1] for s in ended)
     return last[2], "backward_tail" if holds else "backward"
 
 
 def unit_compute(host: list[Event], work: list[tuple[float, float]],
                  steps: list[tuple[int, float, float]], units: list[str],
-                 issued: list[tuple[float, str]]) -> dict[str, list[float]] | None:
+                 issued: list[tuple[float, str]],
+                 optimizer: list[float] = ()) -> dict[str, list[float]] | None:
     """Per phase of PHASES, per unit (the recording's order) its seconds, median over steps;
     `work` holds (host time it was issued or ran, seconds), `issued` (host time, unit) of each
-    gradient reduction. None without FSDP2 names."""
+    gradient reduction, `optimizer` the host times optimizer steps began. None without FSDP2
+    names."""
     spans = sorted(_spans(host))
     if not spans or not units:
         return None
-    per_step = [_one_step(spans, issued, work, begin, end, units) for _, begin, end in steps]
+    per_step = [_one_step(spans, issued, optimizer, work, begin, end, units)
+                for _, begin, end in steps]
     found = {phase: [statistics.median(seconds[(u, phase)] for seconds in per_step)
                      for u in units] for phase in PHASES}
-    found["backward"] = [b + t for b, t in zip(found["backward"], found["backward_tail"],
-                                               strict=True)]
+    found["backward"] = [b + t + e for b, t, e in zip(
+        found["backward"], found["backward_tail"], found["backward_end"], strict=True)]
     return found
 
 
-def _one_step(spans: list[Span], issued: list[tuple[float, str]],
+def _one_step(spans: list[Span], issued: list[tuple[float, str]], optimizer: list[float],
               work: list[tuple[float, float]], begin: float, end: float,
               units: list[str]) -> dict[tuple[str, str], float]:
-    """(unit, phase) -> seconds of one step [begin, end] (the tail apart)."""
+    """(unit, phase) -> seconds of one step [begin, end] (the tail and end apart)."""
     seconds = {(u, p): 0.0 for u in units for p in PHASES}
     own = [s for s in spans if begin <= s[0] <= end]  # the step's own spans
     own_issued = [(t, u) for t, u in issued if begin <= t <= end]
+    starts = [t for t in optimizer if begin <= t <= end]
     for t, busy in work:
-        where = _counts_for(own, own_issued, t) if begin <= t <= end else None
+        where = (_counts_for(own, own_issued, t, min(starts, default=None))
+                 if begin <= t <= end else None)
         if where in seconds:
             seconds[where] += busy
     return seconds
