@@ -40,6 +40,7 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _OPTIMIZER = "Optimizer.step#"
 _FSDP_REDUCE = re.compile(r"^FSDP::post_backward_reduce(?: \((.*)\))?$")
 _FSDP_GATHER = re.compile(r"^FSDP::all_gather(?: \((.*)\))?$")
+_FSDP_PRE_FORWARD = re.compile(r"^FSDP::pre_forward(?: \((.*)\))?$")
 _LAUNCH = ("cuda_runtime", "cuda_driver")
 _REDUCTIONS = ("reduce_scatter", "all_reduce")  # a gradient's, in a unit's post-backward
 _EPS = 1e-9
@@ -529,10 +530,13 @@ def _step_spans(host_steps, colls, device_events, launches, on_device):
 
 
 def _unit_names(host: _Host) -> list[str]:
-    """FSDP2 units in a recording's order: blocks as the forward first gathers them, root last."""
+    """FSDP2 units in a recording's order: blocks as the forward first reaches them (its
+    pre-forward hook or its all-gather: a unit sharded over one rank gathers nothing), root
+    last."""
     order: list[str] = []
     for e in sorted(host.events, key=lambda e: e.start):
-        m = _FSDP_GATHER.match(e.name) or _FSDP_REDUCE.match(e.name)
+        m = (_FSDP_PRE_FORWARD.match(e.name) or _FSDP_GATHER.match(e.name)
+             or _FSDP_REDUCE.match(e.name))
         if m and (m.group(1) or "") not in order:
             order.append(m.group(1) or "")
     if "" in order:

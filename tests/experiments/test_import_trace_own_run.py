@@ -106,6 +106,10 @@ def _planned_over_replayed(imported, per_node: int, bandwidth: str, tmp_path,
 def test_plan_compute_from_the_import_steps_as_its_replay(profiled_a_core_each, tmp_path,
                                                           capsys, bandwidth):
     _, imported = profiled_a_core_each
+    # A unit sharded over one rank gathers nothing: its forward hook still orders the units,
+    # as the plan's model holds them.
+    assert imported.meta["imported"]["units"] == ["blocks.0", "blocks.1", "blocks.2",
+                                                  "blocks.3", ""]
     # Measured over 16 profiles of 8 and 16 steps (benchmarks/bench_plan_compute_from.py,
     # results/traces): 0.996 to 1.037, the most at 1 Gbit/s (median 1.02).
     ratio = _planned_over_replayed(imported, 1, bandwidth, tmp_path, capsys)
