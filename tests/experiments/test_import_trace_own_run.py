@@ -110,8 +110,8 @@ def test_plan_compute_from_the_import_steps_as_its_replay(profiled_a_core_each, 
     # as the plan's model holds them.
     assert imported.meta["imported"]["units"] == ["blocks.0", "blocks.1", "blocks.2",
                                                   "blocks.3", ""]
-    # Measured over 16 profiles of 8 and 16 steps (benchmarks/bench_plan_compute_from.py,
-    # results/traces): 0.996 to 1.037, the most at 1 Gbit/s (median 1.02).
+    # Measured over 10 profiles of 8 and 16 steps (benchmarks/bench_plan_compute_from.py,
+    # results/traces): 0.990 to 1.020.
     ratio = _planned_over_replayed(imported, 1, bandwidth, tmp_path, capsys)
     assert 0.95 < ratio < 1.05, ratio
 
@@ -124,8 +124,8 @@ def test_plan_compute_from_ranks_sharing_cores_steps_near_its_replay(profiled, t
     _, imported = profiled
     # Four ranks on two cores compute unevenly from step to step: the replay keeps each step's
     # skew, in which one rank's reductions run while the other still computes, and the plan's
-    # ranks compute alike. Measured over 20 profiles (benchmarks/bench_plan_compute_from.py,
-    # results/traces): 0.995 to 1.055, above 1.05 once, at 1 Gbit/s (median 1.016).
+    # ranks compute alike. Measured over 42 profiles (benchmarks/bench_plan_compute_from.py,
+    # results/traces): 0.993 to 1.055, above 1.04 once, at 1 Gbit/s.
     ratio = _planned_over_replayed(imported, 2, bandwidth, tmp_path, capsys)
     assert 0.97 < ratio < 1.08, ratio
 
