@@ -5,8 +5,12 @@ group is one the rank belongs to (distributedInfo's pg_config; a trace without o
 the one whose size fits the op (an all-gather's output is its input x the group size; a
 reduce-scatter's the reverse), and where several fit, the one on whose every other traced rank
 an op of the same kind, size and type ran at the same time (the ranks' clocks are taken to
-agree within a collective's duration, as on one host or NTP-synchronised hosts). A collective
-that fits none, or several alike, is refused in one sentence.
+agree within a collective's duration, as on one host or NTP-synchronised hosts). In a trace
+that names no group, an all-gather or reduce-scatter whose sizes do not fit all ranks ran on
+one of the groups of a (nodes x GPUs per node) device mesh, as `init_device_mesh` lays HSDP
+out: the rank's node (FSDP2's shard group) or the ranks of its local index on every node (the
+replicate group), whichever fits. A collective that fits none, or several alike, is refused in
+one sentence.
 """
 
 from __future__ import annotations
@@ -49,27 +53,46 @@ class _Index:
         return any(o.end >= c.start - 1e-6 and o.ranks in (None, group) for o in ops[:at])
 
 
-def assign_groups(timelines: list[RankTimeline], world: int) -> list[str]:
+def assign_groups(timelines: list[RankTimeline], world: int,
+                  gpus_per_node: int | None = None) -> list[str]:
     """Fill every collective's ranks and size; the sentences saying what was inferred."""
     index = _Index(timelines)
     traced = {tl.rank for tl in timelines}
-    inferred = 0
+    inferred = on_mesh = 0
     for tl in timelines:
-        mine = [g for g in tl.source.groups if tl.rank in g] or [tuple(range(world))]
+        named = [g for g in tl.source.groups if tl.rank in g]
+        mine = named or [tuple(range(world))]
+        mesh = [] if named or not gpus_per_node else _mesh_groups(tl.rank, world, gpus_per_node)
         for c in tl.collectives:
             if c.ranks is None:
-                c.ranks = _group_of(tl, c, mine, index, traced)
+                sized = [g for g in mesh if _fits(c, len(g))] if not _fits(c, world) else []
+                c.ranks = sized[0] if len(sized) == 1 else _group_of(tl, c, mine, index, traced)
                 c.inferred |= {"ranks", "group size"}
                 inferred += 1
+                on_mesh += len(sized) == 1
             c.size = c.size or len(c.ranks)
             c.description = tl.source.descriptions.get(c.ranks, "")
     if not inferred:
         return []
     how = ("its process groups (distributedInfo)" if any(tl.source.groups for tl in timelines)
            else f"all {world} ranks (the traces name no process groups)")
-    return [f"ranks and group size of {inferred} collectives (c10d ops, which name no group): "
+    said = [f"ranks and group size of {inferred} collectives (c10d ops, which name no group): "
             f"from {how}, matched by size and by the same op running on the group's other "
             "traced ranks at the same time"]
+    if on_mesh:
+        said.append(f"of those, {on_mesh} all-gathers or reduce-scatters sized for fewer ranks: "
+                    f"on the rank's node ({gpus_per_node} ranks) or its local index on every "
+                    f"node ({world // gpus_per_node} ranks), whichever their sizes fit, as a "
+                    "(nodes x GPUs per node) device mesh lays HSDP out")
+    return said
+
+
+def _mesh_groups(rank: int, world: int, per_node: int) -> list[tuple[int, ...]]:
+    """The rank's groups on a (nodes x per_node) device mesh: its node's ranks and the ranks of
+    its local index on every node (those of one rank, or all ranks, left out)."""
+    first = rank - rank % per_node
+    groups = [tuple(range(first, first + per_node)), tuple(range(rank % per_node, world, per_node))]
+    return [g for g in groups if 1 < len(g) < world]
 
 
 def _group_of(tl: RankTimeline, c: Collective, mine: list, index: _Index,

@@ -148,7 +148,7 @@ def read_job(paths: list[str], gpus_per_node: int | None = None, skip_steps: int
     for tl in timelines:
         _refuse_point_to_point(tl)
         _refuse_forward_all_reduce(tl)
-    inferred = assign_groups(timelines, world)
+    inferred = assign_groups(timelines, world, gpus_per_node)
     for tl in timelines:
         _refuse_model_parallel(tl)
     job = Job(timelines, world, gpus_per_node, ranks[0].backend, inferred=inferred)

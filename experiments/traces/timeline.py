@@ -520,13 +520,35 @@ def _step_spans(host_steps, colls, device_events, launches, on_device):
         k = _step_of(host_steps, at)
         if k >= 0:
             last_end[k] = max(last_end[k], end)
-    spans, begin = [], host_steps[0][1]
+    spans, begin = [], _first_begin(host_steps[0], device_events, launches)
     for k, (number, _, host_end) in enumerate(host_steps):
         nxt = host_steps[k + 1][1] if k + 1 < len(host_steps) else host_end
         end = max(nxt, last_end[k], begin)
         spans.append((number, begin, end))
         begin = end
     return spans
+
+
+def _first_begin(first: tuple[int, float, float], device_events: list[Event],
+                 launches: dict[int, float]) -> float:
+    """Where the first step's span begins on a GPU: where the host began it, or, where the
+    device was still running work queued before the profile (which the trace does not hold),
+    as much later as the step's first kernel on the busiest stream began after its launch."""
+    _, host_begin, host_end = first
+    work = [e for e in device_events if e.cat in ("kernel", "gpu_memcpy", "gpu_memset")]
+    busy: dict[object, float] = {}
+    for e in work:
+        busy[e.args.get("stream")] = busy.get(e.args.get("stream"), 0.0) + e.end - e.start
+    if not busy:
+        return host_begin
+    stream = max(busy, key=busy.get)
+    ran = [(launches[e.args["correlation"]], e.start) for e in work
+           if e.args.get("stream") == stream
+           and host_begin <= launches.get(e.args.get("correlation"), -1.0) <= host_end]
+    if not ran:
+        return host_begin
+    launched, start = min(ran)
+    return host_begin + max(0.0, start - launched)
 
 
 def _unit_names(host: _Host) -> list[str]:
