@@ -65,13 +65,18 @@ def assign_groups(timelines: list[RankTimeline], world: int,
         mesh = [] if named or not gpus_per_node else _mesh_groups(tl.rank, world, gpus_per_node)
         for c in tl.collectives:
             if c.ranks is None:
-                sized = [g for g in mesh if _fits(c, len(g))] if not _fits(c, world) else []
-                c.ranks = sized[0] if len(sized) == 1 else _group_of(tl, c, mine, index, traced)
+                c.ranks = _on_mesh(c, mesh, world) or _group_of(tl, c, mine, index, traced)
                 c.inferred |= {"ranks", "group size"}
                 inferred += 1
-                on_mesh += len(sized) == 1
+                on_mesh += c.ranks in mesh
             c.size = c.size or len(c.ranks)
             c.description = tl.source.descriptions.get(c.ranks, "")
+    return _said(timelines, world, gpus_per_node, inferred, on_mesh)
+
+
+def _said(timelines: list[RankTimeline], world: int, gpus_per_node: int | None, inferred: int,
+          on_mesh: int) -> list[str]:
+    """The sentences saying how many groups were inferred, and how."""
     if not inferred:
         return []
     how = ("its process groups (distributedInfo)" if any(tl.source.groups for tl in timelines)
@@ -85,6 +90,15 @@ def assign_groups(timelines: list[RankTimeline], world: int,
                     f"node ({world // gpus_per_node} ranks), whichever their sizes fit, as a "
                     "(nodes x GPUs per node) device mesh lays HSDP out")
     return said
+
+
+def _on_mesh(c: Collective, mesh: list[tuple[int, ...]], world: int) -> tuple[int, ...] | None:
+    """The one device-mesh group an op sized for fewer ranks than the world fits (None: the
+    world fits it, or none or several of the mesh's do)."""
+    if _fits(c, world):
+        return None
+    sized = [g for g in mesh if _fits(c, len(g))]
+    return sized[0] if len(sized) == 1 else None
 
 
 def _mesh_groups(rank: int, world: int, per_node: int) -> list[tuple[int, ...]]:

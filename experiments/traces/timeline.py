@@ -533,9 +533,11 @@ def _first_begin(first: tuple[int, float, float], device_events: list[Event],
                  launches: dict[int, float]) -> float:
     """Where the first step's span begins on a GPU: where the host began it, or, where the
     device was still running work queued before the profile (which the trace does not hold),
-    as much later as the step's first kernel on the busiest stream began after its launch."""
+    as much later as the step's first kernel on the busiest compute stream began after its
+    launch (an NCCL kernel's start waits on the step's own compute)."""
     _, host_begin, host_end = first
-    work = [e for e in device_events if e.cat in ("kernel", "gpu_memcpy", "gpu_memset")]
+    work = [e for e in device_events if e.cat in ("kernel", "gpu_memcpy", "gpu_memset")
+            and not is_nccl_kernel(e.name)]
     busy: dict[object, float] = {}
     for e in work:
         busy[e.args.get("stream")] = busy.get(e.args.get("stream"), 0.0) + e.end - e.start

@@ -113,11 +113,19 @@ def _post_backward(spans: list[Span], issued: list[tuple[float, str]], t: float,
     if reduced is None:
         return None
     if t > reduced:
-        later = any(s[3] == "backward" and s[0] > t for s in spans)
-        ends = optimizer is not None and t < optimizer and not later
-        return (last[2], "backward_end") if ends else None
+        return _backward_end(spans, last, t, optimizer)
     holds = any(s[2] != last[2] and last[0] <= s[0] and s[1] <= last[1] for s in ended)
     return last[2], "backward_tail" if holds else "backward"
+
+
+def _backward_end(spans: list[Span], last: Span, t: float,
+                  optimizer: float | None) -> tuple[str, str] | None:
+    """Host time t after `last`'s reduction was issued: the backward's end if no backward
+    follows and the optimizer step has not begun (None: neither)."""
+    later = any(s[3] == "backward" and s[0] > t for s in spans)
+    if optimizer is None or t >= optimizer or later:
+        return None
+    return last[2], "backward_end"
 
 
 def unit_compute(host: list[Event], work: list[tuple[float, float]],
