@@ -202,6 +202,10 @@ def _check_one_run(ranks, gpus_per_node: int) -> None:
             raise ConfigError(f"{str(seen[r.rank])!r} and {str(r.path)!r} are both rank "
                               f"{r.rank}: ranks of two different runs; import one run's files.")
         seen[r.rank] = r.path
+    if first.world_size == 1:
+        raise ConfigError(f"{str(first.path)!r} is the one rank of a job of one (world_size 1): "
+                          "nothing crosses GPUs or nodes to replay; profile a job of several "
+                          "ranks.")
     if first.world_size % gpus_per_node:
         raise ConfigError(f"--gpus-per-node {gpus_per_node} does not divide the traced world of "
                           f"{first.world_size} ranks; give the GPUs per node the job ran with.")

@@ -76,6 +76,12 @@ def test_a_trace_without_collectives(tmp_path, capsys):
     assert "hold no collective in their steps" in _refused(tmp_path, capsys, [trace])
 
 
+def test_a_trace_of_a_job_of_one_rank(tmp_path, capsys):
+    trace = _edited(tmp_path, "a/r0.json.gz", _info(world_size=1))
+    assert "is the one rank of a job of one (world_size 1)" in \
+        _refused(tmp_path, capsys, [trace])
+
+
 def test_ranks_of_two_different_runs(tmp_path, capsys):
     twice = tmp_path / "b" / "again.json.gz"
     twice.parent.mkdir()
