@@ -43,6 +43,7 @@ _FSDP_GATHER = re.compile(r"^FSDP::all_gather(?: \((.*)\))?$")
 _FSDP_PRE_FORWARD = re.compile(r"^FSDP::pre_forward(?: \((.*)\))?$")
 _LAUNCH = ("cuda_runtime", "cuda_driver")
 _REDUCTIONS = ("reduce_scatter", "all_reduce")  # a gradient's, in a unit's post-backward
+_DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # what a GPU runs: kernels, copies
 _EPS = 1e-9
 
 
@@ -394,9 +395,7 @@ def _busy(host: _Host, device_events: list[Event], on_device: bool,
           workers: set) -> list[tuple[float, float]]:
     """The timeline's activity: compute kernels and copies, or the host's innermost ops."""
     if on_device:
-        return _merged([(e.start, e.end) for e in device_events
-                        if e.cat in ("kernel", "gpu_memcpy", "gpu_memset")
-                        and not is_nccl_kernel(e.name)])
+        return _merged([(e.start, e.end) for e in _compute(device_events)])
     return _merged([(e.start, e.end) for e in _host_work(host, workers)])
 
 
@@ -462,11 +461,15 @@ def rank_timeline(rank: RankFile) -> RankTimeline:
     return timeline
 
 
+def _compute(device_events: list[Event]) -> list[Event]:
+    """A GPU's compute kernels and copies (its NCCL kernels aside)."""
+    return [e for e in device_events if e.cat in _DEVICE_WORK and not is_nccl_kernel(e.name)]
+
+
 def _work(device_events: list[Event], launches: dict[int, float]) -> list[tuple[float, float]]:
     """A GPU timeline's compute: each kernel or copy at its launch, its seconds on the device."""
-    return [(launches[e.args["correlation"]], e.end - e.start) for e in device_events
-            if e.cat in ("kernel", "gpu_memcpy", "gpu_memset") and not is_nccl_kernel(e.name)
-            and e.args.get("correlation") in launches]
+    return [(launches[e.args["correlation"]], e.end - e.start) for e in _compute(device_events)
+            if e.args.get("correlation") in launches]
 
 
 def _host_compute(host_steps: list[tuple[int, float, float]], colls: list[Collective],
@@ -514,7 +517,7 @@ def _step_spans(host_steps, colls, device_events, launches, on_device):
         return list(host_steps)
     last_end = [0.0] * len(host_steps)
     launched = [(launches.get(e.args.get("correlation"), e.start), e.end) for e in device_events
-                if e.cat in ("kernel", "gpu_memcpy", "gpu_memset")]
+                if e.cat in _DEVICE_WORK]
     launched += [(c.issue, c.end) for c in colls]
     for at, end in launched:
         k = _step_of(host_steps, at)
@@ -536,8 +539,7 @@ def _first_begin(first: tuple[int, float, float], device_events: list[Event],
     as much later as the step's first kernel on the busiest compute stream began after its
     launch (an NCCL kernel's start waits on the step's own compute)."""
     _, host_begin, host_end = first
-    work = [e for e in device_events if e.cat in ("kernel", "gpu_memcpy", "gpu_memset")
-            and not is_nccl_kernel(e.name)]
+    work = _compute(device_events)
     busy: dict[object, float] = {}
     for e in work:
         busy[e.args.get("stream")] = busy.get(e.args.get("stream"), 0.0) + e.end - e.start
@@ -571,7 +573,7 @@ def _unit_names(host: _Host) -> list[str]:
 
 def _first_device(device_events, launches, begin: float, end: float) -> float | None:
     """Device start of the first GPU work launched in host span [begin, end]."""
-    starts = [e.start for e in device_events if e.cat in ("kernel", "gpu_memcpy", "gpu_memset")
+    starts = [e.start for e in device_events if e.cat in _DEVICE_WORK
               and begin - _EPS <= launches.get(e.args.get("correlation"), -1.0) <= end + _EPS]
     return min(starts) if starts else None
 
