@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Sequence
 
 from experiments.traces.chrome import Event
 
@@ -131,7 +132,7 @@ def _backward_end(spans: list[Span], last: Span, t: float,
 def unit_compute(host: list[Event], work: list[tuple[float, float]],
                  steps: list[tuple[int, float, float]], units: list[str],
                  issued: list[tuple[float, str]],
-                 optimizer: list[float] = ()) -> dict[str, list[float]] | None:
+                 optimizer: Sequence[float] = ()) -> dict[str, list[float]] | None:
     """Per phase of PHASES, per unit (the recording's order) its seconds, median over steps;
     `work` holds (host time it was issued or ran, seconds), `issued` (host time, unit) of each
     gradient reduction, `optimizer` the host times optimizer steps began. None without FSDP2
@@ -148,17 +149,16 @@ def unit_compute(host: list[Event], work: list[tuple[float, float]],
     return found
 
 
-def _one_step(spans: list[Span], issued: list[tuple[float, str]], optimizer: list[float],
+def _one_step(spans: list[Span], issued: list[tuple[float, str]], optimizer: Sequence[float],
               work: list[tuple[float, float]], begin: float, end: float,
               units: list[str]) -> dict[tuple[str, str], float]:
     """(unit, phase) -> seconds of one step [begin, end] (the tail and end apart)."""
     seconds = {(u, p): 0.0 for u in units for p in PHASES}
     own = [s for s in spans if begin <= s[0] <= end]  # the step's own spans
     own_issued = [(t, u) for t, u in issued if begin <= t <= end]
-    starts = [t for t in optimizer if begin <= t <= end]
+    opt = min((t for t in optimizer if begin <= t <= end), default=None)
     for t, busy in work:
-        where = (_counts_for(own, own_issued, t, min(starts, default=None))
-                 if begin <= t <= end else None)
+        where = _counts_for(own, own_issued, t, opt) if begin <= t <= end else None
         if where in seconds:
             seconds[where] += busy
     return seconds
